@@ -1,0 +1,207 @@
+"""Sampling kernels: Gumbel-max sampling over the vocab and a per-row logsumexp.
+
+Each op has a torch reference (``*_torch``), a Triton version (``*_triton``) and a dispatcher.
+The Triton noise uses exactly the integer hash of :mod:`engine.sample.noise`, so both versions see
+the same uniforms and pick the same token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sample import noise
+
+try:  # Triton is optional: the engine must import without it.
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only without triton
+    HAS_TRITON = False
+
+__all__ = [
+    "HAS_TRITON",
+    "gumbel_sample",
+    "gumbel_sample_torch",
+    "gumbel_sample_triton",
+    "row_logsumexp",
+    "row_logsumexp_torch",
+    "row_logsumexp_triton",
+]
+
+SAMPLE_BLOCK = 1024
+LSE_BLOCK = 1024
+
+
+def gumbel_sample_torch(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    keep_threshold: torch.Tensor,
+    key1: torch.Tensor,
+    key2: torch.Tensor,
+) -> torch.Tensor:
+    """Gumbel-max: token = argmax_v (l_v / T + g_v) over {v : l_v / T >= threshold}.
+
+    With g_v i.i.d. standard Gumbel, P(token = v) = softmax(l / T)_v restricted to the kept set,
+    renormalised (the Gumbel-max trick). Rows with T == 0 take argmax_v l_v (greedy, no noise).
+
+    logits: [N, V] f32; temperature: [N] f32; keep_threshold: [N] f32 in scaled-logit units
+    (-inf keeps everything); key1, key2: [N] int64 noise keys. Returns [N] int64.
+    """
+    greedy = temperature == 0
+    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
+    # scaled: [N, V]
+    scaled = logits / safe_t[:, None]
+    uniform = noise.uniform_from_row_keys(key1, key2, logits.shape[1])
+    gumbel = -torch.log(-torch.log(uniform))
+    neg_inf = torch.full_like(scaled, float("-inf"))
+    score = torch.where(scaled >= keep_threshold[:, None], scaled + gumbel, neg_inf)
+    score = torch.where(greedy[:, None], logits, score)
+    return score.argmax(dim=-1)
+
+
+def row_logsumexp_torch(logits: torch.Tensor) -> torch.Tensor:
+    """log sum_v exp(l_v) per row. logits: [N, V] f32 -> [N] f32."""
+    return torch.logsumexp(logits, dim=-1)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _mul32(x, lo: tl.constexpr, hi: tl.constexpr):
+        # x * (hi * 2**16 + lo) mod 2**32 for x in [0, 2**32) held in int64 (see noise._mul32).
+        return (x * lo + (((x * hi) & 0xFFFF) << 16)) & 0xFFFFFFFF
+
+    @triton.jit
+    def _mix32(x):
+        # lowbias32; constants 0x7FEB352D and 0x846CA68B split into 16-bit halves.
+        x = x ^ (x >> 16)
+        x = _mul32(x, 0x352D, 0x7FEB)
+        x = x ^ (x >> 15)
+        x = _mul32(x, 0xA68B, 0x846C)
+        return x ^ (x >> 16)
+
+    @triton.jit
+    def _gumbel_sample_kernel(
+        logits_ptr,
+        logits_stride,
+        temperature_ptr,
+        threshold_ptr,
+        key1_ptr,
+        key2_ptr,
+        out_ptr,
+        vocab_size,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        temp = tl.load(temperature_ptr + row)
+        greedy = temp == 0.0
+        safe_t = tl.where(greedy, 1.0, temp)
+        threshold = tl.load(threshold_ptr + row)
+        key1 = tl.load(key1_ptr + row)
+        key2 = tl.load(key2_ptr + row)
+        best_val = tl.full((), float("-inf"), tl.float32)
+        best_idx = tl.full((), 0, tl.int32)
+        for start in range(0, vocab_size, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            in_vocab = offs < vocab_size
+            x = tl.load(logits_ptr + row * logits_stride + offs, mask=in_vocab, other=float("-inf"))
+            scaled = tl.div_rn(x, safe_t)  # IEEE division, as torch's
+            h = _mix32(_mix32(offs.to(tl.int64) ^ key1) ^ key2)
+            u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
+            gumbel = -tl.log(-tl.log(u))
+            score = tl.where(scaled >= threshold, scaled + gumbel, float("-inf"))
+            score = tl.where(greedy, x, score)
+            score = tl.where(in_vocab, score, float("-inf"))
+            block_max = tl.max(score, axis=0)
+            block_idx = tl.argmax(score, axis=0)
+            better = block_max > best_val  # strict: ties keep the first index, like torch
+            best_idx = tl.where(better, start + block_idx, best_idx)
+            best_val = tl.where(better, block_max, best_val)
+        tl.store(out_ptr + row, best_idx.to(tl.int64))
+
+    @triton.jit
+    def _row_logsumexp_kernel(logits_ptr, logits_stride, out_ptr, vocab_size, BLOCK: tl.constexpr):
+        # Online logsumexp: keep (m, s) with s = sum exp(l - m), rescaled when m grows.
+        row = tl.program_id(0)
+        m = tl.full((), float("-inf"), tl.float32)
+        s = tl.full((), 0.0, tl.float32)
+        for start in range(0, vocab_size, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(
+                logits_ptr + row * logits_stride + offs,
+                mask=offs < vocab_size,
+                other=float("-inf"),
+            )
+            new_m = tl.maximum(m, tl.max(x, axis=0))
+            safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+            s = s * tl.exp(m - safe_m) + tl.sum(tl.exp(x - safe_m), axis=0)
+            m = new_m
+        tl.store(out_ptr + row, tl.where(m == float("-inf"), m, m + tl.log(s)))
+
+
+def _require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not installed; use the torch path (use_triton=False)")
+
+
+def gumbel_sample_triton(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    keep_threshold: torch.Tensor,
+    key1: torch.Tensor,
+    key2: torch.Tensor,
+    block: int = SAMPLE_BLOCK,
+) -> torch.Tensor:
+    """Triton version of :func:`gumbel_sample_torch`: one program per row, one pass over V."""
+    _require_triton()
+    num_rows, vocab_size = logits.shape
+    logits = logits.contiguous()
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    block = min(block, triton.next_power_of_2(vocab_size))
+    _gumbel_sample_kernel[(num_rows,)](
+        logits,
+        logits.stride(0),
+        temperature.contiguous(),
+        keep_threshold.contiguous(),
+        key1.contiguous(),
+        key2.contiguous(),
+        out,
+        vocab_size,
+        BLOCK=block,
+    )
+    return out
+
+
+def row_logsumexp_triton(logits: torch.Tensor, block: int = LSE_BLOCK) -> torch.Tensor:
+    """Triton version of :func:`row_logsumexp_torch`: one program per row, online rescaling."""
+    _require_triton()
+    num_rows, vocab_size = logits.shape
+    logits = logits.contiguous()
+    out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
+    block = min(block, triton.next_power_of_2(vocab_size))
+    _row_logsumexp_kernel[(num_rows,)](logits, logits.stride(0), out, vocab_size, BLOCK=block)
+    return out
+
+
+# stepscope: hot
+def gumbel_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    keep_threshold: torch.Tensor,
+    key1: torch.Tensor,
+    key2: torch.Tensor,
+    use_triton: bool,
+) -> torch.Tensor:
+    """Dispatch Gumbel-max sampling. Shapes as :func:`gumbel_sample_torch`."""
+    if use_triton:
+        return gumbel_sample_triton(logits, temperature, keep_threshold, key1, key2)
+    return gumbel_sample_torch(logits, temperature, keep_threshold, key1, key2)
+
+
+# stepscope: hot
+def row_logsumexp(logits: torch.Tensor, use_triton: bool) -> torch.Tensor:
+    """Dispatch the per-row logsumexp. logits: [N, V] f32 -> [N] f32."""
+    if use_triton:
+        return row_logsumexp_triton(logits)
+    return row_logsumexp_torch(logits)
