@@ -1,0 +1,195 @@
+"""Device slices from timed events recorded on a stream around each device stage.
+
+The CPU records an event before and after enqueueing a stage; later, non-blocking ``query()`` calls
+find the pairs that have completed and turn them into slices on ``gpu:<i> compute`` / ``copy``
+tracks. Nothing here synchronises on the hot path: :meth:`DeviceTimeline.poll` only queries.
+
+Events follow the :class:`TimedEvent` protocol. :class:`CudaTimedEvent` wraps a timing
+``torch.cuda.Event`` and maps its device time onto the host clock through a calibration taken once
+at start-up; the engine's CPU device provides events stamped by its worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from instrument.schema import DEVICE_COMPUTE, Arg, device_track_name
+from instrument.tracer import Tracer
+
+__all__ = ["TimedEvent", "DeviceTimeline", "CudaClock", "CudaTimedEvent", "PendingStage"]
+
+
+class TimedEvent(Protocol):
+    """An event that can be recorded on a stream and read back as a host timestamp."""
+
+    def record(self, stream: Any = None) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def host_ns(self) -> int: ...
+
+
+@dataclass
+class PendingStage:
+    """A stage whose end event has not completed yet."""
+
+    name: str
+    lane: str
+    step: int
+    begin: TimedEvent
+    end: TimedEvent
+    args: dict[str, object]
+
+
+class CudaClock:
+    """Maps CUDA event times to the host monotonic clock.
+
+    Calibration: with the device idle, record an event and take the host time around its
+    completion; later events convert through ``reference.elapsed_time(event)``. Taken once at
+    start-up (a synchronisation, but not on the hot path).
+    """
+
+    def __init__(self, device: Any = None) -> None:
+        import torch
+
+        self.device = torch.device(device if device is not None else "cuda")
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize()
+            self.reference = torch.cuda.Event(enable_timing=True)
+            before = time.monotonic_ns()
+            self.reference.record()
+            self.reference.synchronize()
+            after = time.monotonic_ns()
+        # The idle stream runs the event at once: it completed between the two host reads.
+        self.reference_host_ns = (before + after) // 2
+        self.uncertainty_ns = after - before
+
+    def to_host_ns(self, event: Any) -> int:
+        return self.reference_host_ns + int(self.reference.elapsed_time(event) * 1e6)
+
+
+class CudaTimedEvent:
+    """A timing ``torch.cuda.Event`` that reports host-clock times through a :class:`CudaClock`."""
+
+    __slots__ = ("_event", "_clock")
+
+    def __init__(self, clock: CudaClock) -> None:
+        import torch
+
+        self._event = torch.cuda.Event(enable_timing=True)
+        self._clock = clock
+
+    def record(self, stream: Any = None) -> None:
+        self._event.record(stream)
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def host_ns(self) -> int:
+        return self._clock.to_host_ns(self._event)
+
+
+class DeviceTimeline:
+    """Records event pairs around device stages and emits them as device-track slices.
+
+    Args:
+        tracer: where slices go; with a disabled tracer, :meth:`stage` records nothing.
+        device_index: the ``<i>`` of ``gpu:<i>`` track names.
+        event_factory: makes a fresh :class:`TimedEvent`.
+        max_pending: pairs kept waiting before the oldest are dropped (and counted).
+    """
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        device_index: int,
+        event_factory: Callable[[], TimedEvent],
+        max_pending: int = 4096,
+    ) -> None:
+        self.tracer = tracer
+        self.device_index = device_index
+        self._event_factory = event_factory
+        self._pending: deque[PendingStage] = deque()
+        self._max_pending = max_pending
+        self.num_emitted = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.tracer.enabled
+
+    @contextmanager
+    def stage(
+        self,
+        name: str,
+        *,
+        step: int,
+        lane: str = DEVICE_COMPUTE,
+        stream: Any = None,
+        **args: object,
+    ) -> Iterator[None]:
+        """Bracket the enqueue of one device stage with a begin and an end event."""
+        if not self.tracer.enabled:
+            yield
+            return
+        begin = self._event_factory()
+        begin.record(stream)
+        yield
+        end = self._event_factory()
+        end.record(stream)
+        self.add(PendingStage(name, lane, step, begin, end, args))
+
+    def add(self, stage: PendingStage) -> None:
+        """Queue a recorded pair (for callers that record events themselves)."""
+        if len(self._pending) >= self._max_pending:
+            self._pending.popleft()
+            self.tracer.count_dropped("device_slices")
+        self._pending.append(stage)
+
+    # stepscope: hot
+    def poll(self) -> int:
+        """Emit every pending stage whose end event completed, oldest first; never blocks.
+
+        Stages complete in stream order per lane, so polling stops at the first incomplete one.
+        Returns how many slices were emitted.
+        """
+        emitted = 0
+        while self._pending and self._pending[0].end.query():
+            self._emit(self._pending.popleft())
+            emitted += 1
+        return emitted
+
+    def drain(self) -> int:
+        """Emit what has completed, then drop (and count) what cannot complete. Off the hot path."""
+        emitted = self.poll()
+        # Lanes complete independently: a later stage on another lane may be done already.
+        still: deque[PendingStage] = deque()
+        for stage in self._pending:
+            if stage.end.query():
+                self._emit(stage)
+                emitted += 1
+            else:
+                still.append(stage)
+        self._pending = still
+        return emitted
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def _emit(self, stage: PendingStage) -> None:
+        start_ns = stage.begin.host_ns()
+        end_ns = max(stage.end.host_ns(), start_ns)
+        self.tracer.slice_at(
+            device_track_name(self.device_index, stage.lane),
+            stage.name,
+            start_ns,
+            end_ns,
+            **{Arg.STEP.value: stage.step},
+            **stage.args,
+        )
+        self.num_emitted += 1

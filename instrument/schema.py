@@ -1,0 +1,221 @@
+"""The stepscope trace contract (DESIGN.md §3), defined once.
+
+The engine's writer and the analysis reader both import this module; nothing else spells these
+names. Extend it (bump ``SCHEMA_VERSION`` when a reader would misread an old trace); never rename.
+
+Encoding in Perfetto protobuf (what ``analysis.load_perfetto`` relies on):
+
+* one process track (``ProcessDescriptor``, name ``PROCESS_NAME``) holds process-scoped instants
+  (``feature_decision``, ``engine_config``, ``trace_metadata``) and the counters (one counter track
+  per counter name, parented to the process track);
+* CPU slices and ``sync`` instants sit on thread tracks (``ThreadDescriptor``; the engine loop's
+  thread is named ``ENGINE_THREAD``);
+* device slices sit on named tracks ``gpu:<i> compute`` / ``gpu:<i> copy`` parented to the process;
+* per-request slices sit on tracks named ``request <id>``;
+* slice args are ``debug_annotations`` keyed by the names below; ``step`` is always an int;
+* a flow joins ``launch`` (step N) to ``forward`` (step N) with ``flow_id = FLOW_ID_BASE + N``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "PROCESS_NAME",
+    "ENGINE_THREAD",
+    "FLOW_ID_BASE",
+    "CpuSlice",
+    "DeviceSlice",
+    "CopySlice",
+    "RequestSlice",
+    "Counter",
+    "Instant",
+    "WaitKind",
+    "Arg",
+    "SliceSpec",
+    "CPU_SLICES",
+    "DEVICE_SLICES",
+    "SLICE_SPECS",
+    "device_track_name",
+    "parse_device_track_name",
+    "request_track_name",
+    "parse_request_track_name",
+    "DEVICE_COMPUTE",
+    "DEVICE_COPY",
+]
+
+SCHEMA_VERSION = 1
+PROCESS_NAME = "stepscope"
+ENGINE_THREAD = "engine-core"
+# Flow ids share one 64-bit space per trace; steps sit above this base so user flows stay apart.
+FLOW_ID_BASE = 1 << 32
+
+
+class CpuSlice(str, Enum):
+    """Slices the engine loop writes on its CPU thread track."""
+
+    STEP = "step"  # optional envelope; never blamed for a bubble
+    SCHEDULE = "schedule"
+    PREPARE_INPUTS = "prepare_inputs"
+    LAUNCH = "launch"
+    WAIT_OUTPUT = "wait_output"
+    UPDATE_FROM_OUTPUT = "update_from_output"
+    GRAMMAR_MASK = "grammar_mask"
+
+
+class DeviceSlice(str, Enum):
+    """Slices on a ``gpu:<i> compute`` track (device time measured by events)."""
+
+    INPUT_PREP = "input_prep"
+    FORWARD = "forward"
+    SAMPLE = "sample"
+    VERIFY = "verify"
+    DRAFT = "draft"
+
+
+class CopySlice(str, Enum):
+    """Slices on a ``gpu:<i> copy`` track."""
+
+    H2D_INPUTS = "h2d_inputs"
+    D2H_OUTPUT = "d2h_output"
+
+
+class RequestSlice(str, Enum):
+    """Slices on a per-request track."""
+
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Counter(str, Enum):
+    """Process-scoped counters, one sample per engine step."""
+
+    RUNNING_REQUESTS = "running_requests"
+    WAITING_REQUESTS = "waiting_requests"
+    KV_USAGE = "kv_usage"
+    OUTPUT_PLACEHOLDERS = "output_placeholders"
+    ACCEPTED_TOKENS = "accepted_tokens"
+    BATCH_TOKENS = "batch_tokens"
+
+
+class Instant(str, Enum):
+    """Instant events."""
+
+    SYNC = "sync"  # on the thread that synchronised
+    FEATURE_DECISION = "feature_decision"  # process scoped
+    ENGINE_CONFIG = "engine_config"  # process scoped; args = resolved config, flattened
+    TRACE_METADATA = "trace_metadata"  # process scoped; schema version, host, dropped counts
+
+
+class WaitKind(str, Enum):
+    """Values of the ``kind`` arg of ``wait_output``."""
+
+    SAMPLED = "sampled"
+    ACCEPTED_COUNT = "accepted_count"
+    GRAMMAR = "grammar"
+
+
+class Arg(str, Enum):
+    """Argument keys (debug annotation names)."""
+
+    STEP = "step"
+    NUM_REQS = "num_reqs"
+    NUM_TOKENS = "num_tokens"
+    NUM_PREFILL = "num_prefill"
+    NUM_DECODE = "num_decode"
+    NUM_SPEC_TOKENS = "num_spec_tokens"
+    KIND = "kind"
+    NUM_ACCEPTED = "num_accepted"
+    NUM_REJECTED = "num_rejected"
+    NUM_FINISHED = "num_finished"
+    OP = "op"
+    WHERE = "where"
+    STACK = "stack"
+    HOT = "hot"
+    FEATURE = "feature"
+    REQUESTED = "requested"
+    RESOLVED = "resolved"
+    REASON = "reason"
+    REQUEST_ID = "request_id"
+    SCHEMA_VERSION = "schema_version"
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """A slice name with the args the writer must supply and the track kind it lives on."""
+
+    name: str
+    track: str  # "cpu", "compute", "copy" or "request"
+    required_args: tuple[str, ...]
+
+
+def _spec(name: Enum, track: str, *args: Arg) -> SliceSpec:
+    return SliceSpec(str(name.value), track, tuple(a.value for a in args))
+
+
+CPU_SLICES: tuple[SliceSpec, ...] = (
+    _spec(CpuSlice.STEP, "cpu", Arg.STEP),
+    _spec(
+        CpuSlice.SCHEDULE,
+        "cpu",
+        Arg.STEP,
+        Arg.NUM_REQS,
+        Arg.NUM_TOKENS,
+        Arg.NUM_PREFILL,
+        Arg.NUM_DECODE,
+        Arg.NUM_SPEC_TOKENS,
+    ),
+    _spec(CpuSlice.PREPARE_INPUTS, "cpu", Arg.STEP),
+    _spec(CpuSlice.LAUNCH, "cpu", Arg.STEP),
+    _spec(CpuSlice.WAIT_OUTPUT, "cpu", Arg.STEP, Arg.KIND),
+    _spec(
+        CpuSlice.UPDATE_FROM_OUTPUT,
+        "cpu",
+        Arg.STEP,
+        Arg.NUM_ACCEPTED,
+        Arg.NUM_REJECTED,
+        Arg.NUM_FINISHED,
+    ),
+    _spec(CpuSlice.GRAMMAR_MASK, "cpu", Arg.STEP),
+)
+
+DEVICE_SLICES: tuple[SliceSpec, ...] = tuple(
+    _spec(s, "compute", Arg.STEP) for s in DeviceSlice
+) + tuple(_spec(s, "copy", Arg.STEP) for s in CopySlice)
+
+REQUEST_SLICES: tuple[SliceSpec, ...] = tuple(
+    _spec(s, "request", Arg.REQUEST_ID) for s in RequestSlice
+)
+
+SLICE_SPECS: dict[str, SliceSpec] = {s.name: s for s in CPU_SLICES + DEVICE_SLICES + REQUEST_SLICES}
+
+DEVICE_COMPUTE = "compute"
+DEVICE_COPY = "copy"
+
+
+def device_track_name(device_index: int, lane: str) -> str:
+    """``gpu:<i> compute`` or ``gpu:<i> copy``."""
+    if lane not in (DEVICE_COMPUTE, DEVICE_COPY):
+        raise ValueError(f"device lane must be {DEVICE_COMPUTE!r} or {DEVICE_COPY!r}, got {lane!r}")
+    return f"gpu:{device_index} {lane}"
+
+
+def parse_device_track_name(name: str) -> tuple[int, str] | None:
+    """Inverse of :func:`device_track_name`; ``None`` for any other track name."""
+    if not name.startswith("gpu:"):
+        return None
+    head, _, lane = name[4:].partition(" ")
+    if not head.isdigit() or lane not in (DEVICE_COMPUTE, DEVICE_COPY):
+        return None
+    return int(head), lane
+
+
+def request_track_name(request_id: str) -> str:
+    return f"request {request_id}"
+
+
+def parse_request_track_name(name: str) -> str | None:
+    return name[len("request ") :] if name.startswith("request ") else None

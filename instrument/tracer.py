@@ -1,0 +1,309 @@
+"""The tracer: cheap spans on the hot path, Perfetto protobuf written off it.
+
+The hot path appends plain tuples to a deque (thread-safe appends under the GIL); a background
+thread drains the deque every ``flush_interval_s`` and streams packets to the file through
+:class:`~instrument.perfetto_writer.PerfettoWriter`. A disabled tracer returns one shared no-op
+span, so instrumented code costs about a method call when tracing is off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeVar
+
+from instrument import nvtx as _nvtx
+from instrument.events import EV_COUNTER, EV_INSTANT, EV_SLICE_AT, RawEvent
+from instrument.perfetto_writer import PerfettoWriter
+from instrument.schema import SCHEMA_VERSION, Arg, Instant
+
+__all__ = ["Tracer", "get_tracer", "set_tracer", "traced", "now_ns"]
+
+now_ns = time.monotonic_ns  # the one host clock of every trace
+_get_ident = threading.get_ident
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _NullSpan:
+    """The span a disabled tracer hands out: does nothing, allocates nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NullSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class _Span:
+    """A live span: remembers its start; appends one complete-slice tuple when it ends."""
+
+    __slots__ = ("_append", "_name", "_args", "_start_ns")
+
+    def __init__(
+        self, append: Callable[[RawEvent], None], name: str, args: dict[str, object]
+    ) -> None:
+        self._append = append
+        self._name = name
+        self._args = args
+
+    def __enter__(self) -> _Span:
+        self._start_ns = now_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        self._append((EV_SLICE_AT, _get_ident(), self._name, self._start_ns, now_ns(), self._args))
+        return False
+
+
+class _NvtxSpan(_Span):
+    """A span that also pushes/pops an NVTX range of the same name."""
+
+    __slots__ = ("_nvtx",)
+
+    def __init__(
+        self,
+        append: Callable[[RawEvent], None],
+        name: str,
+        args: dict[str, object],
+        nvtx: _nvtx.NvtxRanges,
+    ) -> None:
+        super().__init__(append, name, args)
+        self._nvtx = nvtx
+
+    def __enter__(self) -> _Span:
+        self._nvtx.push(self._name)
+        self._start_ns = now_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        super().__exit__(*exc)
+        self._nvtx.pop()
+        return False
+
+
+class Tracer:
+    """Records spans, instants, counters and flows into a Perfetto trace file.
+
+    Args:
+        path: output ``.pftrace`` file; ``None`` with ``enabled=False``.
+        enabled: when False every call is a no-op and no file is written.
+        nvtx: also push/pop NVTX ranges (domain ``stepscope``) around spans.
+        flush_interval_s: how often the background thread writes buffered events.
+        install_signal_handlers: flush on SIGTERM/SIGINT before the previous handler runs.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        enabled: bool = True,
+        nvtx: bool = False,
+        flush_interval_s: float = 0.5,
+        install_signal_handlers: bool = False,
+    ) -> None:
+        if enabled and path is None:
+            raise ValueError("an enabled Tracer needs an output path")
+        if flush_interval_s <= 0:
+            raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s}")
+        self.enabled = enabled
+        self.path = os.fspath(path) if path is not None else None
+        self._buffer: deque[RawEvent] = deque()
+        self._append = self._buffer.append
+        self._nvtx = _nvtx.NvtxRanges() if (enabled and nvtx) else None
+        self._thread_names: dict[int, tuple[str, int]] = {}
+        self._writer: PerfettoWriter | None = None
+        self._flusher: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._flush_interval_s = flush_interval_s
+        self.dropped: dict[str, int] = {}
+        if not enabled:
+            return
+        assert self.path is not None
+        self._writer = PerfettoWriter(self.path)
+        self.metadata(
+            **{Arg.SCHEMA_VERSION.value: SCHEMA_VERSION},
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            wall_time_ns=time.time_ns(),
+            clock="monotonic",
+        )
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name="stepscope-flush", daemon=True
+        )
+        self._flusher.start()
+        atexit.register(self.close)
+        if install_signal_handlers:
+            self._install_signal_handlers()
+
+    # ---- hot path -------------------------------------------------------------------------
+    def span(self, name: str, **args: object) -> _Span | _NullSpan:
+        """A slice on the current thread's track, as a context manager.
+
+        ``flow_out=ID`` starts a flow at this slice, ``flow_in=ID`` ends one here; every other
+        keyword becomes a debug annotation.
+        """
+        if not self.enabled:
+            return _NULL_SPAN
+        if self._nvtx is not None:
+            return _NvtxSpan(self._append, name, args, self._nvtx)
+        return _Span(self._append, name, args)
+
+    def instant(self, name: str, *, scope: str = "thread", **args: object) -> None:
+        """An instant event on the current thread's track, or the process track."""
+        if not self.enabled:
+            return
+        track = _get_ident() if scope == "thread" else None
+        self._append((EV_INSTANT, track, name, now_ns(), args or None))
+
+    def counter(self, name: str, value: float) -> None:
+        """One sample of a process-scoped counter."""
+        if self.enabled:
+            self._append((EV_COUNTER, name, now_ns(), value))
+
+    def slice_at(self, track: str, name: str, start_ns: int, end_ns: int, **args: object) -> None:
+        """A slice with explicit times on a named track (device lanes, requests).
+
+        ``flow_in``/``flow_out`` keywords join flows as in :meth:`span`.
+        """
+        if not self.enabled:
+            return
+        if end_ns < start_ns:
+            raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
+        self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+
+    # ---- metadata -------------------------------------------------------------------------
+    def metadata(self, **args: object) -> None:
+        """A ``trace_metadata`` instant on the process track."""
+        self.instant(Instant.TRACE_METADATA.value, scope="process", **args)
+
+    def count_dropped(self, what: str, n: int = 1) -> None:
+        """Count events deliberately not recorded; written to the metadata at close."""
+        self.dropped[what] = self.dropped.get(what, 0) + n
+
+    def name_thread(self, name: str | None = None) -> None:
+        """Record the calling thread's name now (short-lived threads may be gone at flush)."""
+        thread = threading.current_thread()
+        self._thread_names[thread.ident or _get_ident()] = (
+            name or thread.name,
+            thread.native_id or 0,
+        )
+
+    # ---- off the hot path -----------------------------------------------------------------
+    def _resolve_thread_names(self, events: list[RawEvent]) -> None:
+        active = threading._active  # type: ignore[attr-defined]
+        for event in events:
+            track = event[1]
+            if (
+                isinstance(track, int)
+                and event[0] != EV_COUNTER
+                and track not in self._thread_names
+            ):
+                thread = active.get(track)
+                if thread is not None:
+                    self._thread_names[track] = (thread.name, thread.native_id or track)
+
+    def flush(self) -> None:
+        """Write everything buffered so far."""
+        if self._writer is None:
+            return
+        events: list[RawEvent] = []
+        pop = self._buffer.popleft
+        try:
+            while True:
+                events.append(pop())
+        except IndexError:
+            pass
+        if events:
+            self._resolve_thread_names(events)
+            self._writer.write(events, self._thread_names)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self._flush_interval_s):
+            self.flush()
+
+    def close(self) -> None:
+        """Flush, record dropped counts, close the file. Idempotent."""
+        with self._close_lock:
+            if self._closed or self._writer is None:
+                self._closed = True
+                return
+            self._closed = True
+            self._stop.set()
+            if self._flusher is not None and self._flusher is not threading.current_thread():
+                self._flusher.join(timeout=5.0)
+            self.enabled = True  # let the final metadata through
+            self.metadata(closed=True, **{f"dropped_{k}": v for k, v in self.dropped.items()})
+            self.flush()
+            self.enabled = False
+            self._writer.close()
+            atexit.unregister(self.close)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(signum)
+
+            def handler(num: int, frame: FrameType | None, previous: Any = previous) -> None:
+                self.close()
+                if callable(previous):
+                    previous(num, frame)
+                elif previous == signal.SIG_DFL:
+                    signal.signal(num, signal.SIG_DFL)
+                    os.kill(os.getpid(), num)
+
+            signal.signal(signum, handler)
+
+    def __enter__(self) -> Tracer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_DISABLED = Tracer(enabled=False)
+_current: Tracer = _DISABLED
+
+
+def get_tracer() -> Tracer:
+    """The process-global tracer (a disabled one unless :func:`set_tracer` was called)."""
+    return _current
+
+
+def set_tracer(tracer: Tracer | None) -> Tracer:
+    """Install ``tracer`` as the process-global tracer (None restores the disabled one)."""
+    global _current
+    previous = _current
+    _current = tracer if tracer is not None else _DISABLED
+    return previous
+
+
+def traced(name: str | None = None, **static_args: object) -> Callable[[F], F]:
+    """Decorator: run the function inside a span of the global tracer."""
+
+    def wrap(fn: F) -> F:
+        span_name = name or fn.__name__
+
+        @functools.wraps(fn)
+        def inner(*a: Any, **kw: Any) -> Any:
+            with _current.span(span_name, **static_args):
+                return fn(*a, **kw)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap

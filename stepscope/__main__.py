@@ -1,0 +1,5 @@
+import sys
+
+from stepscope.cli import main
+
+sys.exit(main())
