@@ -1,0 +1,211 @@
+"""Paged attention for varlen queries over a paged KV cache (decode, prefill, chunked, verify).
+
+Request ``i`` owns query tokens ``query_start_loc[i] : query_start_loc[i + 1]`` (``q_len_i``
+of them). Query token ``j`` sits at position ``seq_lens[i] - q_len_i + j`` and attends to KV
+positions ``<=`` its own (causal inside the request). KV position ``p`` of request ``i`` lives at
+flat slot ``block_table[i, p // block_size] * block_size + p % block_size`` of
+``kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim]``. GQA maps query head ``h`` to
+KV head ``h // (num_heads // num_kv_heads)``. Tokens past ``query_start_loc[-1]`` (padding)
+get zeros.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from engine.model.attention_metadata import AttentionMetadata
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the engine runs on the torch path without triton
+    triton = None
+    tl = None
+
+__all__ = ["paged_attention", "paged_attention_torch", "paged_attention_triton"]
+
+
+# stepscope: hot
+def paged_attention_torch(
+    q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Reference in fp32, vectorised over requests (no host reads of device tensors).
+
+    Queries are gathered into a padded ``[R, max_query_len]`` grid and each request's KV into
+    ``[R, max_seq_len]``; both bounds are host ints from the scheduler.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    md = attn_metadata
+    num_reqs = md.query_start_loc.shape[0] - 1
+    max_q, max_s = max(md.max_query_len, 1), max(md.max_seq_len, 1)
+    device = q.device
+    starts = md.query_start_loc.long()  # [R + 1]
+    q_lens = starts[1:] - starts[:-1]  # [R]
+    ctx_lens = md.seq_lens.long() - q_lens  # [R]: tokens before this step's queries
+
+    # q_pad: [R, max_q, Hq, D], gathered from the flat token axis
+    j = torch.arange(max_q, device=device)
+    tok = (starts[:-1, None] + j).clamp(max=max(num_tokens - 1, 0))  # [R, max_q]
+    q_valid = j[None, :] < q_lens[:, None]  # [R, max_q]
+    q_pad = q[tok].float() * q_valid[:, :, None, None]
+
+    # k, v: [R, max_s, Hkv, D], gathered through the block table
+    kv_pos = torch.arange(max_s, device=device)
+    page = (kv_pos // block_size).clamp(max=md.block_table.shape[1] - 1)
+    slots = md.block_table[:, page].long() * block_size + kv_pos % block_size  # [R, max_s]
+    k = kv_cache[0].reshape(-1, num_kv_heads, head_dim)[slots].float()
+    v = kv_cache[1].reshape(-1, num_kv_heads, head_dim)[slots].float()
+
+    # scores: [R, Hkv, group, max_q, max_s]
+    q_grp = q_pad.view(num_reqs, max_q, num_kv_heads, group, head_dim)
+    scores = torch.einsum("rqhgd,rshd->rhgqs", q_grp, k) * scale
+    q_pos = ctx_lens[:, None] + j[None, :]  # [R, max_q]
+    allowed = kv_pos[None, None, :] <= q_pos[:, :, None]  # [R, max_q, max_s]
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out_pad = torch.einsum("rhgqs,rshd->rqhgd", probs, v)  # [R, max_q, Hkv, group, D]
+    out_pad = out_pad.reshape(num_reqs, max_q, num_heads, head_dim)
+
+    # back to the flat token axis; padding tokens (past the last request) get zeros
+    t = torch.arange(num_tokens, device=device)
+    req = torch.searchsorted(starts[1:], t, right=True)  # [T]; == R for padding
+    tok_valid = req < num_reqs
+    req_c = req.clamp(max=max(num_reqs - 1, 0))
+    local = (t - starts[req_c]).clamp(0, max_q - 1)
+    out = out_pad[req_c, local] * tok_valid[:, None, None]
+    return out.to(q.dtype)  # [T, Hq, D]
+
+
+def _paged_attention_kernel_src(
+    q_ptr, k_ptr, v_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_table_ptr,
+    num_reqs, scale_log2, q_stride_t, q_stride_h, bt_stride, kv_stride_slot, kv_stride_head,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    # Request owning this q block: the last i with qsl[i] // BLOCK_Q + i <= q_block.
+    lo = num_reqs * 0
+    hi = num_reqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid
+        else:
+            hi = mid - 1
+    req = lo
+    q_start = tl.load(qsl_ptr + req)
+    q_len = tl.load(qsl_ptr + tl.minimum(req + 1, num_reqs)) - q_start
+    first_q = (q_block - (q_start // BLOCK_Q + req)) * BLOCK_Q  # local index of row 0
+    if (req < num_reqs) & (first_q < q_len):
+        seq_len = tl.load(seq_lens_ptr + req)
+        ctx_len = seq_len - q_len
+        # rows: BLOCK_Q query tokens x GROUP heads sharing this KV head
+        rows = tl.arange(0, BLOCK_M)
+        q_local = first_q + rows // GROUP
+        row_ok = (rows < BLOCK_Q * GROUP) & (q_local < q_len)
+        head = kv_head * GROUP + rows % GROUP
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        q_rows = (q_start + q_local).to(tl.int64) * q_stride_t + head * q_stride_h
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+        q_pos = ctx_len + q_local  # [BLOCK_M]
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        kv_end = tl.minimum(seq_len, ctx_len + first_q + BLOCK_Q)
+        for start in range(0, kv_end, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < kv_end
+            block_ids = tl.load(
+                block_table_ptr + req * bt_stride + offs_n // BLOCK_SIZE, mask=n_ok, other=0
+            )
+            slots = block_ids.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+            kv_off = slots[:, None] * kv_stride_slot + kv_head * kv_stride_head + offs_d[None, :]
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+            allowed = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+            s = tl.where(allowed, s, float("-inf"))
+            # online softmax in base 2: m = running max, l = running denominator
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        tl.store(
+            out_ptr + q_rows[:, None] + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=q_mask,
+        )
+
+
+@functools.cache
+def _paged_attention_kernel() -> Any:
+    """JIT-compile on first use, so ``TRITON_INTERPRET`` is read at the first call, not import."""
+    return triton.jit(_paged_attention_kernel_src)
+
+
+# stepscope: hot
+def paged_attention_triton(
+    q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """One Triton kernel; grid ``[num_tokens // BLOCK_Q + num_reqs, num_kv_heads]``.
+
+    The grid depends only on the token and request counts (fixed for a padded CUDA-graph
+    shape), never on ``max_seq_len``: each program reads its request's ``seq_len`` on the device
+    and loops over KV tiles. Programs whose q block is empty (query_len 0, padded requests)
+    exit without writing; padded tokens keep the zeros the output starts with.
+    """
+    if triton is None:
+        raise RuntimeError("paged_attention_triton needs triton, which is not installed")
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    num_reqs = attn_metadata.query_start_loc.shape[0] - 1
+    q = q.contiguous()
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    out = torch.zeros_like(q)  # [T, Hq, D]
+    if num_tokens == 0 or num_reqs == 0:
+        return out
+    block_m = 16 if attn_metadata.max_query_len * group <= 16 else 64
+    block_m = max(block_m, triton.next_power_of_2(group))
+    block_q = block_m // group
+    grid = (num_tokens // block_q + num_reqs, num_kv_heads)
+    _paged_attention_kernel()[grid](
+        q, kv_cache[0], kv_cache[1], out,
+        attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
+        num_reqs, scale * 1.4426950408889634, q.stride(0), q.stride(1),
+        attn_metadata.block_table.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, GROUP=group,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=32,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )  # fmt: skip
+    return out
+
+
+# stepscope: hot
+def paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    attn_metadata: AttentionMetadata,
+    scale: float,
+    use_triton: bool,
+) -> torch.Tensor:
+    """Dispatch to :func:`paged_attention_triton` or :func:`paged_attention_torch`."""
+    if use_triton:
+        return paged_attention_triton(q, kv_cache, attn_metadata, scale)
+    return paged_attention_torch(q, kv_cache, attn_metadata, scale)

@@ -1,0 +1,142 @@
+"""Llama / Qwen2 / Qwen3 decoder on a paged KV cache, with HF parameter names."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.model.layers import MLP, Attention, RMSNorm
+from engine.model.rope import RotaryEmbedding
+
+__all__ = ["DecoderLayer", "LlamaForCausalLM", "LlamaModel", "allocate_kv_caches"]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str, use_triton: bool
+    ) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.self_attn = Attention(config, dtype, device, use_triton)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.mlp = MLP(config, dtype, device)
+
+    # stepscope: hot
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        rope_cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``hidden_states: [T, hidden] -> [T, hidden]``."""
+        attn_in = self.input_layernorm(hidden_states)
+        hidden_states = hidden_states + self.self_attn(
+            attn_in, rope_cos_sin, kv_cache, attn_metadata
+        )
+        mlp_in = self.post_attention_layernorm(hidden_states)
+        return hidden_states + self.mlp(mlp_in)
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and the final norm (HF's ``model.*``)."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str, use_triton: bool
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size, dtype=dtype, device=device
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype, device, use_triton) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.rotary_emb = RotaryEmbedding(config, device)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM for Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norm), chosen by ``config``.
+
+    ``use_triton`` picks the Triton attention / KV-write kernels over the torch references;
+    it is fixed at construction.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        use_triton: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.use_triton = use_triton
+        self.model = LlamaModel(config, dtype, device, use_triton)
+        self.lm_head = nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device
+        )
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def allocate_kv_caches(
+        self,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> list[torch.Tensor]:
+        """Per-layer KV caches for this model (dtype/device default to the model's)."""
+        weight = self.model.embed_tokens.weight
+        return allocate_kv_caches(
+            self.config, num_blocks, block_size, dtype or weight.dtype, device or weight.device
+        )
+
+    # stepscope: hot
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids: [T]`` int64 -> ``[T, hidden]``."""
+        return self.model.embed_tokens(input_ids)
+
+    # stepscope: hot
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Run all layers; returns hidden states ``[T, hidden]`` after the final norm.
+
+        ``input_ids, positions: [T]`` int64; ``kv_caches[i]: [2, num_blocks, block_size,
+        num_kv_heads, head_dim]``, written in place for every token whose slot is not -1.
+        """
+        hidden_states = self.embed(input_ids)  # [T, hidden]
+        rope_cos_sin = self.model.rotary_emb(positions, hidden_states.dtype)  # [T, 1, D] each
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            hidden_states = layer(hidden_states, rope_cos_sin, kv_cache, attn_metadata)
+        return self.model.norm(hidden_states)
+
+    # stepscope: hot
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``hidden_states: [n, hidden]`` -> logits ``[n, vocab]`` float32."""
+        return self.lm_head(hidden_states).float()
+
+
+def allocate_kv_caches(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> list[torch.Tensor]:
+    """One zeroed ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` tensor per layer."""
+    if num_blocks <= 0 or block_size <= 0:
+        raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
+    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]

@@ -1,0 +1,141 @@
+"""Build a LlamaForCausalLM from a HF checkpoint folder, or with seeded random weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
+
+__all__ = [
+    "build_random_model",
+    "load_model",
+    "load_state_dict",
+    "load_tokenizer",
+    "qwen3_0_6b_config",
+]
+
+_INDEX_FILE = "model.safetensors.index.json"
+# Tensors some checkpoints carry that the engine recomputes itself.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    use_triton: bool = False,
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Load ``config.json`` and the ``*.safetensors`` weights of a HF checkpoint folder.
+
+    Raises ``ValueError`` for an unsupported architecture and for any missing or unexpected
+    tensor (named in the message), and ``FileNotFoundError`` when no weights are found.
+    """
+    from transformers import AutoConfig
+
+    folder = Path(path)
+    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    config = ModelConfig.from_hf_config(hf_config)
+    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton)
+    load_state_dict(model, _read_safetensors(folder))
+    model.eval()
+    return model, config
+
+
+def load_state_dict(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy ``tensors`` (HF names) into ``model``, casting to its dtype; strict by name and shape."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = model.config.tie_word_embeddings
+    expected = {name for name in params if not (tied and name == "lm_head.weight")}
+    given = {name for name in tensors if not name.endswith(_IGNORED_SUFFIXES)}
+    if tied:
+        given.discard("lm_head.weight")  # some tied checkpoints still store it
+    missing = sorted(expected - given)
+    unexpected = sorted(given - expected)
+    if missing:
+        raise ValueError(f"checkpoint is missing tensor(s): {', '.join(missing)}")
+    if unexpected:
+        raise ValueError(f"checkpoint has unexpected tensor(s): {', '.join(unexpected)}")
+    with torch.no_grad():
+        for name in sorted(expected):
+            param, tensor = params[name], tensors[name]
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"tensor {name}: checkpoint shape {tuple(tensor.shape)}, "
+                    f"model expects {tuple(param.shape)}"
+                )
+            param.copy_(tensor.to(param.dtype))
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a single-file or sharded (with index) safetensors checkpoint, on CPU."""
+    from safetensors.torch import load_file
+
+    index = folder / _INDEX_FILE
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = sorted({folder / shard for shard in weight_map.values()})
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file), device="cpu"))
+    return tensors
+
+
+def build_random_model(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int,
+    use_triton: bool = False,
+) -> LlamaForCausalLM:
+    """A model of ``config``'s shape with seeded weights (for real-shape benchmarks).
+
+    Matrices ~ N(0, 0.02) (HF's initializer_range), norms = 1, biases ~ N(0, 0.02); with the
+    final norm this gives logits of std ~ 0.02 * sqrt(hidden), neither flat nor one-hot.
+    """
+    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton)
+    generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+                continue
+            param.normal_(0.0, 0.02, generator=generator)
+    model.eval()
+    return model
+
+
+def qwen3_0_6b_config() -> ModelConfig:
+    """The Qwen3-0.6B shape, for benchmarks with random weights."""
+    return ModelConfig(
+        architecture="Qwen3ForCausalLM",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        eos_token_ids=(151645, 151643),
+        bos_token_id=151643,
+    )
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """``transformers.AutoTokenizer`` from local files only."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)

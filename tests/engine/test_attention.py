@@ -1,0 +1,144 @@
+"""Paged attention: torch reference vs dense float64 softmax; Triton (interpreter) vs torch."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first kernel call (kernels JIT lazily)
+
+import random  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from engine.kernels.attention import paged_attention_torch, paged_attention_triton  # noqa: E402
+from engine.model.attention_metadata import AttentionMetadata  # noqa: E402
+from engine.model.paged_batch import build_attention_metadata  # noqa: E402
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor  # [T, Hq, D]
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, Hkv, D]
+    metadata: AttentionMetadata
+    dense_k: list[torch.Tensor]  # per request [seq_len, Hkv, D]
+    dense_v: list[torch.Tensor]
+    q_lens: list[int]
+    seq_lens: list[int]
+
+
+def make_case(
+    q_lens: list[int],
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    seed: int,
+    num_padded_tokens: int | None = None,
+    num_padded_reqs: int | None = None,
+) -> PagedCase:
+    """Random K/V for every context position, written into shuffled, non-contiguous blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    blocks_needed = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_needed) + 3  # spare blocks stay random garbage
+    pool = list(range(num_blocks))
+    rng.shuffle(pool)
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    block_tables, dense_k, dense_v = [], [], []
+    for seq_len, needed in zip(seq_lens, blocks_needed, strict=True):
+        blocks = [pool.pop() for _ in range(needed)]
+        block_tables.append(blocks)
+        k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+        v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+        for pos in range(seq_len):
+            kv_cache[0, blocks[pos // block_size], pos % block_size] = k[pos]
+            kv_cache[1, blocks[pos // block_size], pos % block_size] = v[pos]
+        dense_k.append(k)
+        dense_v.append(v)
+    computed = [s - q for s, q in zip(seq_lens, q_lens, strict=True)]
+    metadata, _ = build_attention_metadata(
+        computed, q_lens, block_tables, block_size, "cpu", num_padded_tokens, num_padded_reqs
+    )
+    q = torch.randn(metadata.num_tokens, num_heads, head_dim, generator=gen)
+    return PagedCase(q, kv_cache, metadata, dense_k, dense_v, q_lens, seq_lens)
+
+
+def dense_attention_f64(case: PagedCase, scale: float) -> torch.Tensor:
+    """Per request causal softmax(q k^T) v in float64 straight from the dense K/V."""
+    out = torch.zeros(case.q.shape, dtype=torch.float64)
+    num_heads, num_kv_heads = case.q.shape[1], case.dense_k[0].shape[1]
+    group = num_heads // num_kv_heads
+    start = 0
+    for q_len, seq_len, k, v in zip(
+        case.q_lens, case.seq_lens, case.dense_k, case.dense_v, strict=True
+    ):
+        q = case.q[start : start + q_len].double()  # [q_len, Hq, D]
+        k = k.double().repeat_interleave(group, dim=1)  # [seq_len, Hq, D]
+        v = v.double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,shd->hqs", q, k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        scores = scores.masked_fill(torch.arange(seq_len)[None, :] > q_pos, float("-inf"))
+        out[start : start + q_len] = torch.einsum("hqs,shd->qhd", scores.softmax(-1), v)
+        start += q_len
+    return out
+
+
+# (q_lens, seq_lens, Hq, Hkv, D, block_size, padded tokens, padded reqs)
+CASES = {
+    "decode_gqa": ([1, 1, 1], [5, 17, 33], 4, 2, 16, 16, None, None),
+    "decode_mha_bs4": ([1, 1], [9, 3], 2, 2, 16, 4, None, None),
+    "varlen_prefill": ([7, 3, 12], [7, 3, 12], 4, 1, 32, 4, None, None),
+    "chunked_prefill": ([5, 9], [21, 9], 4, 2, 16, 16, None, None),
+    "spec_verify": ([4, 4, 3], [10, 30, 4], 6, 2, 16, 4, None, None),
+    "mixed_padded": ([1, 6, 3], [40, 6, 11], 4, 2, 16, 16, 14, 5),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_torch_reference_matches_dense_float64(name: str) -> None:
+    q_lens, seq_lens, hq, hkv, d, bs, pad_t, pad_r = CASES[name]
+    case = make_case(q_lens, seq_lens, hq, hkv, d, bs, seed=1, num_padded_tokens=pad_t,
+                     num_padded_reqs=pad_r)  # fmt: skip
+    scale = d**-0.5
+    out = paged_attention_torch(case.q, case.kv_cache, case.metadata, scale)
+    expected = dense_attention_f64(case, scale)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    num_real = sum(q_lens)
+    assert torch.all(out[num_real:] == 0), "padding tokens must get zeros"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_triton_matches_torch_reference(name: str) -> None:
+    q_lens, seq_lens, hq, hkv, d, bs, pad_t, pad_r = CASES[name]
+    case = make_case(q_lens, seq_lens, hq, hkv, d, bs, seed=2, num_padded_tokens=pad_t,
+                     num_padded_reqs=pad_r)  # fmt: skip
+    scale = d**-0.5
+    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, scale)
+    out = paged_attention_triton(case.q, case.kv_cache, case.metadata, scale)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_long_context_several_kv_tiles() -> None:
+    """More than one BLOCK_N tile per request and a q block split across programs."""
+    case = make_case([20, 1], [70, 45], 4, 2, 16, 16, seed=3)
+    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
+    out = paged_attention_triton(case.q, case.kv_cache, case.metadata, 0.25)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_detects_wrong_block_table() -> None:
+    """The comparison can fail: pointing the table at a spare (garbage) block changes the result."""
+    case = make_case([1], [40], 2, 2, 16, 16, seed=4)
+    table = case.metadata.block_table.clone()
+    spare = sorted(set(range(case.kv_cache.shape[1])) - set(table[0].tolist()))[0]
+    table[0, 1] = spare
+    broken = AttentionMetadata(
+        case.metadata.query_start_loc, case.metadata.seq_lens, table,
+        case.metadata.slot_mapping, case.metadata.num_reqs, case.metadata.num_tokens,
+        case.metadata.max_query_len, case.metadata.max_seq_len,
+    )  # fmt: skip
+    out = paged_attention_torch(case.q, case.kv_cache, broken, 0.25)
+    assert not torch.allclose(out.double(), dense_attention_f64(case, 0.25), atol=1e-3)
