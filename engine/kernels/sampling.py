@@ -137,7 +137,9 @@ if HAS_TRITON:
             safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
             s = s * tl.exp(m - safe_m) + tl.sum(tl.exp(x - safe_m), axis=0)
             m = new_m
-        tl.store(out_ptr + row, tl.where(m == float("-inf"), m, m + tl.log(s)))
+        # A row of only -inf has s = 0; log(1) keeps the unused branch finite.
+        lse = m + tl.log(tl.where(s > 0.0, s, 1.0))
+        tl.store(out_ptr + row, tl.where(m == float("-inf"), m, lse))
 
 
 def _require_triton() -> None:
