@@ -293,9 +293,11 @@ class CudaDevice(Device):
         return torch.cuda.Event()
 
     def timed_event_factory(self) -> Callable[[], Any]:
-        from instrument.device_timeline import CudaTimedEvent
+        # Calibrating the clock synchronises the device once: start-up only.
+        from instrument.device_timeline import CudaClock, CudaTimedEvent
 
-        return CudaTimedEvent
+        clock = CudaClock(self.torch_device)
+        return lambda: CudaTimedEvent(clock)
 
     def wait_event(self, stream: Any, event: DeviceEvent) -> None:
         stream.wait_event(event)

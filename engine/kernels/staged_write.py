@@ -11,6 +11,9 @@ Writes in one batch must not overlap (the host side checks); their order is then
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 
 try:
@@ -51,7 +54,9 @@ def apply_staged_writes_torch(
     base[rows.to(torch.int64)[write_id], col] = values[:num_values]
 
 
-if triton is not None:
+@functools.cache
+def _build_kernel() -> Any:
+    """Define the kernel on first use, so TRITON_INTERPRET set by then is honoured."""
 
     @triton.jit
     def _apply_staged_writes_kernel(
@@ -74,6 +79,8 @@ if triton is not None:
         vals = tl.load(values_ptr + begin + i, mask=mask)
         tl.store(base_ptr + row * base_stride + start + i, vals, mask=mask)
 
+    return _apply_staged_writes_kernel
+
 
 # stepscope: hot
 def apply_staged_writes_triton(
@@ -93,9 +100,7 @@ def apply_staged_writes_triton(
     if base.stride(1) != 1:
         raise ValueError("staged-write base tensor needs unit stride along columns")
     grid = (num_writes, triton.cdiv(max_len, _BLOCK))
-    _apply_staged_writes_kernel[grid](
-        base, base.stride(0), rows, starts, offsets, values, BLOCK=_BLOCK
-    )
+    _build_kernel()[grid](base, base.stride(0), rows, starts, offsets, values, BLOCK=_BLOCK)
 
 
 # stepscope: hot

@@ -1,0 +1,21 @@
+"""The Triton input-prep kernel (interpreted on the CPU) against the definition."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from engine.kernels.input_prep import HAS_TRITON, prepare_inputs  # noqa: E402
+from tests.engine.input_prep_cases import make_case, outputs, python_reference  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_triton_input_prep_matches_definition(seed: int) -> None:
+    args, host = make_case(seed, pad_tokens=3, pad_reqs=2)
+    prepare_inputs(args, use_triton=True)
+    assert outputs(args) == python_reference(host)
