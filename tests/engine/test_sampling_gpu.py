@@ -62,9 +62,10 @@ def test_batch_invariant_and_sync_free_on_cuda(use_triton: bool) -> None:
         meta = build_sampling_metadata(
             [params[r] for r in rows], [100 + r for r in rows], vocab_size=VOCAB, device="cuda"
         )
+        batch_logits = logits[rows]
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = sampler.sample(logits[rows], meta)
+            out = sampler.sample(batch_logits, meta)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         return out.sampled_token_ids
