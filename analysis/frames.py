@@ -1,0 +1,163 @@
+"""Typed trace frames: the one in-memory shape every loader produces and every metric reads.
+
+Column contracts (``*_ns`` are int64 nanoseconds on one host clock):
+
+* ``slices``: ``slice_id`` int64, ``track_id`` int64, ``track`` str, ``role`` str (``cpu``,
+  ``compute``, ``copy``, ``request``, ``annotation``, ``other``), ``name`` str (canonical stepscope
+  name when the profile maps it, else the raw name), ``raw_name`` str, ``ts_ns``, ``dur_ns``,
+  ``end_ns`` int64, ``depth`` int32, ``step`` int64 (-1 when the slice carries no step), ``kind``
+  str ("" when absent), then one column per other argument key.
+* ``instants``: ``track_id``, ``track``, ``scope`` (``thread``/``process``/``track``), ``name``,
+  ``ts_ns``, then one column per argument key.
+* ``counters``: ``track_id``, ``name``, ``ts_ns``, ``value`` float64.
+* ``flows``: ``flow_id`` uint64, ``src_slice_id``, ``dst_slice_id`` int64 (-1 when unknown).
+* ``tracks``: ``track_id`` int64, ``uuid`` uint64, ``parent_id`` int64, ``name``, ``role``,
+  ``pid``, ``tid``, ``device`` int64 (-1 when not applicable).
+* ``decisions``: ``feature`` str, ``requested`` object (True/False/None), ``resolved`` bool,
+  ``reason`` str, ``ts_ns`` int64.
+* ``syncs``: ``ts_ns`` int64, ``track`` str, ``op`` str, ``where`` str, ``stack`` str, ``hot`` bool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "TraceError",
+    "TraceFrames",
+    "SLICE_COLUMNS",
+    "INSTANT_COLUMNS",
+    "COUNTER_COLUMNS",
+    "FLOW_COLUMNS",
+    "TRACK_COLUMNS",
+    "DECISION_COLUMNS",
+    "SYNC_COLUMNS",
+    "empty_frame",
+    "require_columns",
+    "ROLE_CPU",
+    "ROLE_COMPUTE",
+    "ROLE_COPY",
+    "ROLE_REQUEST",
+    "ROLE_ANNOTATION",
+    "ROLE_OTHER",
+]
+
+ROLE_CPU = "cpu"
+ROLE_COMPUTE = "compute"
+ROLE_COPY = "copy"
+ROLE_REQUEST = "request"
+ROLE_ANNOTATION = "annotation"
+ROLE_OTHER = "other"
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read or analysed; the message says why in plain words."""
+
+
+SLICE_COLUMNS: dict[str, str] = {
+    "slice_id": "int64",
+    "track_id": "int64",
+    "track": "object",
+    "role": "object",
+    "name": "object",
+    "raw_name": "object",
+    "ts_ns": "int64",
+    "dur_ns": "int64",
+    "end_ns": "int64",
+    "depth": "int32",
+    "step": "int64",
+    "kind": "object",
+}
+INSTANT_COLUMNS: dict[str, str] = {
+    "track_id": "int64",
+    "track": "object",
+    "scope": "object",
+    "name": "object",
+    "ts_ns": "int64",
+}
+COUNTER_COLUMNS: dict[str, str] = {
+    "track_id": "int64",
+    "name": "object",
+    "ts_ns": "int64",
+    "value": "float64",
+}
+FLOW_COLUMNS: dict[str, str] = {
+    "flow_id": "uint64",
+    "src_slice_id": "int64",
+    "dst_slice_id": "int64",
+}
+TRACK_COLUMNS: dict[str, str] = {
+    "track_id": "int64",
+    "uuid": "uint64",
+    "parent_id": "int64",
+    "name": "object",
+    "role": "object",
+    "pid": "int64",
+    "tid": "int64",
+    "device": "int64",
+}
+DECISION_COLUMNS: dict[str, str] = {
+    "feature": "object",
+    "requested": "object",
+    "resolved": "bool",
+    "reason": "object",
+    "ts_ns": "int64",
+}
+SYNC_COLUMNS: dict[str, str] = {
+    "ts_ns": "int64",
+    "track": "object",
+    "op": "object",
+    "where": "object",
+    "stack": "object",
+    "hot": "bool",
+}
+
+
+def empty_frame(columns: dict[str, str]) -> pd.DataFrame:
+    """A zero-row frame with exactly ``columns`` and their dtypes."""
+    return pd.DataFrame({k: pd.Series(np.zeros(0, dtype=v)) for k, v in columns.items()})
+
+
+def require_columns(df: pd.DataFrame, columns: dict[str, str] | list[str], what: str) -> None:
+    """Raise :class:`TraceError` when ``df`` lacks one of ``columns``."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise TraceError(f"{what}: frame lacks required column(s) {', '.join(missing)}")
+
+
+@dataclass
+class TraceFrames:
+    """Everything a loader read from one trace file.
+
+    ``metadata`` holds ``format`` (``perfetto``/``kineto``), ``path``, ``profile``, ``bytes_total``,
+    ``bytes_dropped`` (a cut-off tail), ``unterminated_slices``, ``unmatched_ends``, the
+    ``trace_metadata`` instant's args and ``output_digest`` when present. ``config`` holds the
+    ``engine_config`` instant's args (the resolved engine configuration, flattened).
+    """
+
+    slices: pd.DataFrame
+    instants: pd.DataFrame
+    counters: pd.DataFrame
+    flows: pd.DataFrame
+    tracks: pd.DataFrame
+    decisions: pd.DataFrame
+    syncs: pd.DataFrame
+    metadata: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> TraceFrames:
+        """Frames of a trace with nothing in it (every frame typed, zero rows)."""
+        return cls(
+            slices=empty_frame(SLICE_COLUMNS),
+            instants=empty_frame(INSTANT_COLUMNS),
+            counters=empty_frame(COUNTER_COLUMNS),
+            flows=empty_frame(FLOW_COLUMNS),
+            tracks=empty_frame(TRACK_COLUMNS),
+            decisions=empty_frame(DECISION_COLUMNS),
+            syncs=empty_frame(SYNC_COLUMNS),
+        )
