@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import os
 import signal
 import socket
@@ -28,7 +29,28 @@ from instrument.schema import SCHEMA_VERSION, Arg, Instant
 __all__ = ["Tracer", "get_tracer", "set_tracer", "traced", "now_ns"]
 
 now_ns = time.monotonic_ns  # the one host clock of every trace
-_get_ident = threading.get_ident
+
+# Each thread gets a small key for its whole life (idents are reused after a thread dies); the
+# registry keeps the Thread object so its name is known at flush even once it has exited.
+_tls = threading.local()
+_THREADS: dict[int, threading.Thread] = {}
+_thread_keys = itertools.count(1)
+
+
+def _register_thread() -> int:
+    key = next(_thread_keys)
+    _THREADS[key] = threading.current_thread()
+    _tls.key = key
+    return key
+
+
+def _thread_key() -> int:
+    try:
+        return _tls.key  # type: ignore[no-any-return]
+    except AttributeError:
+        return _register_thread()
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -48,14 +70,16 @@ _NULL_SPAN = _NullSpan()
 
 
 class _Span:
-    """A live span: remembers its start; appends one complete-slice tuple when it ends."""
+    """A live span: remembers its start; appends one complete-slice tuple when it ends.
 
-    __slots__ = ("_append", "_name", "_args", "_start_ns")
+    Each enabled tracer makes a subclass with its buffer's ``append`` bound as a class attribute,
+    so constructing a span sets only two fields.
+    """
 
-    def __init__(
-        self, append: Callable[[RawEvent], None], name: str, args: dict[str, object]
-    ) -> None:
-        self._append = append
+    __slots__ = ("_name", "_args", "_start_ns")
+    _append: Callable[[RawEvent], None]
+
+    def __init__(self, name: str, args: dict[str, object]) -> None:
         self._name = name
         self._args = args
 
@@ -64,24 +88,20 @@ class _Span:
         return self
 
     def __exit__(self, *exc: object) -> bool:
-        self._append((EV_SLICE_AT, _get_ident(), self._name, self._start_ns, now_ns(), self._args))
+        end_ns = now_ns()
+        try:
+            key = _tls.key
+        except AttributeError:
+            key = _register_thread()
+        self._append((EV_SLICE_AT, key, self._name, self._start_ns, end_ns, self._args))
         return False
 
 
 class _NvtxSpan(_Span):
     """A span that also pushes/pops an NVTX range of the same name."""
 
-    __slots__ = ("_nvtx",)
-
-    def __init__(
-        self,
-        append: Callable[[RawEvent], None],
-        name: str,
-        args: dict[str, object],
-        nvtx: _nvtx.NvtxRanges,
-    ) -> None:
-        super().__init__(append, name, args)
-        self._nvtx = nvtx
+    __slots__ = ()
+    _nvtx: _nvtx.NvtxRanges
 
     def __enter__(self) -> _Span:
         self._nvtx.push(self._name)
@@ -123,7 +143,12 @@ class Tracer:
         self._buffer: deque[RawEvent] = deque()
         self._append = self._buffer.append
         self._nvtx = _nvtx.NvtxRanges() if (enabled and nvtx) else None
-        self._thread_names: dict[int, tuple[str, int]] = {}
+        base = _NvtxSpan if self._nvtx is not None else _Span
+        self._span_cls: type[_Span] = type(
+            "_TracerSpan",
+            (base,),
+            {"__slots__": (), "_append": staticmethod(self._append), "_nvtx": self._nvtx},
+        )
         self._writer: PerfettoWriter | None = None
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
@@ -159,15 +184,13 @@ class Tracer:
         """
         if not self.enabled:
             return _NULL_SPAN
-        if self._nvtx is not None:
-            return _NvtxSpan(self._append, name, args, self._nvtx)
-        return _Span(self._append, name, args)
+        return self._span_cls(name, args)
 
     def instant(self, name: str, *, scope: str = "thread", **args: object) -> None:
         """An instant event on the current thread's track, or the process track."""
         if not self.enabled:
             return
-        track = _get_ident() if scope == "thread" else None
+        track = _thread_key() if scope == "thread" else None
         self._append((EV_INSTANT, track, name, now_ns(), args or None))
 
     def counter(self, name: str, value: float) -> None:
@@ -195,27 +218,15 @@ class Tracer:
         """Count events deliberately not recorded; written to the metadata at close."""
         self.dropped[what] = self.dropped.get(what, 0) + n
 
-    def name_thread(self, name: str | None = None) -> None:
-        """Record the calling thread's name now (short-lived threads may be gone at flush)."""
-        thread = threading.current_thread()
-        self._thread_names[thread.ident or _get_ident()] = (
-            name or thread.name,
-            thread.native_id or 0,
-        )
-
-    # ---- off the hot path -----------------------------------------------------------------
-    def _resolve_thread_names(self, events: list[RawEvent]) -> None:
-        active = threading._active  # type: ignore[attr-defined]
+    def _thread_names(self, events: list[RawEvent]) -> dict[int, tuple[str, int]]:
+        names: dict[int, tuple[str, int]] = {}
         for event in events:
             track = event[1]
-            if (
-                isinstance(track, int)
-                and event[0] != EV_COUNTER
-                and track not in self._thread_names
-            ):
-                thread = active.get(track)
+            if isinstance(track, int) and event[0] != EV_COUNTER and track not in names:
+                thread = _THREADS.get(track)
                 if thread is not None:
-                    self._thread_names[track] = (thread.name, thread.native_id or track)
+                    names[track] = (thread.name, thread.native_id or track)
+        return names
 
     def flush(self) -> None:
         """Write everything buffered so far."""
@@ -229,8 +240,7 @@ class Tracer:
         except IndexError:
             pass
         if events:
-            self._resolve_thread_names(events)
-            self._writer.write(events, self._thread_names)
+            self._writer.write(events, self._thread_names(events))
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval_s):

@@ -1,0 +1,140 @@
+"""The tracer writes valid Perfetto protobuf: tracks, nesting, counters, flows, instants."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from instrument.schema import FLOW_ID_BASE, SCHEMA_VERSION, device_track_name
+from instrument.tracer import Tracer, get_tracer, set_tracer, traced
+from tests.instrument.conftest import TE, read_trace
+
+
+def _write_sample(path: str) -> None:
+    threading.current_thread().name = "engine-core"
+    tracer = Tracer(path, flush_interval_s=0.05)
+    for step in range(5):
+        with tracer.span("step", step=step):
+            with tracer.span("schedule", step=step, num_reqs=2, num_tokens=9, num_prefill=1,
+                             num_decode=1, num_spec_tokens=0):
+                time.sleep(0.0005)
+            with tracer.span("launch", step=step, flow_out=FLOW_ID_BASE + step):
+                pass
+        now = time.monotonic_ns()
+        tracer.slice_at(device_track_name(0, "compute"), "forward", now - 10_000, now,
+                        step=step, flow_in=FLOW_ID_BASE + step)
+        tracer.counter("kv_usage", step / 10)
+    tracer.instant("feature_decision", scope="process", feature="async_scheduling",
+                   requested="None", resolved=True, reason="auto: CUDA device")
+    tracer.close()
+
+
+def test_trace_parses_with_declared_tracks(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    _write_sample(path)
+    trace = read_trace(path)  # asserts every event names a declared track
+    assert trace.truncated_bytes == 0
+    names = set(trace.tracks.values())
+    assert {"engine-core", "gpu:0 compute", "kv_usage", "process:stepscope"} <= names
+    meta = [e for e in trace.events if e.name == "trace_metadata"]
+    assert meta[0].args["schema_version"] == SCHEMA_VERSION
+    assert meta[-1].args["closed"] is True
+
+
+def test_slices_nest_per_track(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    _write_sample(path)
+    slices = read_trace(path).slices()
+    cpu = [s for s in slices if s[0] == "engine-core"]
+    steps = [s for s in cpu if s[1] == "step"]
+    assert len(steps) == 5
+    for step in steps:
+        children = [s for s in cpu if s[1] != "step" and s[4]["step"] == step[4]["step"]]
+        assert {c[1] for c in children} == {"schedule", "launch"}
+        for c in children:
+            assert step[2] <= c[2] <= c[3] <= step[3]
+    sched = next(s for s in cpu if s[1] == "schedule")
+    assert sched[4] == {"step": 0, "num_reqs": 2, "num_tokens": 9, "num_prefill": 1,
+                        "num_decode": 1, "num_spec_tokens": 0}
+    assert sched[3] - sched[2] >= 400_000  # slept 0.5 ms
+
+
+def test_flows_join_launch_to_forward(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    _write_sample(path)
+    events = read_trace(path).events
+    starts = {f: e.name for e in events for f in e.flow_ids}
+    ends = {f: e.name for e in events for f in e.terminating_flow_ids}
+    assert set(starts) == set(ends) == {FLOW_ID_BASE + s for s in range(5)}
+    assert set(starts.values()) == {"launch"} and set(ends.values()) == {"forward"}
+
+
+def test_counters_and_instants(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    _write_sample(path)
+    events = read_trace(path).events
+    counters = [e.counter for e in events if e.type == TE.TYPE_COUNTER]
+    assert counters == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    decision = next(e for e in events if e.name == "feature_decision")
+    assert decision.type == TE.TYPE_INSTANT and decision.track == "process:stepscope"
+    assert decision.args == {"feature": "async_scheduling", "requested": "None",
+                             "resolved": True, "reason": "auto: CUDA device"}
+
+
+def test_disabled_tracing_writes_nothing(tmp_path):
+    tracer = Tracer(enabled=False)
+    with tracer.span("step", step=0):
+        tracer.instant("sync", op="item")
+        tracer.counter("kv_usage", 1.0)
+        tracer.slice_at("gpu:0 compute", "forward", 0, 1, step=0)
+    tracer.close()
+    assert os.listdir(tmp_path) == []
+    assert tracer.span("x") is tracer.span("y")  # one shared no-op span
+
+
+def test_spans_from_threads_get_their_own_tracks(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+
+    def work() -> None:
+        with tracer.span("forward", step=1):
+            pass
+
+    worker = threading.Thread(target=work, name="device-worker")
+    worker.start()
+    worker.join()
+    threading.current_thread().name = "engine-core"
+    with tracer.span("schedule", step=1):
+        pass
+    tracer.close()
+    by_track = {s[0]: s[1] for s in read_trace(path).slices()}
+    assert by_track == {"device-worker": "forward", "engine-core": "schedule"}
+
+
+def test_global_tracer_and_decorator(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    previous = set_tracer(tracer)
+    try:
+        @traced("prepare_inputs", step=3)
+        def prepare() -> int:
+            return 7
+
+        assert prepare() == 7
+        assert get_tracer() is tracer
+    finally:
+        set_tracer(previous)
+        tracer.close()
+    assert [s[1] for s in read_trace(path).slices()] == ["prepare_inputs"]
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="output path"):
+        Tracer(None)
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    with pytest.raises(ValueError, match="ends before it starts"):
+        tracer.slice_at("gpu:0 compute", "forward", 10, 5)
+    tracer.close()
