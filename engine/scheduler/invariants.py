@@ -1,0 +1,66 @@
+"""Debug checks that the scheduler's books agree (DESIGN.md §1). Raise AssertionError."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from engine.request import Request, RequestStatus
+from engine.scheduler.kv_cache_manager import KVCacheManager
+from engine.scheduler.scheduler_config import SchedulerConfig
+
+__all__ = ["check_scheduler_invariants", "check_request_books"]
+
+
+def check_request_books(
+    request: Request, kv_cache_manager: KVCacheManager, allows_placeholders: bool
+) -> None:
+    """One request: placeholders >= 0 (== 0 between sync steps), confirmed frontier within
+    [0, num_computed_tokens], prefix-cached blocks only below the confirmed frontier."""
+    name = request.req_id
+    assert request.num_output_placeholders >= 0, f"{name}: negative placeholders"
+    assert request.num_steps_in_flight >= 0, f"{name}: negative steps in flight"
+    if not allows_placeholders:
+        assert request.num_output_placeholders == 0, f"{name}: placeholders in a sync scheduler"
+    if request.num_steps_in_flight == 0:
+        assert request.num_output_placeholders == 0, f"{name}: placeholders with nothing in flight"
+    if request.status is not RequestStatus.RUNNING:
+        assert request.num_computed_tokens == 0 or request.is_finished, f"{name}: stale frontier"
+        return
+    frontier = request.confirmed_frontier
+    assert 0 <= frontier <= request.num_computed_tokens, f"{name}: frontier {frontier} out of range"
+    assert frontier <= request.num_tokens, f"{name}: frontier beyond committed tokens"
+    num_cached = kv_cache_manager.num_cached_blocks(name) * kv_cache_manager.block_size
+    assert num_cached <= frontier, f"{name}: {num_cached} cached tokens beyond frontier {frontier}"
+    num_slots = len(kv_cache_manager.block_ids(name)) * kv_cache_manager.block_size
+    assert request.num_computed_tokens <= num_slots, f"{name}: computed tokens without KV slots"
+
+
+def check_scheduler_invariants(
+    *,
+    config: SchedulerConfig,
+    requests: Mapping[str, Request],
+    running: Sequence[Request],
+    waiting: Collection[Request],
+    release_pending: Collection[str],
+    kv_cache_manager: KVCacheManager,
+    allows_placeholders: bool,
+) -> None:
+    """Whole scheduler: no request lost or duplicated, queues hold the right statuses,
+    ``max_num_seqs`` respected, block ref counts consistent, every book of every request sane."""
+    running_ids = [r.req_id for r in running]
+    waiting_ids = [r.req_id for r in waiting]
+    assert len(set(running_ids)) == len(running_ids), "a request is twice in running"
+    assert len(set(waiting_ids)) == len(waiting_ids), "a request is twice in waiting"
+    assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
+    assert len(running) <= config.max_num_seqs, "more running requests than max_num_seqs"
+    finished_ids = {r.req_id for r in requests.values() if r.is_finished}
+    assert finished_ids <= set(release_pending), "a finished request kept without a reason"
+    live = set(running_ids) | set(waiting_ids) | finished_ids
+    assert live == set(requests), f"requests lost or stray: {sorted(live ^ set(requests))}"
+    for request in running:
+        assert request.status is RequestStatus.RUNNING, f"{request.req_id}: {request.status.name}"
+    for request in waiting:
+        assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
+    for request in requests.values():
+        check_request_books(request, kv_cache_manager, allows_placeholders)
+    kv_cache_manager.check_consistency()

@@ -1,0 +1,50 @@
+"""Typed records the scheduler hands back after each step: per-request outputs and counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.request import Request
+
+__all__ = ["RequestOutput", "SchedulerStats", "StopStringChecker"]
+
+# Called by the scheduler after each committed token of a request that has stop strings (and
+# has reached min_tokens). Returns the matched stop string, or None to go on. The detokenizing
+# layer provides it; the scheduler itself never sees text.
+StopStringChecker = Callable[[Request], "str | None"]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step committed for one request.
+
+    ``new_token_ids`` are committed tokens only: drafts rejected by the target, and tokens of a
+    step that was in flight when the request finished, never appear. ``finish_reason`` is
+    ``"stop"``, ``"length"`` or ``"abort"`` when ``finished``; ``stop_reason`` is the stop token
+    id or stop string that ended it (None for EOS and length).
+    """
+
+    req_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_draft_tokens: int = 0  # drafts verified this step
+    num_accepted: int = 0  # drafts accepted this step
+    num_cached_tokens: int = 0  # prefix-cache hit at first admission
+    new_logprobs: list[list[tuple[int, float]]] | None = None  # per new token: (id, logprob)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters for the trace (names match instrument/schema's counter names)."""
+
+    running_requests: int
+    waiting_requests: int
+    kv_usage: float
+    output_placeholders: int  # summed over live requests
+    accepted_tokens: int = 0  # drafts accepted in the latest update
+    batch_tokens: int = 0  # tokens scheduled in the latest step
+    num_preemptions: int = 0  # total since start
+    prefix_cache_hit_tokens: int = 0  # total since start

@@ -1,0 +1,91 @@
+"""The scheduler's scratch record of one step while it is being planned, and of it in flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request import Request
+from engine.scheduler.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+
+__all__ = ["StepPlan", "InFlightStep"]
+
+
+@dataclass
+class InFlightStep:
+    """What the scheduler promised for a step whose output has not come back yet.
+
+    ``num_sampled_slots[req_id]`` is 1 + the drafts scheduled when the step samples the request,
+    0 when it only computes a prefill chunk. The async scheduler added exactly this many output
+    placeholders, and settles exactly this many when the output returns.
+    """
+
+    step: int
+    num_sampled_slots: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class StepPlan:
+    """Accumulates one step's decisions; ``build`` freezes them into a ``SchedulerOutput``."""
+
+    step: int
+    token_budget: int
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_req_ids: list[str] = field(default_factory=list)
+    cached_new_block_ids: list[list[int]] = field(default_factory=list)
+    cached_num_computed: list[int] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    num_prefill_reqs: int = 0
+    num_decode_reqs: int = 0
+    # Blocks held by victims preempted this step that return once their in-flight step settles;
+    # a request short of blocks may wait for them instead of preempting another victim.
+    num_blocks_returning: int = 0
+    preempted: bool = False
+
+    def add(self, request: Request, num_new_tokens: int, spec_tokens: list[int]) -> None:
+        """Record that the request advances ``num_new_tokens`` (spec tokens included)."""
+        self.num_scheduled_tokens[request.req_id] = num_new_tokens
+        self.token_budget -= num_new_tokens
+        if spec_tokens:
+            self.spec_tokens[request.req_id] = spec_tokens
+        num_pending = (
+            request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+        )
+        if num_pending <= 1:
+            self.num_decode_reqs += 1
+        else:
+            self.num_prefill_reqs += 1
+
+    def add_cached(self, request: Request, new_block_ids: list[int]) -> None:
+        self.cached_req_ids.append(request.req_id)
+        self.cached_new_block_ids.append(new_block_ids)
+        self.cached_num_computed.append(request.num_computed_tokens)
+
+    def add_new(self, request: Request, block_ids: list[int]) -> None:
+        self.new_reqs.append(
+            NewRequestData(
+                req_id=request.req_id,
+                prompt_token_ids=list(request.prompt_token_ids),
+                output_token_ids=list(request.output_token_ids),
+                sampling_params=request.sampling_params,
+                block_ids=block_ids,
+                num_computed_tokens=request.num_computed_tokens,
+            )
+        )
+
+    def build(self, finished_req_ids: set[str]) -> SchedulerOutput:
+        return SchedulerOutput(
+            step=self.step,
+            scheduled_new_reqs=self.new_reqs,
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=self.cached_req_ids,
+                new_block_ids=self.cached_new_block_ids,
+                num_computed_tokens=self.cached_num_computed,
+            ),
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(self.num_scheduled_tokens.values()),
+            scheduled_spec_decode_tokens=self.spec_tokens,
+            finished_req_ids=finished_req_ids,
+            num_prefill_reqs=self.num_prefill_reqs,
+            num_decode_reqs=self.num_decode_reqs,
+        )
