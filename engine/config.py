@@ -1,0 +1,256 @@
+"""Engine configuration and the start-up resolution of every performance feature.
+
+``EngineConfig`` holds what the user asked for, frozen. :func:`resolve_features` turns each
+request (True / False / None = auto) into a :class:`FeatureDecision` once, at start-up: an explicit
+True that cannot be honoured raises :class:`ConfigError` with the reason; ``None`` resolves with a
+reason that is logged, printed in the run summary and written to the trace. The user's request is
+never overwritten: the resolved values live in :class:`ResolvedFeatures`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "EngineConfig",
+    "FeatureDecision",
+    "ResolvedFeatures",
+    "resolve_features",
+    "SPEC_METHODS",
+    "DTYPES",
+]
+
+SPEC_METHODS = ("draft", "eagle", "mtp", "ngram")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """An impossible configuration, named with the reason, at start-up."""
+
+
+@dataclass(frozen=True)
+class FeatureDecision:
+    """One performance switch: what was asked, what runs, and why."""
+
+    feature: str
+    requested: bool | str | None  # None = auto
+    resolved: bool | str
+    reason: str
+
+    @property
+    def silent_fallback(self) -> bool:
+        """Asked for explicitly, not running, and no reason given."""
+        return self.requested is True and self.resolved is False and not self.reason
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the user asked for. Validated on construction; never mutated."""
+
+    model: str | None = None  # HF checkpoint folder
+    model_config: str | None = None  # JSON file or HF config folder, with random_weights
+    random_weights: bool = False
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int = 1024
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    # Performance features: True / False / None (auto).
+    async_scheduling: bool | None = None
+    cuda_graphs: bool | None = None
+    triton_kernels: bool | None = None
+    pinned_memory: bool | None = None
+    deferred_sampling: bool | None = None
+    spec_method: str | None = None
+    spec_model: str | None = None
+    num_spec_tokens: int = 0
+    spec_sync_accepted: bool = False
+    cuda_graph_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    debug_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.model_config is None):
+            raise ConfigError("give exactly one of model (a checkpoint folder) or model_config")
+        if self.model_config is not None and not self.random_weights:
+            raise ConfigError("model_config needs random_weights=True (it has no weights)")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.spec_method is not None and self.spec_method not in SPEC_METHODS:
+            raise ConfigError(
+                f"spec_method must be one of {SPEC_METHODS} or None, got {self.spec_method!r}"
+            )
+        if self.spec_method is not None and self.num_spec_tokens < 1:
+            raise ConfigError("a spec_method needs num_spec_tokens >= 1")
+        if self.spec_method is None and self.num_spec_tokens:
+            raise ConfigError("num_spec_tokens given without a spec_method")
+        if self.spec_method in ("draft", "eagle") and self.spec_model is None:
+            raise ConfigError(f"spec_method={self.spec_method!r} needs spec_model (a folder)")
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
+            if self.max_model_len > self.max_num_batched_tokens:
+                raise ConfigError(
+                    "without chunked prefill, max_model_len "
+                    f"({self.max_model_len}) must fit max_num_batched_tokens "
+                    f"({self.max_num_batched_tokens})"
+                )
+        sizes = tuple(sorted(set(self.cuda_graph_sizes)))
+        if not sizes or sizes[0] < 1:
+            raise ConfigError(f"cuda_graph_sizes must be positive, got {self.cuda_graph_sizes}")
+        object.__setattr__(self, "cuda_graph_sizes", sizes)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def flat(self) -> dict[str, Any]:
+        """The config as flat scalars, for the trace's ``engine_config`` instant."""
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            out[key] = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True)
+class ResolvedFeatures:
+    """The decisions, by feature name, plus typed accessors for what the engine reads."""
+
+    decisions: tuple[FeatureDecision, ...]
+
+    def _get(self, feature: str) -> bool | str:
+        for d in self.decisions:
+            if d.feature == feature:
+                return d.resolved
+        raise KeyError(feature)
+
+    @property
+    def async_scheduling(self) -> bool:
+        return bool(self._get("async_scheduling"))
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return bool(self._get("cuda_graphs"))
+
+    @property
+    def triton_kernels(self) -> bool:
+        return bool(self._get("triton_kernels"))
+
+    @property
+    def pinned_memory(self) -> bool:
+        return bool(self._get("pinned_memory"))
+
+    @property
+    def deferred_sampling(self) -> bool:
+        return bool(self._get("deferred_sampling"))
+
+    @property
+    def spec_method(self) -> str | None:
+        value = self._get("spec_method")
+        return None if value in ("none", False) else str(value)
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _decide(
+    feature: str, requested: bool | None, possible: bool, why_not: str, auto_on: str
+) -> FeatureDecision:
+    """The common rule: explicit True must be possible; auto follows possibility."""
+    if requested is True and not possible:
+        raise ConfigError(f"{feature}=True cannot be honoured: {why_not}")
+    if requested is False:
+        return FeatureDecision(feature, False, False, "off as requested")
+    if requested is True:
+        return FeatureDecision(feature, True, True, "on as requested")
+    if possible:
+        return FeatureDecision(feature, None, True, f"auto: {auto_on}")
+    return FeatureDecision(feature, None, False, f"auto: off, {why_not}")
+
+
+def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -> ResolvedFeatures:
+    """Resolve every performance feature once. Raises :class:`ConfigError` on impossible asks."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if config.is_cuda and not cuda_available:
+        raise ConfigError(f"device={config.device!r} but torch sees no CUDA device")
+    on_cuda = config.is_cuda
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    triton_ok = _triton_importable() and (on_cuda or interpret)
+    decisions = [
+        _decide(
+            "async_scheduling",
+            config.async_scheduling,
+            True,
+            "",
+            "batch queue of depth 2 schedules step N+1 while step N runs"
+            + ("" if on_cuda else " (CPU device: overlap bounded by the GIL)"),
+        ),
+        _decide(
+            "cuda_graphs",
+            config.cuda_graphs,
+            on_cuda,
+            "no CUDA device (graphs capture CUDA work only)",
+            "decode batches padded to capture sizes replay CUDA graphs",
+        ),
+        _decide(
+            "triton_kernels",
+            config.triton_kernels,
+            triton_ok,
+            "triton is not installed"
+            if not _triton_importable()
+            else "CPU device: Triton runs only under TRITON_INTERPRET=1; torch kernels used",
+            "Triton kernels for attention, input prep and sampling",
+        ),
+        _decide(
+            "pinned_memory",
+            config.pinned_memory,
+            on_cuda,
+            "no CUDA device: host memory need not be pinned",
+            "pinned staging buffers make host-to-device copies asynchronous",
+        ),
+    ]
+    async_on = bool(decisions[0].resolved)
+    decisions.append(
+        _decide(
+            "deferred_sampling",
+            config.deferred_sampling,
+            async_on,
+            "async scheduling is off: sampling is never ahead of the grammar",
+            "structured requests run forward N+1 early and sample once t_N is accepted",
+        )
+    )
+    method = config.spec_method
+    decisions.append(
+        FeatureDecision(
+            "spec_method",
+            method,
+            method or "none",
+            f"speculative decoding with {method}, {config.num_spec_tokens} tokens per step"
+            + (", CPU waits for accepted counts" if config.spec_sync_accepted else "")
+            if method
+            else "no speculative decoding requested",
+        )
+    )
+    return ResolvedFeatures(tuple(decisions))
