@@ -63,7 +63,8 @@ def _write_kv_kernel_src(
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
     offs = tl.arange(0, BLOCK)
-    mask = (offs < ROW) & (slot >= 0)
+    row_len = tl.where(slot >= 0, ROW, 0)  # padding (slot -1) masks the whole row
+    mask = offs < row_len
     dst = slot.to(tl.int64) * ROW + offs
     k_row = tl.load(k_ptr + token * k_token_stride + offs, mask=mask)
     v_row = tl.load(v_ptr + token * v_token_stride + offs, mask=mask)

@@ -45,6 +45,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 def _yarn_inv_freq(config: ModelConfig, s: RopeScaling) -> tuple[torch.Tensor, float]:
     """YaRN: ramp between interpolated and extrapolated frequencies; scale cos/sin."""
     assert s.original_max_position_embeddings is not None
+    orig_len = s.original_max_position_embeddings
     dim, base, factor = config.head_dim, config.rope_theta, s.factor
 
     def get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -58,8 +59,7 @@ def _yarn_inv_freq(config: ModelConfig, s: RopeScaling) -> tuple[torch.Tensor, f
             attention_factor = get_mscale(factor)
 
     def correction_dim(num_rotations: float) -> float:
-        orig = s.original_max_position_embeddings
-        return (dim * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+        return (dim * math.log(orig_len / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
     low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
     if s.truncate:
