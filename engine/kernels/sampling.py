@@ -37,8 +37,9 @@ def gumbel_sample_torch(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     keep_threshold: torch.Tensor,
-    key1: torch.Tensor,
-    key2: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    stream: int = noise.NoiseStream.SAMPLE,
 ) -> torch.Tensor:
     """Gumbel-max: token = argmax_v (l_v / T + g_v) over {v : l_v / T >= threshold}.
 
@@ -46,12 +47,14 @@ def gumbel_sample_torch(
     renormalised (the Gumbel-max trick). Rows with T == 0 take argmax_v l_v (greedy, no noise).
 
     logits: [N, V] f32; temperature: [N] f32; keep_threshold: [N] f32 in scaled-logit units
-    (-inf keeps everything); key1, key2: [N] int64 noise keys. Returns [N] int64.
+    (-inf keeps everything); seeds, positions: [N] int64, the noise key with ``stream``.
+    Returns [N] int64.
     """
     greedy = temperature == 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
     # scaled: [N, V]
     scaled = logits / safe_t[:, None]
+    key1, key2 = noise.noise_row_keys(seeds, positions, stream)
     uniform = noise.uniform_from_row_keys(key1, key2, logits.shape[1])
     gumbel = -torch.log(-torch.log(uniform))
     neg_inf = torch.full_like(scaled, float("-inf"))
@@ -82,15 +85,26 @@ if HAS_TRITON:
         return x ^ (x >> 16)
 
     @triton.jit
+    def _row_key(init: tl.constexpr, seed, position):
+        # noise._chain for one row: init = (KEY*_INIT + stream) mod 2**32, then the four words.
+        h = _mix32(tl.full((), init, tl.int64))
+        h = _mix32(h ^ (seed & 0xFFFFFFFF))
+        h = _mix32(h ^ ((seed >> 32) & 0xFFFFFFFF))
+        h = _mix32(h ^ (position & 0xFFFFFFFF))
+        return _mix32(h ^ ((position >> 32) & 0xFFFFFFFF))
+
+    @triton.jit
     def _gumbel_sample_kernel(
         logits_ptr,
         logits_stride,
         temperature_ptr,
         threshold_ptr,
-        key1_ptr,
-        key2_ptr,
+        seeds_ptr,
+        positions_ptr,
         out_ptr,
         vocab_size,
+        KEY1_INIT: tl.constexpr,  # compile-time: a runtime u32 argument would not widen exactly
+        KEY2_INIT: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0)
@@ -98,14 +112,20 @@ if HAS_TRITON:
         greedy = temp == 0.0
         safe_t = tl.where(greedy, 1.0, temp)
         threshold = tl.load(threshold_ptr + row)
-        key1 = tl.load(key1_ptr + row)
-        key2 = tl.load(key2_ptr + row)
+        seed = tl.load(seeds_ptr + row).to(tl.int64)
+        position = tl.load(positions_ptr + row).to(tl.int64)
+        key1 = _row_key(KEY1_INIT, seed, position)
+        key2 = _row_key(KEY2_INIT, seed, position)
         best_val = tl.full((), float("-inf"), tl.float32)
         best_idx = tl.full((), 0, tl.int32)
         for start in range(0, vocab_size, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             in_vocab = offs < vocab_size
-            x = tl.load(logits_ptr + row * logits_stride + offs, mask=in_vocab, other=float("-inf"))
+            x = tl.load(
+                logits_ptr + row.to(tl.int64) * logits_stride + offs,
+                mask=in_vocab,
+                other=float("-inf"),
+            )
             scaled = tl.div_rn(x, safe_t)  # IEEE division, as torch's
             h = _mix32(_mix32(offs.to(tl.int64) ^ key1) ^ key2)
             u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
@@ -129,7 +149,7 @@ if HAS_TRITON:
         for start in range(0, vocab_size, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             x = tl.load(
-                logits_ptr + row * logits_stride + offs,
+                logits_ptr + row.to(tl.int64) * logits_stride + offs,
                 mask=offs < vocab_size,
                 other=float("-inf"),
             )
@@ -151,11 +171,13 @@ def gumbel_sample_triton(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     keep_threshold: torch.Tensor,
-    key1: torch.Tensor,
-    key2: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    stream: int = noise.NoiseStream.SAMPLE,
     block: int = SAMPLE_BLOCK,
 ) -> torch.Tensor:
-    """Triton version of :func:`gumbel_sample_torch`: one program per row, one pass over V."""
+    """Triton version of :func:`gumbel_sample_torch`: one program per row, one pass over V;
+    the row keys are hashed in the kernel too, so the whole step is one launch."""
     _require_triton()
     num_rows, vocab_size = logits.shape
     logits = logits.contiguous()
@@ -166,10 +188,12 @@ def gumbel_sample_triton(
         logits.stride(0),
         temperature.contiguous(),
         keep_threshold.contiguous(),
-        key1.contiguous(),
-        key2.contiguous(),
+        seeds.to(torch.int64).contiguous(),
+        positions.to(torch.int64).contiguous(),
         out,
         vocab_size,
+        KEY1_INIT=(noise.KEY1_INIT + int(stream)) & noise.MASK32,
+        KEY2_INIT=(noise.KEY2_INIT + int(stream)) & noise.MASK32,
         BLOCK=block,
     )
     return out
@@ -191,14 +215,15 @@ def gumbel_sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     keep_threshold: torch.Tensor,
-    key1: torch.Tensor,
-    key2: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
     use_triton: bool,
+    stream: int = noise.NoiseStream.SAMPLE,
 ) -> torch.Tensor:
     """Dispatch Gumbel-max sampling. Shapes as :func:`gumbel_sample_torch`."""
     if use_triton:
-        return gumbel_sample_triton(logits, temperature, keep_threshold, key1, key2)
-    return gumbel_sample_torch(logits, temperature, keep_threshold, key1, key2)
+        return gumbel_sample_triton(logits, temperature, keep_threshold, seeds, positions, stream)
+    return gumbel_sample_torch(logits, temperature, keep_threshold, seeds, positions, stream)
 
 
 # stepscope: hot

@@ -20,7 +20,7 @@ import torch
 from engine.kernels import sampling as sampling_kernels
 from engine.sample.logprobs import compute_topk_logprobs
 from engine.sample.metadata import SamplingMetadata
-from engine.sample.noise import NoiseStream, noise_row_keys
+from engine.sample.noise import NoiseStream
 from engine.sample.penalties import apply_penalties
 
 __all__ = [
@@ -164,9 +164,14 @@ class Sampler:
             sampled = penalised.argmax(dim=-1)
         else:
             threshold = _thresholds(penalised, meta)
-            key1, key2 = noise_row_keys(meta.seeds, meta.positions, NoiseStream.SAMPLE)
             sampled = sampling_kernels.gumbel_sample(
-                penalised, meta.temperature, threshold, key1, key2, self.use_triton
+                penalised,
+                meta.temperature,
+                threshold,
+                meta.seeds,
+                meta.positions,
+                self.use_triton,
+                NoiseStream.SAMPLE,
             )
         if meta.max_num_logprobs is None:
             return SamplerOutput(sampled_token_ids=sampled)

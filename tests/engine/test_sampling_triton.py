@@ -18,7 +18,7 @@ from engine.kernels.sampling import (  # noqa: E402
     row_logsumexp_triton,
 )
 from engine.sample.metadata import build_sampling_metadata  # noqa: E402
-from engine.sample.noise import noise_row_keys, uniform_from_row_keys  # noqa: E402
+from engine.sample.noise import NoiseStream, uniform_noise  # noqa: E402
 from engine.sample.sampler import Sampler  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -33,8 +33,7 @@ def inputs(seed: int) -> tuple[torch.Tensor, ...]:
     threshold = torch.tensor([float("-inf"), 0.5, 0.0, -1.0, float("-inf"), 1.0])
     seeds = torch.randint(0, 2**62, (NUM_ROWS,), generator=gen)
     positions = torch.randint(0, 5000, (NUM_ROWS,), generator=gen)
-    key1, key2 = noise_row_keys(seeds, positions)
-    return logits, temperature, threshold, key1, key2
+    return logits, temperature, threshold, seeds, positions
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -46,16 +45,18 @@ def test_gumbel_sample_triton_matches_torch(seed: int) -> None:
     assert torch.equal(got, expected)
 
 
-def test_triton_noise_hash_matches_torch() -> None:
+@pytest.mark.parametrize("stream", list(NoiseStream))
+def test_triton_noise_hash_matches_torch(stream: NoiseStream) -> None:
     # Flat logits at T = 1: the token is argmax_v u_v, so every row checks the in-kernel hash.
     seeds = torch.arange(48, dtype=torch.int64) * 1_000_003 + 2**40
-    positions = torch.arange(48, dtype=torch.int64) * 31
-    key1, key2 = noise_row_keys(seeds, positions)
+    seeds[-1] = 2**63 - 1
+    positions = torch.arange(48, dtype=torch.int64) * 31 + 2**33 * (torch.arange(48) % 2)
     logits = torch.zeros(48, VOCAB)
     ones = torch.ones(48)
     no_threshold = torch.full((48,), float("-inf"))
-    got = gumbel_sample_triton(logits, ones, no_threshold, key1, key2, block=16)
-    assert torch.equal(got, uniform_from_row_keys(key1, key2, VOCAB).argmax(-1))
+    got = gumbel_sample_triton(logits, ones, no_threshold, seeds, positions, stream, block=16)
+    expected = uniform_noise(seeds, positions, VOCAB, stream).argmax(-1)
+    assert torch.equal(got, expected)
 
 
 def test_row_logsumexp_triton_matches_torch() -> None:
