@@ -1,1 +1,68 @@
-"""analysis package."""
+"""stepscope analysis: trace files in, diagnosis out (DESIGN.md §3–§4).
+
+Public API (what the CLI and the dashboard call)::
+
+    from analysis import analyze_trace, load_trace, compare_traces
+    report = analyze_trace("run.pftrace")            # or a Kineto .json / .json.gz
+    report.headline["overlap"], report.verdicts, report.tables["bubbles"]
+    report.frames.slices                              # typed frames, see analysis.frames
+
+Every metric function is DataFrame in, DataFrame out (see the modules' docstrings).
+"""
+
+from __future__ import annotations
+
+import os
+
+from analysis.compare import Comparison, compare_reports
+from analysis.frames import TraceError, TraceFrames
+from analysis.load import load_trace
+from analysis.profiles import PROFILES, Profile, get_profile, load_profile_file
+from analysis.report import HEADLINE_KEYS, Report, build_report
+
+__all__ = [
+    "analyze_trace",
+    "analyze_frames",
+    "compare_traces",
+    "load_trace",
+    "Report",
+    "Comparison",
+    "TraceFrames",
+    "TraceError",
+    "Profile",
+    "PROFILES",
+    "get_profile",
+    "load_profile_file",
+    "HEADLINE_KEYS",
+]
+
+
+def analyze_frames(frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1) -> Report:
+    """The report of already-loaded frames (``skip_steps`` warm-up steps left out)."""
+    return build_report(frames, profile, skip_steps)
+
+
+def analyze_trace(
+    path: str | os.PathLike[str], profile: Profile | str | None = None, skip_steps: int = 1
+) -> Report:
+    """Load ``path`` (format detected from its bytes) and compute every §4 metric.
+
+    ``profile``: a built-in name (``stepscope``, ``vllm``, ``sglang``), a ``.json``/``.toml``
+    profile file, or a :class:`Profile`; default ``stepscope`` for Perfetto, ``vllm`` for Kineto.
+    Raises :class:`TraceError` (plain message) for unreadable traces.
+    """
+    frames = load_trace(path, profile)
+    return build_report(frames, profile, skip_steps)
+
+
+def compare_traces(
+    path_a: str | os.PathLike[str],
+    path_b: str | os.PathLike[str],
+    profile: Profile | str | None = None,
+    vary: tuple[str, ...] = (),
+    skip_steps: int = 1,
+) -> tuple[Report, Report, Comparison]:
+    """Analyse both traces and compare them (contract check, deltas, output agreement)."""
+    a = analyze_trace(path_a, profile, skip_steps)
+    b = analyze_trace(path_b, profile, skip_steps)
+    return a, b, compare_reports(a, b, vary)

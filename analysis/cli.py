@@ -1,0 +1,101 @@
+"""``stepscope analyze`` and ``stepscope compare``: verdicts first, then tables; ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import pandas as pd
+
+from analysis import Report, TraceError, analyze_trace, compare_reports
+
+__all__ = ["analyze_main", "compare_main"]
+
+_SHOWN_TABLES = ("blame", "overlap", "waits", "syncs", "silent_fallbacks", "decisions", "steps")
+_MAX_ROWS = 15
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default=None,
+                        help="stepscope, vllm, sglang, or a .json/.toml mapping file")
+    parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out (default 1)")
+    parser.add_argument("--json", action="store_true", help="print every number as JSON")
+
+
+def _print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def _fmt(df: pd.DataFrame) -> str:
+    with pd.option_context("display.width", 120, "display.max_columns", 12, "display.float_format", "{:.3f}".format):
+        return df.head(_MAX_ROWS).to_string(index=False)
+
+
+def _print_report(report: Report) -> None:
+    for line in report.verdicts:
+        print(f"* {line}")
+    w = report.headline["window"]
+    print(f"\nwindow: steps {w['first_step']}..{w['last_step']} ({w['num_steps']} steps, "
+          f"{w['duration_ms']:.2f} ms of device span)")
+    for name in _SHOWN_TABLES:
+        df = report.tables[name]
+        if len(df):
+            print(f"\n{name} ({len(df)} rows{', first ' + str(_MAX_ROWS) if len(df) > _MAX_ROWS else ''})")
+            print(_fmt(df))
+
+
+def analyze_main(argv: list[str]) -> int:
+    """``stepscope analyze TRACE [--profile P|FILE] [--skip-steps N] [--json]``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="stepscope analyze", description=__doc__)
+    parser.add_argument("trace", help="a .pftrace (stepscope/Perfetto) or Kineto .json[.gz] file")
+    _common(parser)
+    args = parser.parse_args(argv)
+    try:
+        report = analyze_trace(args.trace, args.profile, args.skip_steps)
+    except TraceError as exc:
+        print(f"stepscope analyze: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        _print_report(report)
+    return 0
+
+
+def compare_main(argv: list[str]) -> int:
+    """``stepscope compare A B [--vary KEY ...] [--profile P] [--json]``; exit 1 when the A/B
+    contract is broken, 2 when a trace cannot be read."""
+    parser = argparse.ArgumentParser(prog="stepscope compare", description=__doc__)
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--vary", action="append", default=[],
+                        help="config key under test (repeatable); others must be equal")
+    _common(parser)
+    args = parser.parse_args(argv)
+    try:
+        a = analyze_trace(args.a, args.profile, args.skip_steps)
+        b = analyze_trace(args.b, args.profile, args.skip_steps)
+    except TraceError as exc:
+        print(f"stepscope compare: {exc}", file=sys.stderr)
+        return 2
+    cmp = compare_reports(a, b, tuple(args.vary))
+    if args.json:
+        _print_json({"comparison": cmp.to_dict(), "a": a.to_dict(False), "b": b.to_dict(False)})
+        return 0 if cmp.contract_ok else 1
+    if cmp.contract_ok:
+        varied = ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in cmp.differences.items()) or "nothing"
+        print(f"* A/B contract holds; the variable under test: {varied}.")
+    else:
+        print(f"* A/B contract BROKEN: the traces differ in {', '.join(cmp.violations) or 'an unknown config'}"
+              " — the deltas below mix several causes.")
+    for note in cmp.notes:
+        print(f"* {note}")
+    if cmp.outputs_agree is not None:
+        print(f"* outputs {'agree' if cmp.outputs_agree else 'DIFFER'} (digests).")
+    rows = [{"metric": k, **v} for k, v in cmp.deltas.items()]
+    print()
+    print(_fmt(pd.DataFrame(rows)))
+    return 0 if cmp.contract_ok else 1

@@ -1,0 +1,139 @@
+"""The diagnosis of one trace: headline numbers (DESIGN.md §4 names), tables, plain-words verdicts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.bubbles import blame_bubbles, blame_table, find_bubbles
+from analysis.decisions import ineffective_features, silent_fallbacks
+from analysis.frames import TraceFrames
+from analysis.intervals import complement
+from analysis.latency import percentiles, request_latency
+from analysis.overlap import overall_overlap, overlap_by_step
+from analysis.profiles import Profile, get_profile
+from analysis.steps import step_table
+from analysis.verdicts import verdicts
+from analysis.syncs import hot_sync_count, sync_summary
+from analysis.waits import accepted_wait_by_step
+from analysis.window import device_busy, select_window
+
+__all__ = ["Report", "build_report", "HEADLINE_KEYS"]
+
+HEADLINE_KEYS = (
+    "overlap", "bubble_ratio", "bubbles", "top_blame", "wait_accepted_total_us",
+    "wait_accepted_exposed_us", "wait_accepted_hidden_us", "silent_fallbacks", "ineffective",
+    "hot_syncs", "ttft_ms", "tpot_ms", "window",
+)
+MAX_HEADLINE_BUBBLES = 20
+
+
+@dataclass
+class Report:
+    """Everything ``stepscope analyze`` says about one trace.
+
+    ``headline``: the §4 numbers by their fixed names (JSON-ready); ``verdicts``: plain sentences,
+    most important first; ``tables``: ``steps``, ``overlap``, ``bubbles``, ``blame``, ``waits``,
+    ``syncs``, ``decisions``, ``silent_fallbacks``, ``ineffective``, ``latency`` frames;
+    ``frames``: the loaded trace; ``extra``: secondary numbers (throughput, step time, e2e).
+    """
+
+    headline: dict[str, Any]
+    verdicts: list[str]
+    tables: dict[str, pd.DataFrame]
+    frames: TraceFrames
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, with_tables: bool = True) -> dict[str, Any]:
+        """JSON-ready: headline, verdicts, extra, metadata and (optionally) every table."""
+        out: dict[str, Any] = {**self.headline, "verdicts": self.verdicts, "extra": self.extra,
+                               "metadata": _clean(self.frames.metadata), "config": _clean(self.frames.config)}
+        if with_tables:
+            out["tables"] = {k: _records(v) for k, v in self.tables.items()}
+        return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is pd.NA:
+        return None
+    return value
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [_clean(r) for r in df.astype(object).where(df.notna(), None).to_dict("records")]
+
+
+def build_report(frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1) -> Report:
+    """Compute every metric of DESIGN.md §4 on loaded frames."""
+    prof = get_profile(profile or frames.metadata.get("profile", "stepscope"))
+    sl, window = select_window(frames.slices, skip_steps)
+    busy = device_busy(frames.slices)
+    idle = complement(busy, window.start_ns, window.end_ns) if window.duration_ns else (np.zeros(0, np.int64),) * 2
+    overlap, _, _ = overall_overlap(sl, busy)
+    bubbles, pieces = blame_bubbles(find_bubbles(busy, window.start_ns, window.end_ns), sl, prof.envelopes)
+    blame = blame_table(pieces)
+    waits = accepted_wait_by_step(sl, busy, idle)
+    warmup_end = int(sl["ts_ns"].min()) if len(sl) else 0
+    syncs = sync_summary(frames.syncs, warmup_end)
+    top = blame.iloc[0] if len(blame) else None
+    top_blame = {"label": str(top["label"]), "share": float(top["share"]), "idle_ms": int(top["idle_ns"]) / 1e6} if top is not None else None
+    silent = silent_fallbacks(frames.decisions)
+    ineffective = ineffective_features(frames.decisions, frames.config, overlap,
+                                       top_blame["label"] if top_blame else "", prof.ineffective_overlap, prof.async_features)
+    latency = request_latency(frames.slices)
+    idle_ns = int(bubbles["dur_ns"].sum())
+    largest = bubbles.sort_values("dur_ns", ascending=False).head(MAX_HEADLINE_BUBBLES)
+    headline: dict[str, Any] = {
+        "overlap": _clean(overlap),
+        "bubble_ratio": idle_ns / window.duration_ns if window.duration_ns else None,
+        "bubbles": {
+            "count": len(bubbles),
+            "idle_ms": idle_ns / 1e6,
+            "largest": [
+                {"start_ns": int(r.start_ns), "dur_us": int(r.dur_ns) / 1e3, "blame": r.blame, "blame_share": float(r.blame_share)}
+                for r in largest.itertuples()
+            ],
+        },
+        "top_blame": top_blame,
+        "wait_accepted_total_us": int(waits["wait_ns"].sum()) / 1e3,
+        "wait_accepted_exposed_us": int(waits["exposed_ns"].sum()) / 1e3,
+        "wait_accepted_hidden_us": int(waits["hidden_ns"].sum()) / 1e3,
+        "silent_fallbacks": _records(silent.drop(columns=["ts_ns"])),
+        "ineffective": _records(ineffective),
+        "hot_syncs": hot_sync_count(syncs),
+        "ttft_ms": percentiles(latency["ttft_ms"]),
+        "tpot_ms": percentiles(latency["tpot_ms"]),
+        "window": window.to_dict(),
+    }
+    steps = step_table(sl)
+    extra = _extra(steps, latency, window.duration_ns)
+    tables = {
+        "steps": steps, "overlap": overlap_by_step(sl, busy), "bubbles": bubbles, "blame": blame,
+        "waits": waits, "syncs": syncs, "decisions": frames.decisions, "silent_fallbacks": silent,
+        "ineffective": ineffective, "latency": latency,
+    }
+    return Report(headline, verdicts(headline, frames, extra), tables, frames, extra)
+
+
+def _extra(steps: pd.DataFrame, latency: pd.DataFrame, window_ns: int) -> dict[str, Any]:
+    cadence = steps["step_ns"].dropna() / 1e6 if len(steps) else pd.Series(dtype=float)
+    tokens = int(steps["num_tokens"].fillna(0).sum()) if "num_tokens" in steps.columns else None
+    return {
+        "step_ms": percentiles(cadence),
+        "e2e_ms": percentiles(latency["e2e_ms"]),
+        "batch_tokens": tokens,
+        "tokens_per_s": tokens / (window_ns / 1e9) if tokens and window_ns else None,
+        "output_tokens_per_s": (int(latency["num_output_tokens"].sum()) / (window_ns / 1e9)) if len(latency) and window_ns else None,
+    }

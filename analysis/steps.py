@@ -1,0 +1,57 @@
+"""The per-step table: CPU phase times, device busy time, batch sizes, cadence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.frames import ROLE_COMPUTE, ROLE_CPU, require_columns
+from analysis.intervals import union_grouped
+from instrument.schema import Arg, CpuSlice
+
+__all__ = ["step_table", "STEP_BASE_COLUMNS"]
+
+STEP_BASE_COLUMNS = {
+    "step": "int64",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "step_ns": "float64",
+    "device_busy_ns": "int64",
+}
+_PHASES = [s.value for s in CpuSlice if s is not CpuSlice.STEP]
+_SUMS = [Arg.NUM_TOKENS.value, Arg.NUM_REQS.value, Arg.NUM_ACCEPTED.value, Arg.NUM_SPEC_TOKENS.value]
+
+
+def step_table(slices: pd.DataFrame) -> pd.DataFrame:
+    """One row per step.
+
+    Columns: ``step``; ``start_ns``/``end_ns`` (first start / last end of the step's slices);
+    ``step_ns`` (cadence: next step's start minus this one's, NaN for the last); one
+    ``<phase>_ns`` column per CPU phase (summed ``schedule``, ``prepare_inputs``, ``launch``,
+    ``wait_output``, ``update_from_output``, ``grammar_mask``); ``device_busy_ns`` (union of the
+    step's compute slices); and ``num_tokens``, ``num_reqs``, ``num_accepted``,
+    ``num_spec_tokens`` when the trace carries them (summed over the step's slices).
+    """
+    require_columns(slices, ["step", "name", "role", "ts_ns", "end_ns", "dur_ns"], "step_table")
+    stepped = slices[slices["step"] >= 0]
+    if stepped.empty:
+        cols = {**STEP_BASE_COLUMNS, **{f"{p}_ns": "int64" for p in _PHASES}}
+        return pd.DataFrame({k: pd.Series(dtype=v) for k, v in cols.items()})
+    span = stepped.groupby("step").agg(start_ns=("ts_ns", "min"), end_ns=("end_ns", "max"))
+    cpu = stepped[(stepped["role"] == ROLE_CPU) & stepped["name"].isin(_PHASES)]
+    phases = cpu.pivot_table(index="step", columns="name", values="dur_ns", aggfunc="sum", fill_value=0)
+    phases = phases.reindex(columns=_PHASES, fill_value=0).add_suffix("_ns")
+    comp = stepped[stepped["role"] == ROLE_COMPUTE]
+    g, s, e = union_grouped(comp["step"].to_numpy(np.int64), comp["ts_ns"].to_numpy(), comp["end_ns"].to_numpy())
+    busy = pd.Series(e - s, index=g).groupby(level=0).sum().rename("device_busy_ns")
+    table = span.join(phases, how="left").join(busy, how="left")
+    for col in _SUMS:
+        if col in stepped.columns:
+            table[col] = stepped[stepped["role"] == ROLE_CPU].groupby("step")[col].sum(min_count=1)
+    table = table.reset_index().sort_values("step").reset_index(drop=True)
+    table["step_ns"] = (table["start_ns"].shift(-1) - table["start_ns"]).astype("float64")
+    fill = {c: 0 for c in table.columns if c.endswith("_ns") and c != "step_ns"}
+    table = table.fillna(fill)
+    ordered = ["step", "start_ns", "end_ns", "step_ns", *phases.columns, "device_busy_ns"]
+    ordered += [c for c in table.columns if c not in ordered]
+    return table[ordered].astype({k: v for k, v in STEP_BASE_COLUMNS.items()} | {c: "int64" for c in phases.columns})
