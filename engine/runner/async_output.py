@@ -1,0 +1,91 @@
+"""The handle ``execute_model`` returns: device results still in flight to host memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.device import DeviceEvent
+from engine.runner.input_batch import InputBatch
+from engine.scheduler.outputs import ModelRunnerOutput
+
+__all__ = ["AsyncOutput", "HostOutputBuffers"]
+
+
+@dataclass(frozen=True)
+class HostOutputBuffers:
+    """Host tensors (pinned on CUDA) the d2h copy of one step writes into."""
+
+    sampled: torch.Tensor  # [num_logits] int64
+    logprob_token_ids: torch.Tensor | None  # [num_logits, k + 1] int64
+    logprobs: torch.Tensor | None  # [num_logits, k + 1] f32
+
+
+class AsyncOutput:
+    """Step N's output; :meth:`get` is the one place the host waits for the device."""
+
+    def __init__(
+        self,
+        batch: InputBatch | None,
+        step: int,
+        host: HostOutputBuffers | None,
+        ready: DeviceEvent | None,
+    ) -> None:
+        self.batch = batch
+        self.step = step
+        self._host = host
+        self._ready = ready
+        self._result: ModelRunnerOutput | None = None
+
+    @classmethod
+    def empty(cls, step: int) -> AsyncOutput:
+        """The output of a step that scheduled nothing."""
+        return cls(None, step, None, None)
+
+    def is_ready(self) -> bool:
+        """Non-blocking: has the d2h copy finished?"""
+        return self._ready is None or self._ready.query()
+
+    def get(self) -> ModelRunnerOutput:
+        """Wait for the d2h copy event, then read host memory (callers trace this as
+        ``wait_output``). Re-raises an error the device work hit, with its original traceback."""
+        if self._result is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            self._result = self._build()
+        return self._result
+
+    def _build(self) -> ModelRunnerOutput:
+        batch, host = self.batch, self._host
+        if batch is None or host is None:
+            return ModelRunnerOutput(step=self.step, req_ids=[], sampled_token_ids=[])
+        sampled = host.sampled.numpy()
+        tokens: list[list[int]] = []
+        start = 0
+        for n, returns in zip(batch.num_logits_per_req, batch.returns_tokens, strict=True):
+            tokens.append([int(t) for t in sampled[start : start + n]] if returns else [])
+            start += n
+        return ModelRunnerOutput(
+            step=self.step,
+            req_ids=list(batch.req_ids),
+            sampled_token_ids=tokens,
+            logprobs=self._logprobs(batch, host),
+        )
+
+    @staticmethod
+    def _logprobs(
+        batch: InputBatch, host: HostOutputBuffers
+    ) -> list[list[list[tuple[int, float]]]] | None:
+        if host.logprob_token_ids is None or host.logprobs is None:
+            return None
+        ids, values = host.logprob_token_ids.numpy(), host.logprobs.numpy()
+        out: list[list[list[tuple[int, float]]]] = []
+        start = 0
+        for n, returns in zip(batch.num_logits_per_req, batch.returns_tokens, strict=True):
+            rows = range(start, start + n) if returns else range(0)
+            out.append(
+                [[(int(i), float(v)) for i, v in zip(ids[r], values[r], strict=True)] for r in rows]
+            )
+            start += n
+        return out

@@ -1,0 +1,98 @@
+"""CUDA graphs for uniform decode batches, padded up to a captured batch size.
+
+Decode steps are many small kernels whose launch cost the CPU pays every step; a graph replays
+them with one launch. Batches whose requests all run one token are padded (padding tokens have
+slot -1, padded requests own no query token) up to the next capture size and replayed against
+the runner's persistent input buffers. Everything else runs eagerly.
+
+Whether graphs are used is a :class:`FeatureDecision`, resolved once: explicit True without CUDA
+is a start-up error; auto resolves False on the CPU with the reason "no CUDA device".
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import torch
+
+from engine.config import ConfigError, FeatureDecision
+from engine.device import Device
+
+__all__ = ["FeatureDecision", "CudaGraphRunner", "resolve_cuda_graphs", "capture_sizes"]
+
+FEATURE = "cuda_graphs"
+
+
+def resolve_cuda_graphs(requested: bool | None, device: Device) -> FeatureDecision:
+    """Decide once whether decode steps replay CUDA graphs."""
+    if requested is False:
+        return FeatureDecision(FEATURE, requested, False, "disabled by the user")
+    if not device.is_cuda:
+        if requested is True:
+            raise ConfigError("cuda_graphs=True needs a CUDA device; this device is the CPU")
+        return FeatureDecision(FEATURE, requested, False, "no CUDA device")
+    return FeatureDecision(FEATURE, requested, True, "CUDA device: decode batches replay graphs")
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, then multiples of 8 up to ``max_batch`` (always included)."""
+    if max_batch <= 0:
+        raise ValueError(f"max_batch must be > 0, got {max_batch}")
+    sizes = {s for s in (1, 2, 4) if s <= max_batch} | set(range(8, max_batch + 1, 8))
+    sizes.add(max_batch)
+    return sorted(sizes)
+
+
+class CudaGraphRunner:
+    """Captured graphs by padded batch size, with the output tensor each one writes."""
+
+    def __init__(self, decision: FeatureDecision, max_batch: int) -> None:
+        self.decision = decision
+        self.sizes = capture_sizes(max_batch) if decision.resolved is True else []
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.sizes)
+
+    def padded_size(self, num_reqs: int, is_uniform_decode: bool) -> int | None:
+        """The capture size a uniform decode batch pads to; None to run eagerly."""
+        if not self.enabled or not is_uniform_decode or num_reqs == 0:
+            return None
+        i = bisect.bisect_left(self.sizes, num_reqs)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def has(self, size: int) -> bool:
+        return size in self._graphs
+
+    def capture(
+        self,
+        device: Device,
+        body: Callable[[int], torch.Tensor],
+        prepare: Callable[[int], None],
+    ) -> None:
+        """Capture ``body(size)`` for every size, largest first, sharing one memory pool.
+
+        ``prepare(size)`` fills the persistent inputs with a harmless batch first (slot -1:
+        warm-up and capture write no KV)."""
+        pool = torch.cuda.graph_pool_handle()
+        stream = device.compute_stream
+        for size in reversed(self.sizes):
+            with torch.cuda.stream(stream):
+                prepare(size)
+                for _ in range(2):  # warm-up: lazy inits and autotuning happen outside capture
+                    body(size)
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                out = body(size)
+            self._graphs[size] = (graph, out)
+        stream.synchronize()
+
+    # stepscope: hot
+    def replay(self, size: int) -> torch.Tensor:
+        """Replay on the current stream; returns the graph's output ``[size, hidden]``."""
+        graph, out = self._graphs[size]
+        graph.replay()
+        return out

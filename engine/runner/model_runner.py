@@ -1,0 +1,276 @@
+"""The MRV2-style model runner: enqueue a whole step on the device, return a handle at once.
+
+``execute_model(scheduler_output)`` does host work only under ``prepare_inputs`` (state-table
+diffs, the packed batch) and then, under ``launch``, enqueues in stream order:
+
+    h2d stream      h2d_inputs   staged diffs + packed batch, host -> device
+    compute stream  input_prep   apply diffs; gather ids/positions/slots/seq_lens/logits rows
+                    forward      the model (a CUDA graph replay for padded decode batches)
+                    sample       logits of the sampled rows, sampler, commit to the state table
+    d2h stream      d2h_output   sampled tokens (and logprobs) -> host buffers, then an event
+
+The sampled token is committed to ``last_sampled`` on the device, where step N+1's input prep
+reads it; the host only learns it from the d2h copy, in :meth:`AsyncOutput.get`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.device import Device
+from engine.kernels.input_prep import InputPrepArgs, prepare_inputs
+from engine.model.attention_metadata import AttentionMetadata
+from engine.runner.async_output import AsyncOutput, HostOutputBuffers
+from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
+from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
+from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metadata
+from engine.runner.staged_write import StagedWriteTensor
+from engine.runner.states import RequestStates
+from engine.sample.sampler import Sampler
+from engine.scheduler.outputs import SchedulerOutput
+from instrument.device_timeline import DeviceTimeline
+from instrument.schema import DEVICE_COPY, CopySlice, CpuSlice, DeviceSlice
+from instrument.tracer import Tracer, get_tracer
+
+__all__ = ["ModelRunner", "RunnerConfig"]
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Sizes of the runner's device state; fixed for the runner's life."""
+
+    max_num_reqs: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_blocks: int
+    seed: int = 0
+    use_triton: bool = False
+    cuda_graphs: bool | None = None  # None = auto (on for CUDA)
+    max_cuda_graph_batch: int | None = None  # None = max_num_reqs
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_reqs", "max_model_len", "max_num_batched_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.block_size <= 0 or self.num_blocks <= 0:
+            raise ValueError("block_size and num_blocks must be > 0")
+
+    @property
+    def max_blocks_per_req(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Token buffers also hold a decode batch padded to a graph size (<= max_num_reqs)."""
+        return max(self.max_num_batched_tokens, self.max_num_reqs)
+
+
+class ModelRunner:
+    """Owns the device state of one model: KV caches, state table, step buffers, graphs."""
+
+    def __init__(
+        self, model: Any, device: Device, config: RunnerConfig, tracer: Tracer | None = None
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.config = config
+        self.tracer = tracer if tracer is not None else get_tracer()
+        self.timeline = DeviceTimeline(self.tracer, device.index, device.timed_event_factory())
+        self.kv_caches = model.allocate_kv_caches(config.num_blocks, config.block_size)
+        self.vocab_size = int(model.config.vocab_size)
+        self.states = RequestStates(
+            device,
+            max_num_reqs=config.max_num_reqs,
+            max_model_len=config.max_model_len,
+            max_blocks_per_req=config.max_blocks_per_req,
+            vocab_size=self.vocab_size,
+            seed=config.seed,
+            use_triton=config.use_triton,
+        )
+        cap = packed_capacity(config.max_num_reqs, config.max_num_tokens)
+        self.step_inputs = StagedWriteTensor(device, (1, cap), torch.int32, initial_max_values=cap)
+        self.sampler = Sampler(use_triton=config.use_triton)
+        self._alloc_buffers()
+        self.cuda_graph_decision: FeatureDecision = resolve_cuda_graphs(config.cuda_graphs, device)
+        self.graphs = CudaGraphRunner(
+            self.cuda_graph_decision,
+            max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
+        )
+        if self.graphs.enabled:
+            self.graphs.capture(device, self._forward_padded_graph, self._fill_graph_inputs)
+
+    def _alloc_buffers(self) -> None:
+        dev, c = self.device.torch_device, self.config
+        t, r = c.max_num_tokens, c.max_num_reqs
+        # Persistent: CUDA graphs replay against these addresses.
+        self.input_ids = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
+        self.positions = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
+        self.slot_mapping = torch.full((t,), -1, dtype=torch.int64, device=dev)  # [T]
+        self.seq_lens = torch.zeros(r, dtype=torch.int32, device=dev)  # [R]
+        self.logits_indices = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
+        # attn_block_table: [R, max_blocks] int32, rows gathered through idx_mapping
+        self.attn_block_table = torch.zeros(r, c.max_blocks_per_req, dtype=torch.int32, device=dev)
+
+    # stepscope: hot
+    def execute_model(self, out: SchedulerOutput) -> AsyncOutput:
+        """Enqueue step ``out.step`` and return at once; ``.get()`` on the result waits for it."""
+        self.timeline.poll()
+        with self.tracer.span(CpuSlice.PREPARE_INPUTS.value, step=out.step):
+            if out.scheduled_spec_decode_tokens:
+                raise NotImplementedError("speculative verify is not wired into the runner yet")
+            self.states.remove(out.finished_req_ids)
+            for new in out.scheduled_new_reqs:
+                self.states.add(new)
+            self.states.update_cached(out.scheduled_cached_reqs)
+            uniform = all(q == 1 for q in out.num_scheduled_tokens.values())
+            padded = self.graphs.padded_size(len(out.num_scheduled_tokens), uniform)
+            batch, packed = build_input_batch(out, self.states, padded)
+            if batch.num_reqs == 0:
+                return AsyncOutput.empty(out.step)
+            self.step_inputs.stage(0, 0, packed)
+        with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
+            return self._launch(batch)
+
+    # stepscope: hot
+    def _launch(self, batch: InputBatch) -> AsyncOutput:
+        dev, tl, step = self.device, self.timeline, batch.step
+        compute, h2d, d2h = dev.compute_stream, dev.h2d_stream, dev.d2h_stream
+        with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
+            flushes = self.states.flush()
+            step_flush = self.step_inputs.flush()
+        inputs_ready = dev.new_event()
+        inputs_ready.record(h2d)
+        dev.wait_event(compute, inputs_ready)
+        box: dict[str, Any] = {}
+        with tl.stage(DeviceSlice.INPUT_PREP.value, step=step, stream=compute):
+            self.states.apply(flushes)
+            self.step_inputs.apply(step_flush)
+            dev.submit(compute, lambda: self._prepare(batch))
+        with tl.stage(DeviceSlice.FORWARD.value, step=step, stream=compute):
+            dev.submit(compute, lambda: box.update(hidden=self._forward(batch)))
+        with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
+            dev.submit(compute, lambda: box.update(out=self._sample(batch, box.pop("hidden"))))
+        sampled_ready = dev.new_event()
+        sampled_ready.record(compute)
+        dev.wait_event(d2h, sampled_ready)
+        host = self._host_buffers(batch)
+        with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
+            dev.submit(d2h, lambda: self._copy_out(box.pop("out"), host))
+        ready = dev.new_event()
+        ready.record(d2h)
+        return AsyncOutput(batch, step, host, ready)
+
+    def _packed(self, batch: InputBatch, name: str) -> torch.Tensor:
+        start, end = batch.offsets[name]
+        return self.step_inputs.gpu[0, start:end]
+
+    # stepscope: hot
+    def _prepare(self, batch: InputBatch) -> None:
+        """Device: gather this step's inputs from the state table into the persistent buffers."""
+        s = self.states
+        idx_mapping = self._packed(batch, "idx_mapping")  # [num_padded_reqs] int32
+        args = InputPrepArgs(
+            idx_mapping=idx_mapping,
+            query_start_loc=self._packed(batch, "query_start_loc"),
+            cu_num_logits=self._packed(batch, "cu_num_logits"),
+            num_computed=s.num_computed.gpu[:, 0],
+            prefill_len=s.prefill_len.gpu[:, 0],
+            token_ids=s.token_ids.gpu,
+            last_sampled=s.last_sampled,
+            block_table=s.block_table.gpu,
+            input_ids=self.input_ids,
+            positions=self.positions,
+            slot_mapping=self.slot_mapping,
+            seq_lens=self.seq_lens,
+            logits_indices=self.logits_indices,
+            block_size=self.config.block_size,
+            num_reqs=batch.num_reqs,
+            num_tokens=batch.num_tokens,
+            num_logits=batch.num_logits,
+            max_query_len=batch.max_query_len,
+            num_padded_tokens=batch.num_padded_tokens,
+            num_padded_reqs=batch.num_padded_reqs,
+        )
+        prepare_inputs(args, self.config.use_triton)
+        bp = batch.num_padded_reqs
+        torch.index_select(s.block_table.gpu, 0, idx_mapping.long(), out=self.attn_block_table[:bp])
+
+    def _attn_metadata(self, num_reqs: int, num_tokens: int, max_q: int, max_s: int) -> Any:
+        return AttentionMetadata(
+            query_start_loc=self.step_inputs.gpu[0, num_reqs : 2 * num_reqs + 1],
+            seq_lens=self.seq_lens[:num_reqs],
+            block_table=self.attn_block_table[:num_reqs],
+            slot_mapping=self.slot_mapping[:num_tokens],
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            max_query_len=max_q,
+            max_seq_len=max_s,
+        )
+
+    # stepscope: hot
+    def _forward(self, batch: InputBatch) -> torch.Tensor:
+        """Device: hidden states ``[num_padded_tokens, hidden]`` (graph replay when captured)."""
+        if self.graphs.has(batch.num_padded_reqs) and batch.is_uniform_decode:
+            return self.graphs.replay(batch.num_padded_reqs)
+        bp, tp = batch.num_padded_reqs, batch.num_padded_tokens
+        md = self._attn_metadata(bp, tp, batch.max_query_len, batch.max_seq_len)
+        return self.model(self.input_ids[:tp], self.positions[:tp], md, self.kv_caches)
+
+    def _forward_padded_graph(self, size: int) -> torch.Tensor:
+        """The captured body: a uniform decode batch of ``size`` against persistent buffers."""
+        md = self._attn_metadata(size, size, 1, self.config.max_model_len)
+        return self.model(self.input_ids[:size], self.positions[:size], md, self.kv_caches)
+
+    def _fill_graph_inputs(self, size: int) -> None:
+        """A harmless decode batch of ``size`` for warm-up and capture (writes no KV)."""
+        self.input_ids[:size].zero_()
+        self.positions[:size].zero_()
+        self.slot_mapping[:size].fill_(-1)
+        self.seq_lens[:size].fill_(1)
+        self.attn_block_table[:size].zero_()
+        qsl = self.step_inputs.gpu[0, size : 2 * size + 1]
+        torch.arange(size + 1, dtype=torch.int32, device=qsl.device, out=qsl)
+
+    # stepscope: hot
+    def _sample(self, batch: InputBatch, hidden: torch.Tensor) -> Any:
+        """Device: logits of the sampled rows, sample, commit to the state table."""
+        logits_indices = self.logits_indices[: batch.num_logits]  # [N]
+        logits = self.model.compute_logits(hidden[logits_indices])  # [N, V] f32
+        logit_rows = self._packed(batch, "logit_rows").long()  # [N]
+        commit_rows = self._packed(batch, "commit_rows").long()  # [N]
+        # The noise key is the position the sampled token will occupy.
+        sample_positions = self.positions[logits_indices] + 1  # [N]
+        meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
+        out = self.sampler.sample(logits, meta)
+        commit_sampled(self.states, batch, commit_rows, sample_positions, out.sampled_token_ids)
+        return out
+
+    def _host_buffers(self, batch: InputBatch) -> HostOutputBuffers:
+        n, k = batch.num_logits, batch.max_num_logprobs
+        he = self.device.host_empty
+        return HostOutputBuffers(
+            sampled=he((n,), torch.int64),
+            logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
+            logprobs=None if k is None else he((n, k + 1), torch.float32),
+        )
+
+    # stepscope: hot
+    def _copy_out(self, out: Any, host: HostOutputBuffers) -> None:
+        """d2h stream: device results -> host buffers."""
+        pairs = [(host.sampled, out.sampled_token_ids)]
+        if host.logprobs is not None:
+            pairs += [
+                (host.logprob_token_ids, out.logprob_token_ids),
+                (host.logprobs, out.logprobs),
+            ]
+        for dst, src in pairs:
+            self.device.keep_alive(src, self.device.d2h_stream)
+            dst.copy_(src, non_blocking=True)
+
+    def close(self) -> None:
+        """Emit what the timeline can still emit (off the hot path)."""
+        self.timeline.drain()

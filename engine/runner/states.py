@@ -1,0 +1,205 @@
+"""The request state table: stable rows of per-request device state, owned by the runner.
+
+A request takes a row when it is added and keeps it until it finishes; preemption is finish +
+re-add (the scheduler resends prompt + committed outputs). Per-step inputs are gathered from the
+rows on the device through ``idx_mapping``; rows never move.
+
+Host books here are *mirrors* of what the device will hold once the enqueued work ran (prefill
+length, frontier, number of blocks); they decide which diffs to stage and are never read back from
+the device. Row ``max_num_reqs`` is a trash row: device scatters aimed at "no request" (a discarded
+mid-prefill sample, a padded slot) land there, so no mask ever needs a host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from engine.device import Device
+from engine.runner.staged_write import StagedFlush, StagedWriteTensor
+from engine.sampling_params import SamplingParams
+from engine.scheduler.outputs import CachedRequestData, NewRequestData
+
+__all__ = ["RequestStates", "SAMPLING_F32_COLUMNS", "counter_seed"]
+
+# Columns of the per-row float sampling table.
+SAMPLING_F32_COLUMNS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
+_MASK63 = (1 << 63) - 1
+
+
+def counter_seed(base_seed: int, counter: int) -> int:
+    """SplitMix64 of ``base_seed + counter``: the seed of the ``counter``-th unseeded request."""
+    z = (base_seed + (counter + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _MASK63
+
+
+class RequestStates:
+    """``max_num_reqs`` stable rows of device state plus the host books that address them."""
+
+    def __init__(
+        self,
+        device: Device,
+        *,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_blocks_per_req: int,
+        vocab_size: int,
+        seed: int = 0,
+        use_triton: bool = False,
+    ) -> None:
+        if min(max_num_reqs, max_model_len, max_blocks_per_req, vocab_size) <= 0:
+            raise ValueError("state table sizes must be positive")
+        self.device = device
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.trash_row = max_num_reqs
+        rows = max_num_reqs + 1
+        dev = device.torch_device
+
+        def staged(cols: int, dtype: torch.dtype, fill: float | int = 0) -> StagedWriteTensor:
+            return StagedWriteTensor(device, (rows, cols), dtype, fill=fill, use_triton=use_triton)
+
+        # Staged from the host (diffs only).
+        self.token_ids = staged(max_model_len, torch.int64)  # [R+1, max_model_len]
+        self.block_table = staged(max_blocks_per_req, torch.int32)  # [R+1, max_blocks]
+        self.num_computed = staged(1, torch.int32)  # [R+1, 1]: frontier, advanced on device
+        self.prefill_len = staged(1, torch.int32)  # [R+1, 1]: prompt + resumed outputs
+        self.sampling_f32 = staged(len(SAMPLING_F32_COLUMNS), torch.float32)  # [R+1, 6]
+        self.top_k = staged(1, torch.int32)  # [R+1, 1]
+        self.seeds = staged(1, torch.int64)  # [R+1, 1]
+        self._staged = (
+            self.token_ids,
+            self.block_table,
+            self.num_computed,
+            self.prefill_len,
+            self.sampling_f32,
+            self.top_k,
+            self.seeds,
+        )
+        # Written only by device work.
+        self.last_sampled = torch.zeros(rows, dtype=torch.int64, device=dev)  # [R+1]
+        self.output_bin_counts = torch.zeros(rows, vocab_size, dtype=torch.int32, device=dev)
+        self.prompt_bin_mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=dev)
+
+        self._free_rows = list(range(max_num_reqs - 1, -1, -1))  # pop() hands out row 0 first
+        self.row_of: dict[str, int] = {}
+        self.params: list[SamplingParams | None] = [None] * rows
+        self.prompt_len_cpu = np.zeros(rows, np.int64)
+        self.prefill_len_cpu = np.zeros(rows, np.int64)
+        self.num_computed_cpu = np.zeros(rows, np.int64)  # device frontier once enqueued work ran
+        self.num_blocks_cpu = np.zeros(rows, np.int64)
+        self._base_seed = seed
+        self._num_unseeded = 0
+        self._penalty_rows_to_init: list[int] = []
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def remove(self, req_ids: Iterable[str]) -> None:
+        """Free the rows of finished (or preempted) requests; unknown ids are ignored."""
+        for req_id in req_ids:
+            row = self.row_of.pop(req_id, None)
+            if row is not None:
+                self.params[row] = None
+                self._free_rows.append(row)
+
+    def add(self, new: NewRequestData) -> int:
+        """Take a row for a new (or resumed) request and stage its whole state."""
+        if new.req_id in self.row_of:
+            raise ValueError(f"request {new.req_id!r} already holds row {self.row_of[new.req_id]}")
+        if not self._free_rows:
+            raise RuntimeError(f"state table full ({self.max_num_reqs} rows)")
+        tokens = list(new.prompt_token_ids) + list(new.output_token_ids)
+        if len(tokens) > self.max_model_len:
+            raise ValueError(f"{len(tokens)} tokens exceed max_model_len={self.max_model_len}")
+        row = self._free_rows.pop()
+        self.row_of[new.req_id] = row
+        self.token_ids.stage(row, 0, tokens)
+        self.prefill_len.stage(row, 0, [len(tokens)])
+        self.num_computed.stage(row, 0, [new.num_computed_tokens])
+        self.prompt_len_cpu[row] = len(new.prompt_token_ids)
+        self.prefill_len_cpu[row] = len(tokens)
+        self.num_computed_cpu[row] = new.num_computed_tokens
+        self.num_blocks_cpu[row] = 0
+        self._append_blocks(row, new.block_ids)
+        self._stage_sampling(row, new.sampling_params)
+        return row
+
+    def update_cached(self, cached: CachedRequestData) -> None:
+        """Append new blocks; stage a frontier only where the scheduler disagrees with the mirror."""
+        for i, req_id in enumerate(cached.req_ids):
+            row = self.row_of[req_id]
+            if i < len(cached.new_block_ids):
+                self._append_blocks(row, cached.new_block_ids[i])
+            if i < len(cached.num_computed_tokens):
+                frontier = cached.num_computed_tokens[i]
+                if frontier != self.num_computed_cpu[row]:  # e.g. rejected drafts rolled back
+                    self.num_computed.stage(row, 0, [frontier])
+                    self.num_computed_cpu[row] = frontier
+
+    def advance(self, row: int, num_tokens: int) -> None:
+        """Mirror the input-prep kernel's ``num_computed[row] += num_tokens``."""
+        self.num_computed_cpu[row] += num_tokens
+
+    def _append_blocks(self, row: int, block_ids: list[int]) -> None:
+        if block_ids:
+            start = int(self.num_blocks_cpu[row])
+            self.block_table.stage(row, start, block_ids)
+            self.num_blocks_cpu[row] = start + len(block_ids)
+
+    def _stage_sampling(self, row: int, p: SamplingParams) -> None:
+        self.params[row] = p
+        self.sampling_f32.stage(
+            row,
+            0,
+            [
+                p.temperature,
+                p.top_p,
+                p.min_p,
+                p.repetition_penalty,
+                p.presence_penalty,
+                p.frequency_penalty,
+            ],
+        )
+        self.top_k.stage(row, 0, [max(p.top_k, 0)])
+        if p.seed is not None:
+            seed = p.seed
+        else:
+            seed = counter_seed(self._base_seed, self._num_unseeded)
+            self._num_unseeded += 1
+        self.seeds.stage(row, 0, [seed])
+        if p.has_penalties:
+            self._penalty_rows_to_init.append(row)
+
+    # stepscope: hot
+    def flush(self) -> list[StagedFlush | None]:
+        """Pack and enqueue every staged diff on the h2d stream (one entry per staged tensor)."""
+        return [table.flush() for table in self._staged]
+
+    # stepscope: hot
+    def apply(self, flushes: list[StagedFlush | None]) -> None:
+        """Enqueue the apply kernels, then (re)build penalty state of newly added rows."""
+        for table, flush in zip(self._staged, flushes, strict=True):
+            table.apply(flush)
+        for row in self._penalty_rows_to_init:
+            self._enqueue_penalty_init(row)
+        self._penalty_rows_to_init = []
+
+    def _enqueue_penalty_init(self, row: int) -> None:
+        """Device: prompt mask and output counts of a (possibly resumed) row from its token row."""
+        prompt_len, prefill_len = int(self.prompt_len_cpu[row]), int(self.prefill_len_cpu[row])
+        tokens, counts, mask = self.token_ids.gpu, self.output_bin_counts, self.prompt_bin_mask
+
+        def init() -> None:
+            mask[row].zero_()
+            mask[row].index_fill_(0, tokens[row, :prompt_len], True)
+            counts[row].zero_()
+            outputs = tokens[row, prompt_len:prefill_len]
+            counts[row].index_add_(0, outputs, torch.ones_like(outputs, dtype=torch.int32))
+
+        self.device.submit(self.device.compute_stream, init)

@@ -1,0 +1,114 @@
+"""ModelRunner on the CPU device: several async steps of a tiny model against full recompute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.device import CpuDevice
+from engine.runner.model_runner import ModelRunner, RunnerConfig
+from tests.engine.runner_harness import (
+    new_req,
+    reference_greedy,
+    step_output,
+    tiny_model,
+)
+
+PROMPT_A = [5, 17, 3, 44, 9, 61, 2]
+PROMPT_B = [11, 12, 80, 7, 33]
+PROMPT_C = [90, 4, 25]
+
+
+@pytest.fixture
+def device():
+    dev = CpuDevice()
+    yield dev
+    dev.close()
+
+
+def make_runner(device: CpuDevice, model, use_triton: bool = False) -> ModelRunner:
+    config = RunnerConfig(
+        max_num_reqs=2,  # forces the finished row to be reused
+        max_model_len=32,
+        max_num_batched_tokens=16,
+        block_size=4,
+        num_blocks=32,
+        use_triton=use_triton,
+    )
+    return ModelRunner(model, device, config)
+
+
+def run_schedule(runner: ModelRunner) -> dict[str, list[int]]:
+    """Chunked prefill, decode, finish + row reuse, block growth; all steps enqueued before any
+    output is read: tokens flow step to step on the device only."""
+    outs = [
+        # A prefills 4 of 7 prompt tokens: no token returned.
+        step_output(0, new=[new_req("A", PROMPT_A, [3, 5])], tokens={"A": 4}),
+        # A's last chunk (3 tokens) samples a1; B prefills whole and samples b1.
+        step_output(
+            1, new=[new_req("B", PROMPT_B, [7, 8])], cached=[("A", [], 4)], tokens={"A": 3, "B": 5}
+        ),
+        step_output(2, cached=[("A", [], 7), ("B", [], 5)], tokens={"A": 1, "B": 1}),
+        # A finishes; C takes its row.
+        step_output(
+            3,
+            new=[new_req("C", PROMPT_C, [10])],
+            cached=[("B", [], 6)],
+            tokens={"C": 3, "B": 1},
+            finished={"A"},
+        ),
+        step_output(4, cached=[("C", [], 3), ("B", [], 7)], tokens={"B": 1, "C": 1}),
+        step_output(5, cached=[("C", [11], 4)], tokens={"C": 1}),  # C grows a second block
+    ]
+    handles = [runner.execute_model(o) for o in outs]
+    got: dict[str, list[int]] = {}
+    for handle in handles:
+        result = handle.get()
+        for req_id, toks in zip(result.req_ids, result.sampled_token_ids, strict=True):
+            got.setdefault(req_id, []).extend(toks)
+    assert handles[0].get().sampled_token_ids == [[]]
+    return got
+
+
+def test_async_steps_match_full_recompute_greedy(device: CpuDevice) -> None:
+    model = tiny_model()
+    runner = make_runner(device, model)
+    assert runner.states.row_of == {}
+    got = run_schedule(runner)
+    assert got["A"] == reference_greedy(model, PROMPT_A, 2)
+    assert got["B"] == reference_greedy(model, PROMPT_B, 4)
+    assert got["C"] == reference_greedy(model, PROMPT_C, 3)
+    assert runner.states.row_of == {"B": 1, "C": 0}  # C reused A's row
+    assert runner.cuda_graph_decision.resolved is False
+    assert runner.cuda_graph_decision.reason == "no CUDA device"
+
+
+def test_resumed_request_recomputes_prompt_plus_outputs(device: CpuDevice) -> None:
+    model = tiny_model()
+    runner = make_runner(device, model)
+    first = runner.execute_model(
+        step_output(0, new=[new_req("R", PROMPT_B, [1, 2])], tokens={"R": 5})
+    )
+    second = runner.execute_model(step_output(1, cached=[("R", [], 5)], tokens={"R": 1}))
+    committed = first.get().sampled_token_ids[0] + second.get().sampled_token_ids[0]
+    # Preempted: finish + re-add with its committed outputs, recomputed from scratch.
+    resumed = new_req("R", PROMPT_B, [4, 6], outputs=committed)
+    third = runner.execute_model(step_output(2, new=[resumed], tokens={"R": 7}, finished={"R"}))
+    fourth = runner.execute_model(step_output(3, cached=[("R", [], 7)], tokens={"R": 1}))
+    tokens = committed + third.get().sampled_token_ids[0] + fourth.get().sampled_token_ids[0]
+    assert tokens == reference_greedy(model, PROMPT_B, 4)
+
+
+def test_device_errors_surface_in_get(device: CpuDevice) -> None:
+    model = tiny_model()
+    runner = make_runner(device, model)
+
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("kernel fault")
+
+    runner.model.forward = broken  # type: ignore[method-assign]
+    handle = runner.execute_model(
+        step_output(0, new=[new_req("A", PROMPT_A, [0, 1])], tokens={"A": 7})
+    )
+    with pytest.raises(RuntimeError, match="kernel fault"):
+        handle.get()
