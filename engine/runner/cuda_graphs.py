@@ -51,6 +51,7 @@ class CudaGraphRunner:
         self.decision = decision
         self.sizes = capture_sizes(max_batch) if decision.resolved is True else []
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.num_replays = 0
 
     @property
     def enabled(self) -> bool:
@@ -95,4 +96,5 @@ class CudaGraphRunner:
         """Replay on the current stream; returns the graph's output ``[size, hidden]``."""
         graph, out = self._graphs[size]
         graph.replay()
+        self.num_replays += 1
         return out

@@ -112,3 +112,22 @@ def test_device_errors_surface_in_get(device: CpuDevice) -> None:
     )
     with pytest.raises(RuntimeError, match="kernel fault"):
         handle.get()
+
+
+def test_every_device_stage_becomes_a_timeline_slice(device: CpuDevice, tmp_path) -> None:
+    from instrument.tracer import Tracer
+
+    model = tiny_model()
+    with Tracer(tmp_path / "t.pftrace") as tracer:
+        config = RunnerConfig(
+            max_num_reqs=2, max_model_len=32, max_num_batched_tokens=16, block_size=4, num_blocks=8
+        )
+        runner = ModelRunner(model, device, config, tracer=tracer)
+        first = runner.execute_model(
+            step_output(0, new=[new_req("A", PROMPT_A, [0, 1])], tokens={"A": 7})
+        )
+        second = runner.execute_model(step_output(1, cached=[("A", [], 7)], tokens={"A": 1}))
+        first.get(), second.get()
+        runner.close()
+        # h2d_inputs, input_prep, forward, sample, d2h_output per step
+        assert runner.timeline.num_emitted == 10
