@@ -65,6 +65,9 @@ class _NullSpan:
     def __exit__(self, *exc: object) -> bool:
         return False
 
+    def set_args(self, **args: object) -> None:
+        pass
+
 
 _NULL_SPAN = _NullSpan()
 
@@ -86,6 +89,10 @@ class _Span:
     def __enter__(self) -> _Span:
         self._start_ns = now_ns()
         return self
+
+    def set_args(self, **args: object) -> None:
+        """Add args known only inside the span (written when the span ends)."""
+        self._args.update(args)
 
     def __exit__(self, *exc: object) -> bool:
         end_ns = now_ns()

@@ -1,0 +1,216 @@
+"""EngineCore: the step loop, synchronous (``step``) or with a batch queue (``step_with_batch_queue``).
+
+Synchronous: schedule N -> launch N -> wait N -> update N. With the batch queue (depth 2, as
+vLLM's ``step_with_batch_queue``): schedule and launch N+1 before waiting on N, so the CPU's
+scheduling and input preparation of N+1 run while the device computes N.
+
+Every CPU phase is a slice of DESIGN.md §3 on the ``engine-core`` thread; the runner adds
+``prepare_inputs``/``launch`` and the device slices; counters are sampled after each update.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from engine.config import EngineConfig, ResolvedFeatures, resolve_features
+from engine.device import Device
+from engine.engine_parts import build_device, build_model, scheduler_config_for
+from engine.request import Request
+from engine.request_timeline import RequestTimeline
+from engine.runner.async_output import AsyncOutput
+from engine.runner.model_runner import ModelRunner, RunnerConfig
+from engine.scheduler.async_scheduler import AsyncScheduler
+from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.scheduler.request_output import RequestOutput, StopStringChecker
+from engine.scheduler.scheduler import Scheduler
+from instrument.schema import ENGINE_THREAD, Arg, Counter, CpuSlice, Instant, WaitKind
+from instrument.tracer import Tracer, get_tracer
+
+__all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
+
+BATCH_QUEUE_DEPTH = 2
+
+
+class EngineCore:
+    """Owns the scheduler, the runner and the device; runs one step per call.
+
+    Args:
+        config: what the user asked for; features are resolved once here.
+        tracer: where slices go (default: the process-global tracer).
+        stop_string_checker: finds stop strings in a request's text (needs a tokenizer).
+        trace_requests: write one track per request (queued/prefill/decode).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        tracer: Tracer | None = None,
+        stop_string_checker: StopStringChecker | None = None,
+        trace_requests: bool = True,
+    ) -> None:
+        self.config = config
+        self.tracer = tracer if tracer is not None else get_tracer()
+        # The thread that drives the engine is the trace's ``engine-core`` CPU track.
+        threading.current_thread().name = ENGINE_THREAD
+        self.features: ResolvedFeatures = resolve_features(config)
+        self.device: Device = build_device(config)
+        self.model, self.model_config = build_model(config, self.features, self.device)
+        sched_config = scheduler_config_for(config, self.model_config)
+        self.max_model_len = sched_config.max_model_len
+        scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
+        self.scheduler: Scheduler = scheduler_cls(sched_config, stop_string_checker)
+        self.runner = ModelRunner(
+            self.model,
+            self.device,
+            RunnerConfig(
+                max_num_reqs=config.max_num_seqs,
+                max_model_len=self.max_model_len,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                block_size=config.block_size,
+                num_blocks=config.num_kv_blocks,
+                seed=config.seed,
+                use_triton=self.features.triton_kernels,
+                cuda_graphs=self.features.cuda_graphs,
+            ),
+            self.tracer,
+        )
+        self.requests = RequestTimeline(self.tracer, write_tracks=trace_requests)
+        self._queue: deque[tuple[SchedulerOutput, AsyncOutput]] = deque()
+        self._record_start()
+
+    # ---- requests -------------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.model_config.eos_token_ids)
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+        self.requests.arrived(request.req_id)
+
+    def abort_request(self, req_id: str) -> RequestOutput | None:
+        out = self.scheduler.abort_request(req_id)
+        if out is not None:
+            self.requests.finished(req_id)
+        return out
+
+    def has_work(self) -> bool:
+        return bool(self._queue) or self.scheduler.has_unfinished_requests()
+
+    # ---- the two loops --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Synchronous: schedule, launch, wait, update one step."""
+        if self._queue:
+            raise RuntimeError("step() with steps still queued: use step_with_batch_queue()")
+        so = self._schedule()
+        if so is None:
+            return []
+        handle = self.runner.execute_model(so)
+        return self._update(so, self._wait(so, handle))
+
+    def step_with_batch_queue(self) -> list[RequestOutput]:
+        """Async: launch step N+1 before waiting on step N (queue depth 2)."""
+        scheduled = False
+        if len(self._queue) < BATCH_QUEUE_DEPTH and self.scheduler.has_unfinished_requests():
+            so = self._schedule()
+            if so is not None:
+                self._queue.append((so, self.runner.execute_model(so)))
+                scheduled = True
+        if not self._queue or (scheduled and len(self._queue) < BATCH_QUEUE_DEPTH):
+            return []
+        so, handle = self._queue.popleft()
+        return self._update(so, self._wait(so, handle))
+
+    def run_step(self) -> list[RequestOutput]:
+        """One iteration of whichever loop the resolved features chose."""
+        if self.features.async_scheduling:
+            return self.step_with_batch_queue()
+        return self.step()
+
+    # ---- phases ---------------------------------------------------------------------------
+    def _schedule(self) -> SchedulerOutput | None:
+        with self.tracer.span(CpuSlice.SCHEDULE.value) as span:
+            so = self.scheduler.schedule()
+            span.set_args(
+                **{
+                    Arg.STEP.value: so.step,
+                    Arg.NUM_REQS.value: so.num_reqs,
+                    Arg.NUM_TOKENS.value: so.total_num_scheduled_tokens,
+                    Arg.NUM_PREFILL.value: so.num_prefill_reqs,
+                    Arg.NUM_DECODE.value: so.num_decode_reqs,
+                    Arg.NUM_SPEC_TOKENS.value: sum(
+                        len(t) for t in so.scheduled_spec_decode_tokens.values()
+                    ),
+                }
+            )
+        if so.total_num_scheduled_tokens == 0:
+            return None
+        self.requests.scheduled(list(so.num_scheduled_tokens))
+        return so
+
+    def _wait(self, so: SchedulerOutput, handle: AsyncOutput) -> ModelRunnerOutput:
+        kind = WaitKind.SAMPLED.value
+        with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind):
+            return handle.get()
+
+    def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
+        with self.tracer.span(CpuSlice.UPDATE_FROM_OUTPUT.value, step=so.step) as span:
+            outputs = self.scheduler.update_from_output(so, out)
+            num_accepted = sum(o.num_accepted for o in outputs)
+            num_rejected = sum(o.num_draft_tokens - o.num_accepted for o in outputs)
+            num_finished = 0
+            for o in outputs:
+                self.requests.tokens(o.req_id, len(o.new_token_ids))
+                if o.finished:
+                    num_finished += 1
+                    self.requests.finished(o.req_id)
+            span.set_args(
+                **{
+                    Arg.NUM_ACCEPTED.value: num_accepted,
+                    Arg.NUM_REJECTED.value: num_rejected,
+                    Arg.NUM_FINISHED.value: num_finished,
+                }
+            )
+        self._sample_counters()
+        return outputs
+
+    def _sample_counters(self) -> None:
+        if not self.tracer.enabled:
+            return
+        stats = self.scheduler.get_stats()
+        for counter in Counter:
+            self.tracer.counter(counter.value, getattr(stats, counter.value))
+
+    # ---- start and end --------------------------------------------------------------------
+    def _record_start(self) -> None:
+        tracer = self.tracer
+        tracer.instant(
+            Instant.ENGINE_CONFIG.value,
+            scope="process",
+            **self.config.flat(),
+            max_model_len_resolved=self.max_model_len,
+        )
+        for d in self.features.decisions:
+            tracer.instant(
+                Instant.FEATURE_DECISION.value,
+                scope="process",
+                **{
+                    Arg.FEATURE.value: d.feature,
+                    Arg.REQUESTED.value: "auto" if d.requested is None else d.requested,
+                    Arg.RESOLVED.value: d.resolved,
+                    Arg.REASON.value: d.reason,
+                },
+            )
+
+    def drain(self) -> list[RequestOutput]:
+        """Wait for and apply every queued step (end of a run)."""
+        outputs: list[RequestOutput] = []
+        while self._queue:
+            so, handle = self._queue.popleft()
+            outputs.extend(self._update(so, self._wait(so, handle)))
+        return outputs
+
+    def close(self) -> None:
+        self.drain()
+        self.runner.close()
+        self.device.close()

@@ -1,0 +1,110 @@
+"""Per-request timing: the queued / prefill / decode slices of each request's track, and latency.
+
+Owned by the engine loop: it is told when a request arrives, is first scheduled, gets tokens, and
+finishes, and writes three slices on the track ``request <id>`` when the request ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from instrument.schema import Arg, RequestSlice, request_track_name
+from instrument.tracer import Tracer, now_ns
+
+__all__ = ["RequestTiming", "RequestTimeline", "LatencySummary"]
+
+
+@dataclass
+class RequestTiming:
+    arrival_ns: int
+    first_scheduled_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    finished_ns: int | None = None
+    num_output_tokens: int = 0
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if self.first_token_ns is None:
+            return None
+        return (self.first_token_ns - self.arrival_ns) / 1e6
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first (None with fewer than two tokens)."""
+        if self.num_output_tokens < 2 or self.first_token_ns is None or self.last_token_ns is None:
+            return None
+        return (self.last_token_ns - self.first_token_ns) / 1e6 / (self.num_output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    ttft_ms: dict[str, float] = field(default_factory=dict)  # p50 / p95 / p99
+    tpot_ms: dict[str, float] = field(default_factory=dict)
+    e2e_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    arr = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": float(np.percentile(arr, q)) for q in (50, 95, 99)}
+
+
+class RequestTimeline:
+    """Timestamps per request; writes the request's track slices when it finishes."""
+
+    def __init__(self, tracer: Tracer, write_tracks: bool = True) -> None:
+        self.tracer = tracer
+        self.write_tracks = write_tracks
+        self.timings: dict[str, RequestTiming] = {}
+
+    def arrived(self, req_id: str, arrival_ns: int | None = None) -> None:
+        self.timings[req_id] = RequestTiming(arrival_ns if arrival_ns is not None else now_ns())
+
+    def scheduled(self, req_ids: list[str]) -> None:
+        t = now_ns()
+        for req_id in req_ids:
+            timing = self.timings.get(req_id)
+            if timing is not None and timing.first_scheduled_ns is None:
+                timing.first_scheduled_ns = t
+
+    def tokens(self, req_id: str, num_tokens: int) -> None:
+        timing = self.timings.get(req_id)
+        if timing is None or num_tokens == 0:
+            return
+        t = now_ns()
+        if timing.first_token_ns is None:
+            timing.first_token_ns = t
+        timing.last_token_ns = t
+        timing.num_output_tokens += num_tokens
+
+    def finished(self, req_id: str) -> None:
+        timing = self.timings.get(req_id)
+        if timing is None or timing.finished_ns is not None:
+            return
+        timing.finished_ns = now_ns()
+        if self.write_tracks and self.tracer.enabled:
+            self._write_track(req_id, timing)
+
+    def _write_track(self, req_id: str, t: RequestTiming) -> None:
+        assert t.finished_ns is not None
+        track = request_track_name(req_id)
+        args = {Arg.REQUEST_ID.value: req_id}
+        scheduled = t.first_scheduled_ns if t.first_scheduled_ns is not None else t.finished_ns
+        self.tracer.slice_at(track, RequestSlice.QUEUED.value, t.arrival_ns, scheduled, **args)
+        if t.first_token_ns is None:
+            return
+        self.tracer.slice_at(track, RequestSlice.PREFILL.value, scheduled, t.first_token_ns, **args)
+        self.tracer.slice_at(
+            track, RequestSlice.DECODE.value, t.first_token_ns, t.finished_ns, **args
+        )
+
+    def summary(self) -> LatencySummary:
+        done = [t for t in self.timings.values() if t.finished_ns is not None]
+        ttft = [v for t in done if (v := t.ttft_ms) is not None]
+        tpot = [v for t in done if (v := t.tpot_ms) is not None]
+        e2e = [(t.finished_ns - t.arrival_ns) / 1e6 for t in done if t.finished_ns is not None]
+        return LatencySummary(_percentiles(ttft), _percentiles(tpot), _percentiles(e2e))
