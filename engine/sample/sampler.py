@@ -81,7 +81,7 @@ def keep_thresholds(
     Cost: one descending sort per row, O(V log V); on a GPU torch's segmented radix sort of
     [256, 152k] f32 takes a few hundred microseconds. Called only when some row filters.
     """
-    num_rows, vocab_size = scaled.shape
+    vocab_size = scaled.shape[1]
     # sorted_vals: [N, V], descending
     sorted_vals = torch.sort(scaled, dim=-1, descending=True).values
     k = top_k.to(torch.int64)
@@ -117,7 +117,8 @@ def _thresholds(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
 def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """The processed logits s_v = l'_v / T, -inf outside the kept set. [N, V] f32.
 
-    l' are the penalised logits. Greedy rows (T = 0) are scaled by 1; filtering never removes their argmax.
+    l' are the penalised logits. Greedy rows (T = 0) are scaled by 1; filtering never removes
+    their argmax.
     """
     logits = apply_sampling_penalties(logits, meta)
     scaled = logits / _safe_temperature(meta.temperature)[:, None]
