@@ -35,7 +35,7 @@ from analysis.frames import (
 from analysis.perfetto_events import PacketEvents, decode_events
 from analysis.profiles import Profile, get_profile
 from analysis.wire import WireError, split_outer_packets
-from instrument.schema import Instant, parse_device_track_name, parse_request_track_name
+from instrument.schema import ENGINE_THREAD, Instant, parse_device_track_name, parse_request_track_name
 
 __all__ = ["load_perfetto"]
 
@@ -58,7 +58,7 @@ def _track_row(desc: Any) -> dict[str, Any]:
         role = ROLE_REQUEST
     elif desc.HasField("counter"):
         role = ROLE_COUNTER
-    elif desc.HasField("thread"):
+    elif desc.HasField("thread") or name == ENGINE_THREAD:
         role = ROLE_CPU
     elif desc.HasField("process"):
         role = ROLE_PROCESS

@@ -16,6 +16,8 @@ def _pct(x: float) -> str:
 def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
     """Sentences a person reads before any table."""
     out: list[str] = []
+    if not headline["window"]["duration_ms"]:
+        out.append("The trace has no device compute slices: overlap and bubbles cannot be measured.")
     overlap, top = headline["overlap"], headline["top_blame"]
     blame = f"; {_pct(top['share'])} of device idle time is blamed on {top['label']}" if top else ""
     for row in headline["ineffective"]:
