@@ -7,22 +7,22 @@ from collections.abc import Collection, Mapping, Sequence
 from engine.request import Request, RequestStatus
 from engine.scheduler.kv_cache_manager import KVCacheManager
 from engine.scheduler.scheduler_config import SchedulerConfig
+from engine.scheduler.step_plan import InFlightStep
 
 __all__ = ["check_scheduler_invariants", "check_request_books"]
 
 
 def check_request_books(
-    request: Request, kv_cache_manager: KVCacheManager, allows_placeholders: bool
+    request: Request, kv_cache_manager: KVCacheManager, in_flight: Sequence[InFlightStep]
 ) -> None:
-    """One request: placeholders >= 0 (== 0 between sync steps), confirmed frontier within
-    [0, num_computed_tokens], prefix-cached blocks only below the confirmed frontier."""
+    """One request: placeholders are exactly the sampled slots of its steps in flight (so >= 0),
+    confirmed frontier within [0, num_computed_tokens], prefix-cached blocks only below it."""
     name = request.req_id
     assert request.num_output_placeholders >= 0, f"{name}: negative placeholders"
-    assert request.num_steps_in_flight >= 0, f"{name}: negative steps in flight"
-    if not allows_placeholders:
-        assert request.num_output_placeholders == 0, f"{name}: placeholders in a sync scheduler"
-    if request.num_steps_in_flight == 0:
-        assert request.num_output_placeholders == 0, f"{name}: placeholders with nothing in flight"
+    steps = [step for step in in_flight if name in step.num_sampled_slots]
+    assert request.num_steps_in_flight == len(steps), f"{name}: steps in flight miscounted"
+    num_slots = sum(step.num_sampled_slots[name] for step in steps)
+    assert request.num_output_placeholders == num_slots, f"{name}: placeholders != slots in flight"
     if request.status is not RequestStatus.RUNNING:
         assert request.num_computed_tokens == 0 or request.is_finished, f"{name}: stale frontier"
         return
@@ -31,8 +31,8 @@ def check_request_books(
     assert frontier <= request.num_tokens, f"{name}: frontier beyond committed tokens"
     num_cached = kv_cache_manager.num_cached_blocks(name) * kv_cache_manager.block_size
     assert num_cached <= frontier, f"{name}: {num_cached} cached tokens beyond frontier {frontier}"
-    num_slots = len(kv_cache_manager.block_ids(name)) * kv_cache_manager.block_size
-    assert request.num_computed_tokens <= num_slots, f"{name}: computed tokens without KV slots"
+    num_kv_slots = len(kv_cache_manager.block_ids(name)) * kv_cache_manager.block_size
+    assert request.num_computed_tokens <= num_kv_slots, f"{name}: computed tokens without KV slots"
 
 
 def check_scheduler_invariants(
@@ -43,7 +43,7 @@ def check_scheduler_invariants(
     waiting: Collection[Request],
     release_pending: Collection[str],
     kv_cache_manager: KVCacheManager,
-    allows_placeholders: bool,
+    in_flight: Sequence[InFlightStep],
 ) -> None:
     """Whole scheduler: no request lost or duplicated, queues hold the right statuses,
     ``max_num_seqs`` respected, block ref counts consistent, every book of every request sane."""
@@ -62,5 +62,5 @@ def check_scheduler_invariants(
     for request in waiting:
         assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
     for request in requests.values():
-        check_request_books(request, kv_cache_manager, allows_placeholders)
+        check_request_books(request, kv_cache_manager, in_flight)
     kv_cache_manager.check_consistency()

@@ -3,7 +3,9 @@ with prefix caching, preemption by recompute, abort.
 
 It decides how many tokens each request advances and which KV blocks it uses; nothing else.
 Synchronous contract: ``update_from_output(N)`` runs before ``schedule()`` of N+1
-(``AsyncScheduler`` lifts it).
+(``AsyncScheduler`` lifts it). The request books are kept the same way in both modes, so the
+invariants of DESIGN.md §1 hold at every instant: while a step is in flight its sampled
+positions are output placeholders, and its drafts are ``-1`` (they live on the device).
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ class Scheduler:
     @property
     def num_steps_in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the scheduler still tracks (finished ones until their blocks are released)."""
+        return len(self._requests)
 
     # -- schedule ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -244,7 +251,7 @@ class Scheduler:
             record.num_sampled_slots[req_id] = num_slots
             if samples:  # the device proposes the next drafts right after sampling
                 request.spec_token_ids = [-1] * self.config.num_spec_tokens
-            self._on_scheduled(request, num_slots)
+            request.num_output_placeholders += num_slots
         return record
 
     # -- update --------------------------------------------------------------------------------
@@ -289,7 +296,7 @@ class Scheduler:
         logprobs: list[list[tuple[int, float]]] | None,
     ) -> RequestOutput | None:
         """Settle one request's share of a returned step; None when there is nothing to report."""
-        self._on_settled(request, num_slots)
+        request.num_output_placeholders -= num_slots
         if request.is_finished:
             return None  # finished while this step was in flight: computed, never returned
         num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(request.req_id, ()))
@@ -367,13 +374,6 @@ class Scheduler:
             del self._requests[request.req_id]
             del self._arrival_key[request.req_id]
 
-    # -- hooks for the async scheduler ---------------------------------------------------------
-    def _on_scheduled(self, request: Request, num_sampled_slots: int) -> None:
-        """A step that will sample ``num_sampled_slots`` tokens for the request was scheduled."""
-
-    def _on_settled(self, request: Request, num_sampled_slots: int) -> None:
-        """The output of such a step came back (before its tokens are committed)."""
-
     # -- observability -------------------------------------------------------------------------
     def get_stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -396,7 +396,7 @@ class Scheduler:
             waiting=self._waiting,
             release_pending=self._release_pending,
             kv_cache_manager=self.kv_cache_manager,
-            allows_placeholders=self.allows_overlapping_steps,
+            in_flight=self._in_flight,
         )
 
     def _check_invariants_if_debug(self) -> None:

@@ -97,7 +97,7 @@ class FakeDevice:
         self.rows: dict[str, _Row] = {}
         self.kv: dict[int, int] = {}  # slot -> hash of the prefix whose last token wrote it
         self.steps_per_request: dict[str, int] = {}
-        self.num_overrun_tokens = 0
+        self.num_sampled: dict[str, int] = {}  # tokens the device produced, dropped ones included
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in out.finished_req_ids:
@@ -127,6 +127,7 @@ class FakeDevice:
             num_drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
             req_ids.append(req_id)
             sampled.append(self._run_request(req_id, num_new, num_drafts))
+            self.num_sampled[req_id] = self.num_sampled.get(req_id, 0) + len(sampled[-1])
             self.steps_per_request[req_id] = self.steps_per_request.get(req_id, 0) + 1
         num_accepted = [max(0, len(s) - 1) for s in sampled]
         return ModelRunnerOutput(out.step, req_ids, sampled, num_accepted)
@@ -248,10 +249,20 @@ def run_engine(
             out, runner_out = queue.popleft()
             for output in scheduler.update_from_output(out, runner_out):
                 result.outputs.append(output)
-                result.tokens[output.req_id].extend(output.new_token_ids)
+                result.tokens.setdefault(output.req_id, []).extend(output.new_token_ids)
                 if output.finished:
                     result.finish_reasons[output.req_id] = output.finish_reason
     raise AssertionError("engine did not drain")
+
+
+def assert_drained(scheduler: Scheduler) -> None:
+    """After a run: nothing in flight, no request left, no placeholder, every block free."""
+    scheduler.check_invariants()
+    stats = scheduler.get_stats()
+    assert scheduler.num_steps_in_flight == 0 and scheduler.num_requests == 0
+    assert stats.output_placeholders == 0 and stats.running_requests == stats.waiting_requests == 0
+    pool = scheduler.kv_cache_manager.pool
+    assert pool.num_free_blocks == pool.num_blocks and stats.kv_usage == 0.0
 
 
 def test_fake_device_is_deterministic_in_history() -> None:
