@@ -76,14 +76,20 @@ class _StopStrings:
 class LLM:
     """Offline generation on an :class:`EngineCore`.
 
-    Keyword arguments are :class:`EngineConfig` fields (``model=``, ``dtype=``,
+    Pass an :class:`EngineConfig`, or its fields as keyword arguments. Keyword arguments are :class:`EngineConfig` fields (``model=``, ``dtype=``,
     ``async_scheduling=``, ...).
     """
 
     def __init__(
-        self, tracer: Tracer | None = None, trace_requests: bool = True, **engine_kwargs: Any
+        self,
+        config: EngineConfig | None = None,
+        tracer: Tracer | None = None,
+        trace_requests: bool = True,
+        **engine_kwargs: Any,
     ) -> None:
-        self.config = EngineConfig(**engine_kwargs)
+        if config is not None and engine_kwargs:
+            raise ValueError("give an EngineConfig or its fields as keywords, not both")
+        self.config = config if config is not None else EngineConfig(**engine_kwargs)
         self.tokenizer = self._load_tokenizer()
         checker = _StopStrings(self.tokenizer) if self.tokenizer is not None else None
         self.engine = EngineCore(self.config, tracer, checker, trace_requests)

@@ -1,0 +1,204 @@
+"""``stepscope run``: run a workload on the engine, with a trace, outputs and a run summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
+from engine.llm import LLM, CompletionOutput, outputs_digest
+from engine.workload import WorkloadError, load_workload
+
+__all__ = ["run_main", "build_parser"]
+
+
+def _tristate(value: str) -> bool | None:
+    table = {"auto": None, "on": True, "off": False}
+    if value not in table:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {value!r}")
+    return table[value]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stepscope run",
+        description="Run a workload on the stepscope engine. Prints a run summary (requests, "
+        "output tok/s, TTFT/TPOT percentiles, feature decisions, trace path).",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF checkpoint folder (config.json, *.safetensors, tokenizer)")
+    src.add_argument(
+        "--model-config",
+        help="a HF config.json, a folder, or 'qwen3-0.6b' (needs --random-weights)",
+    )
+    p.add_argument("--random-weights", action="store_true", help="seeded random weights")
+    p.add_argument(
+        "--workload",
+        required=True,
+        help="a .jsonl file (vLLM parameter names), ShareGPT .json, or "
+        "'synthetic:n=64,in=16-64,out=16-64,rate=8,seed=0'",
+    )
+    p.add_argument("--trace", help="write a Perfetto trace here (.pftrace)")
+    p.add_argument("--nvtx", action="store_true", help="also emit NVTX ranges (Nsight Systems)")
+    p.add_argument(
+        "--no-request-tracks", action="store_true", help="do not write one trace track per request"
+    )
+    p.add_argument(
+        "--detect-syncs",
+        action="store_true",
+        help="record every host<-device sync as a trace instant (slower)",
+    )
+    p.add_argument("--output", help="write one JSON line per request here")
+    p.add_argument(
+        "--async",
+        dest="async_scheduling",
+        type=_tristate,
+        default=None,
+        metavar="auto|on|off",
+        help="async scheduling (batch queue of depth 2)",
+    )
+    p.add_argument("--cuda-graphs", type=_tristate, default=None, metavar="auto|on|off")
+    p.add_argument(
+        "--triton",
+        dest="triton_kernels",
+        type=_tristate,
+        default=None,
+        metavar="auto|on|off",
+        help="Triton kernels (auto: on CUDA)",
+    )
+    p.add_argument("--pinned-memory", type=_tristate, default=None, metavar="auto|on|off")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=1024)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--spec-method", choices=SPEC_METHODS, default=None)
+    p.add_argument("--spec-model", default=None, help="draft model / EAGLE head / MTP folder")
+    p.add_argument("--num-spec-tokens", type=int, default=0)
+    p.add_argument(
+        "--spec-sync-accepted",
+        action="store_true",
+        help="the CPU waits for accepted counts before preparing the next step",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        model_config=args.model_config,
+        random_weights=args.random_weights,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        enable_prefix_caching=not args.no_prefix_caching,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        async_scheduling=args.async_scheduling,
+        cuda_graphs=args.cuda_graphs,
+        triton_kernels=args.triton_kernels,
+        pinned_memory=args.pinned_memory,
+        spec_method=args.spec_method,
+        spec_model=args.spec_model,
+        num_spec_tokens=args.num_spec_tokens,
+        spec_sync_accepted=args.spec_sync_accepted,
+    )
+
+
+def _fmt_pcts(d: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:8.2f}" for k, v in d.items()) if d else "n/a"
+
+
+def print_summary(
+    llm: LLM, outputs: list[CompletionOutput], elapsed_s: float, trace: str | None
+) -> None:
+    num_out = sum(len(o.output_token_ids) for o in outputs)
+    lat = llm.engine.requests.summary()
+    print("\n== stepscope run summary ==")
+    print(
+        f"requests          {len(outputs)}  ({sum(o.finish_reason == 'abort' for o in outputs)} aborted)"
+    )
+    print(
+        f"output tokens     {num_out}  in {elapsed_s:.2f} s  = {num_out / max(elapsed_s, 1e-9):.1f} tok/s"
+    )
+    print(f"TTFT ms           {_fmt_pcts(lat.ttft_ms)}")
+    print(f"TPOT ms           {_fmt_pcts(lat.tpot_ms)}")
+    print(f"end-to-end ms     {_fmt_pcts(lat.e2e_ms)}")
+    print(f"output digest     {outputs_digest(outputs)}")
+    print("feature decisions:")
+    for d in llm.engine.features.decisions:
+        requested = "auto" if d.requested is None else d.requested
+        print(f"  {d.feature:<18} requested={requested!s:<6} resolved={d.resolved!s:<6} {d.reason}")
+    if trace:
+        print(
+            f"trace             {trace}   (stepscope analyze {trace}; or open in ui.perfetto.dev)"
+        )
+
+
+def _progress(total: int, enabled: bool) -> tuple[Any, Any]:
+    if not enabled:
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="requests", unit="req", file=sys.stderr, leave=False)
+    return bar, bar.update
+
+
+def run_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from instrument.sync_detect import SyncDetector
+    from instrument.tracer import Tracer, set_tracer
+
+    try:
+        config = config_from_args(args)
+        workload = load_workload(args.workload)
+    except (ConfigError, WorkloadError) as err:
+        print(f"stepscope run: error: {err}", file=sys.stderr)
+        return 2
+    tracer = None
+    if args.trace:
+        os.makedirs(os.path.dirname(os.path.abspath(args.trace)), exist_ok=True)
+        tracer = Tracer(args.trace, nvtx=args.nvtx, install_signal_handlers=True)
+        set_tracer(tracer)
+    detector = SyncDetector(tracer) if (tracer and args.detect_syncs) else None
+    try:
+        llm = LLM(config, tracer=tracer, trace_requests=not args.no_request_tracks)
+        bar, update = _progress(len(workload), not args.no_progress)
+        if detector is not None:
+            detector.install()
+        start = time.monotonic()
+        outputs = llm.run_workload(workload, progress=update)
+        elapsed = time.monotonic() - start
+        if detector is not None:
+            detector.uninstall()
+        if bar is not None:
+            bar.close()
+        llm.close()
+    except ConfigError as err:
+        print(f"stepscope run: error: {err}", file=sys.stderr)
+        if tracer is not None:
+            tracer.close()
+        return 2
+    if tracer is not None:
+        tracer.metadata(output_digest=outputs_digest(outputs), num_requests=len(outputs))
+        tracer.close()
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            for out in outputs:
+                f.write(json.dumps(out.to_json()) + "\n")
+    print_summary(llm, outputs, elapsed, args.trace)
+    return 0
