@@ -286,7 +286,8 @@ class CudaDevice(Device):
         return True
 
     def submit(self, stream: Any, fn: Callable[[], None]) -> None:
-        with torch.cuda.device(self.torch_device), torch.cuda.stream(stream):
+        # no_grad: device work never builds autograd graphs (the CPU workers do the same).
+        with torch.cuda.device(self.torch_device), torch.cuda.stream(stream), torch.no_grad():
             fn()
 
     def new_event(self) -> torch.cuda.Event:

@@ -79,6 +79,23 @@ class CudaGraphRunner:
         warm-up and capture write no KV)."""
         pool = torch.cuda.graph_pool_handle()
         stream = device.compute_stream
+        with torch.no_grad():
+            self._capture_all(stream, pool, body, prepare)
+        stream.synchronize()
+
+    def disable(self, reason: str) -> None:
+        """Fall back to eager (auto mode after a failed capture); keeps the reason."""
+        self.decision = FeatureDecision(FEATURE, self.decision.requested, False, reason)
+        self.sizes = []
+        self._graphs = {}
+
+    def _capture_all(
+        self,
+        stream: torch.cuda.Stream,
+        pool: object,
+        body: Callable[[int], torch.Tensor],
+        prepare: Callable[[int], None],
+    ) -> None:
         for size in reversed(self.sizes):
             with torch.cuda.stream(stream):
                 prepare(size)
@@ -89,7 +106,6 @@ class CudaGraphRunner:
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 out = body(size)
             self._graphs[size] = (graph, out)
-        stream.synchronize()
 
     # stepscope: hot
     def replay(self, size: int) -> torch.Tensor:

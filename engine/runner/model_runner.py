@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from engine.config import ConfigError
 from engine.device import Device
 from engine.kernels.input_prep import InputPrepArgs, prepare_inputs
 from engine.model.attention_metadata import AttentionMetadata
@@ -95,13 +96,25 @@ class ModelRunner:
         self.step_inputs = StagedWriteTensor(device, (1, cap), torch.int32, initial_max_values=cap)
         self.sampler = Sampler(use_triton=config.use_triton)
         self._alloc_buffers()
-        self.cuda_graph_decision: FeatureDecision = resolve_cuda_graphs(config.cuda_graphs, device)
         self.graphs = CudaGraphRunner(
-            self.cuda_graph_decision,
+            resolve_cuda_graphs(config.cuda_graphs, device),
             max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
         )
         if self.graphs.enabled:
-            self.graphs.capture(device, self._forward_padded_graph, self._fill_graph_inputs)
+            self._capture_graphs()
+
+    @property
+    def cuda_graph_decision(self) -> FeatureDecision:
+        return self.graphs.decision
+
+    def _capture_graphs(self) -> None:
+        """Capture at start-up; explicit True that fails is an error, auto falls back with why."""
+        try:
+            self.graphs.capture(self.device, self._forward_padded_graph, self._fill_graph_inputs)
+        except Exception as exc:  # noqa: BLE001 -- any capture failure decides the feature
+            if self.config.cuda_graphs is True:
+                raise ConfigError(f"cuda_graphs=True but capture failed: {exc}") from exc
+            self.graphs.disable(f"capture failed, running eagerly: {type(exc).__name__}: {exc}")
 
     def _alloc_buffers(self) -> None:
         dev, c = self.device.torch_device, self.config

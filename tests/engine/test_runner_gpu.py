@@ -13,8 +13,11 @@ from tests.engine.test_runner import PROMPT_A, PROMPT_B, PROMPT_C, run_schedule
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("use_triton,graphs", [(False, False), (True, True), (False, True)])
-def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool) -> None:
+CASES = [(False, False), (True, True), (True, None), (False, None), (False, True)]
+
+
+@pytest.mark.parametrize("use_triton,graphs", CASES)
+def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool | None) -> None:
     device = CudaDevice(0)
     model = tiny_model("cuda", use_triton=use_triton)
     config = RunnerConfig(
@@ -31,13 +34,16 @@ def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool) -> N
     assert got["A"] == reference_greedy(model, PROMPT_A, 2)
     assert got["B"] == reference_greedy(model, PROMPT_B, 4)
     assert got["C"] == reference_greedy(model, PROMPT_C, 3)
-    assert runner.cuda_graph_decision.resolved is graphs
+    decision = runner.cuda_graph_decision
+    assert decision.reason
+    if graphs is not None:
+        assert decision.resolved is graphs
     # steps 2, 4 and 5 are uniform decode batches: replayed graphs when graphs are on
-    assert runner.graphs.num_replays == (3 if graphs else 0)
+    assert runner.graphs.num_replays == (3 if decision.resolved else 0)
 
 
 if __name__ == "__main__":  # the GPU machine may lack pytest
-    for case in [(False, False), (True, True), (False, True)]:
+    for case in CASES:
         torch.manual_seed(0)
         test_cuda_runner_matches_full_recompute(*case)
         print("ok", case)
