@@ -210,6 +210,26 @@ class EngineCore:
             outputs.extend(self._update(so, self._wait(so, handle)))
         return outputs
 
+    def check_idle(self) -> None:
+        """After a run: nothing queued, no placeholders, no block referenced, no request live.
+
+        Raises ``AssertionError`` naming what is left (blocks in the prefix cache are free).
+        """
+        stats = self.scheduler.get_stats()
+        problems = []
+        if self._queue:
+            problems.append(f"{len(self._queue)} steps still queued")
+        if stats.output_placeholders:
+            problems.append(f"{stats.output_placeholders} output placeholders left")
+        if stats.running_requests or stats.waiting_requests:
+            problems.append(
+                f"{stats.running_requests} running / {stats.waiting_requests} waiting requests"
+            )
+        if stats.kv_usage:
+            problems.append(f"KV blocks still referenced (usage {stats.kv_usage:.3f})")
+        if problems:
+            raise AssertionError("engine not idle: " + "; ".join(problems))
+
     def close(self) -> None:
         self.drain()
         self.runner.close()

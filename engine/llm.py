@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -98,6 +99,9 @@ class LLM:
     def _load_tokenizer(self) -> Any:
         if self.config.model is None:
             return None
+        names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        if not any(os.path.exists(os.path.join(self.config.model, n)) for n in names):
+            return None  # a checkpoint without tokenizer files: token ids only
         from engine.model.loader import load_tokenizer
 
         try:
