@@ -12,6 +12,7 @@ from typing import Any
 from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
 from engine.llm import LLM, CompletionOutput, outputs_digest
 from engine.workload import WorkloadError, load_workload
+from instrument.schema import Arg
 
 __all__ = ["run_main", "build_parser"]
 
@@ -194,7 +195,9 @@ def run_main(argv: list[str]) -> int:
             tracer.close()
         return 2
     if tracer is not None:
-        tracer.metadata(output_digest=outputs_digest(outputs), num_requests=len(outputs))
+        tracer.metadata(
+            **{Arg.OUTPUT_DIGEST.value: outputs_digest(outputs)}, num_requests=len(outputs)
+        )
         tracer.close()
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -140,6 +140,9 @@ class Arg(str, Enum):
     RESOLVED = "resolved"
     REASON = "reason"
     REQUEST_ID = "request_id"
+    NUM_OUTPUT_TOKENS = "num_output_tokens"  # on a request's decode slice (TPOT's denominator)
+    NUM_PROMPT_TOKENS = "num_prompt_tokens"  # on a request's prefill slice
+    OUTPUT_DIGEST = "output_digest"  # trace_metadata: digest of every request's output tokens
     SCHEMA_VERSION = "schema_version"
 
 
