@@ -32,9 +32,8 @@ class RMSNorm(nn.Module):
     # stepscope: hot
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension of ``x: [..., size]``."""
-        x_fp32 = x.float()
-        variance = x_fp32.pow(2).mean(-1, keepdim=True)
-        normed = x_fp32 * torch.rsqrt(variance + self.eps)
+        # one fused kernel on CUDA (vs ~6 for the pow/mean/rsqrt spelling); same fp32 math
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
 
