@@ -114,7 +114,10 @@ class ModelRunner:
         except Exception as exc:  # noqa: BLE001 -- any capture failure decides the feature
             if self.config.cuda_graphs is True:
                 raise ConfigError(f"cuda_graphs=True but capture failed: {exc}") from exc
-            self.graphs.disable(f"capture failed, running eagerly: {type(exc).__name__}: {exc}")
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            self.graphs.disable(
+                f"capture failed, running eagerly: {type(exc).__name__}: {first_line}"
+            )
 
     def _alloc_buffers(self) -> None:
         dev, c = self.device.torch_device, self.config
