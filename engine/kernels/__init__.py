@@ -1,0 +1,3 @@
+"""Kernel families: each file holds a torch reference, its Triton version and a dispatcher."""
+
+__all__: list[str] = []
