@@ -3,24 +3,45 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
+# Triton chooses interpreter or compiler when a kernel (its own standard library included) is
+# decorated, i.e. at import. If another test module imported triton first in this process,
+# these tests rerun themselves in a fresh interpreter process instead.
+TRITON_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not TRITON_PRELOADED:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from engine.kernels.sampling import (  # noqa: E402
-    gumbel_sample_torch,
-    gumbel_sample_triton,
-    row_logsumexp_torch,
-    row_logsumexp_triton,
-)
+from engine.kernels import sampling as sampling_kernels  # noqa: E402
 from engine.sample.metadata import build_sampling_metadata  # noqa: E402
 from engine.sample.noise import NoiseStream, uniform_noise  # noqa: E402
 from engine.sample.sampler import Sampler  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+
+in_this_process = pytest.mark.skipif(TRITON_PRELOADED, reason="runs in a fresh process")
+
+
+@pytest.mark.skipif(not TRITON_PRELOADED, reason="triton is interpreting in this process")
+def test_in_a_fresh_interpreter_process() -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
 
 NUM_ROWS = 6
 VOCAB = 37  # not a multiple of the block: exercises the tail mask
@@ -36,15 +57,17 @@ def inputs(seed: int) -> tuple[torch.Tensor, ...]:
     return logits, temperature, threshold, seeds, positions
 
 
+@in_this_process
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gumbel_sample_triton_matches_torch(seed: int) -> None:
     args = inputs(seed)
-    expected = gumbel_sample_torch(*args)
-    got = gumbel_sample_triton(*args, block=16)
+    expected = sampling_kernels.gumbel_sample_torch(*args)
+    got = sampling_kernels.gumbel_sample_triton(*args, block=16)
     assert got.dtype == torch.int64
     assert torch.equal(got, expected)
 
 
+@in_this_process
 @pytest.mark.parametrize("stream", list(NoiseStream))
 def test_triton_noise_hash_matches_torch(stream: NoiseStream) -> None:
     # Flat logits at T = 1: the token is argmax_v u_v, so every row checks the in-kernel hash.
@@ -54,19 +77,25 @@ def test_triton_noise_hash_matches_torch(stream: NoiseStream) -> None:
     logits = torch.zeros(48, VOCAB)
     ones = torch.ones(48)
     no_threshold = torch.full((48,), float("-inf"))
-    got = gumbel_sample_triton(logits, ones, no_threshold, seeds, positions, stream, block=16)
+    got = sampling_kernels.gumbel_sample_triton(
+        logits, ones, no_threshold, seeds, positions, stream, block=16
+    )
     expected = uniform_noise(seeds, positions, VOCAB, stream).argmax(-1)
     assert torch.equal(got, expected)
 
 
+@in_this_process
 def test_row_logsumexp_triton_matches_torch() -> None:
     logits, *_ = inputs(3)
     logits[2, :] = float("-inf")
     logits[3, 5:] = float("-inf")
-    got = row_logsumexp_triton(logits, block=16)
-    torch.testing.assert_close(got, row_logsumexp_torch(logits), atol=1e-5, rtol=1e-6)
+    got = sampling_kernels.row_logsumexp_triton(logits, block=16)
+    torch.testing.assert_close(
+        got, sampling_kernels.row_logsumexp_torch(logits), atol=1e-5, rtol=1e-6
+    )
 
 
+@in_this_process
 def test_sampler_triton_path_matches_torch_path() -> None:
     params = [
         SamplingParams(temperature=0.8, seed=1, logprobs=2),
