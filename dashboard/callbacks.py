@@ -1,0 +1,236 @@
+"""Dash callbacks: choosing a trace, loading it (with progress), zooming the timeline, comparing.
+
+Every callback catches trace errors at its edge and turns them into a banner, so a bad file never
+takes the app down; unexpected errors are logged with their traceback and shown the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import Any
+
+from dash import Dash, Input, Output, State, ctx, no_update
+
+from dashboard.config import DashboardConfig
+from dashboard.figures import empty_figure, steps_figure
+from dashboard.layout import IDS
+from dashboard.store import LoadedTrace, TraceRef, TraceStore, is_trace_error
+from dashboard.timeline import timeline_figure
+from dashboard.views import (
+    banner,
+    compare_body,
+    decision_rows,
+    overview,
+    silent_row_style,
+    steps_bounds,
+    sync_rows,
+    trace_actions,
+)
+
+__all__ = ["register_callbacks"]
+
+log = logging.getLogger("stepscope.dashboard")
+
+
+def _error_text(exc: BaseException) -> str:
+    if is_trace_error(exc):
+        return str(exc)
+    log.exception("dashboard callback failed")
+    return f"internal error while analysing: {type(exc).__name__}: {exc}"
+
+
+def _options(store: TraceStore) -> list[dict[str, str]]:
+    return [
+        {"label": ("⇪ " if r.source == "uploads" else "") + r.name, "value": r.id}
+        for r in store.list_traces()
+    ]
+
+
+def _marks(lo: int, hi: int) -> dict[int, str]:
+    if hi <= lo:
+        return {lo: str(lo)}
+    stride = max((hi - lo) // 6, 1)
+    return {s: f"{s:,}" for s in range(lo, hi + 1, stride)}
+
+
+def _register_selection(app: Dash, store: TraceStore) -> None:
+    @app.callback(
+        Output(IDS.PICKER, "options"),
+        Output(IDS.COMPARE_A, "options"),
+        Output(IDS.COMPARE_B, "options"),
+        Input(IDS.REFRESH, "n_clicks"),
+        Input(IDS.CURRENT, "data"),
+    )
+    def refresh(_clicks: int | None, _current: str | None) -> tuple[list, list, list]:
+        options = _options(store)
+        return options, options, options
+
+    @app.callback(
+        Output(IDS.CURRENT, "data"),
+        Output(IDS.PICKER, "value"),
+        Output(IDS.BANNER, "children"),
+        Input(IDS.PICKER, "value"),
+        Input(IDS.UPLOAD, "contents"),
+        State(IDS.UPLOAD, "filename"),
+        prevent_initial_call=True,
+    )
+    def select(
+        value: str | None, contents: str | None, filename: str | None
+    ) -> tuple[Any, Any, Any]:
+        if ctx.triggered_id == IDS.UPLOAD:
+            try:
+                _, _, payload = (contents or "").partition(",")
+                data = base64.b64decode(payload, validate=True)
+                ref = store.save_upload(filename or "upload", data)
+            except (binascii.Error, ValueError) as exc:
+                return no_update, no_update, banner(f"{filename}: {exc}")
+            return ref.id, ref.id, None
+        return value, no_update, None
+
+
+def _load(store: TraceStore, ref_id: str | None) -> LoadedTrace | None:
+    return store.load(TraceRef.parse(ref_id)) if ref_id else None
+
+
+def _register_load(app: Dash, store: TraceStore, config: DashboardConfig) -> None:
+    @app.callback(
+        Output(IDS.OVERVIEW, "children"),
+        Output(IDS.STEP_RANGE, "min"),
+        Output(IDS.STEP_RANGE, "max"),
+        Output(IDS.STEP_RANGE, "value"),
+        Output(IDS.STEP_RANGE, "marks"),
+        Output(IDS.DECISIONS, "data"),
+        Output(IDS.DECISIONS, "style_data_conditional"),
+        Output(IDS.SYNCS, "data"),
+        Output(IDS.ACTIONS, "children"),
+        Output(IDS.TITLE, "children"),
+        Output(IDS.BANNER, "children", allow_duplicate=True),
+        Input(IDS.CURRENT, "data"),
+        running=[
+            (Output(IDS.PROGRESS, "className"), "progress progress--on", "progress"),
+            (Output(IDS.PROGRESS_POLL, "disabled"), False, True),
+        ],
+        prevent_initial_call=True,
+    )
+    def load(ref_id: str | None) -> tuple[Any, ...]:
+        try:
+            loaded = _load(store, ref_id)
+        except Exception as exc:  # the edge: any failure becomes a banner, the app stays up
+            return (no_update,) * 10 + (banner(_error_text(exc)),)
+        if loaded is None:
+            return (no_update,) * 11
+        lo, hi = steps_bounds(loaded.report)
+        return (
+            overview(loaded),
+            lo,
+            hi,
+            [lo, hi],
+            _marks(lo, hi),
+            decision_rows(loaded.report),
+            silent_row_style(),
+            sync_rows(loaded.report),
+            trace_actions(loaded, config),
+            loaded.ref.name,
+            None,
+        )
+
+    @app.callback(
+        Output(IDS.PROGRESS_TEXT, "children"),
+        Input(IDS.PROGRESS_POLL, "n_intervals"),
+        State(IDS.CURRENT, "data"),
+    )
+    def progress(_n: int | None, ref_id: str | None) -> str:
+        state = store.progress(ref_id) if ref_id else None
+        return "loading…" if state is None else f"{state[0]}… {state[1]:.1f} s"
+
+
+def _window_from_inputs(
+    loaded: LoadedTrace, relayout: dict | None, step_range: list[int] | None
+) -> tuple[int | None, int | None]:
+    t0 = loaded.lanes.t0_ns
+    trigger = ctx.triggered_id
+    if trigger == IDS.TIMELINE and relayout:
+        if "xaxis.range[0]" in relayout:
+            return t0 + int(float(relayout["xaxis.range[0]"]) * 1e6), t0 + int(
+                float(relayout["xaxis.range[1]"]) * 1e6
+            )
+        if "xaxis.range" in relayout:
+            lo, hi = relayout["xaxis.range"]
+            return t0 + int(float(lo) * 1e6), t0 + int(float(hi) * 1e6)
+        return None, None
+    if trigger == IDS.STEP_RANGE and step_range:
+        steps = loaded.report.tables["steps"]
+        sel = steps[(steps["step"] >= step_range[0]) & (steps["step"] <= step_range[1])]
+        if len(sel):
+            return int(sel["start_ns"].min()), int(sel["end_ns"].max())
+    return None, None
+
+
+def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> None:
+    @app.callback(
+        Output(IDS.TIMELINE, "figure"),
+        Output(IDS.TIMELINE_INFO, "children"),
+        Input(IDS.CURRENT, "data"),
+        Input(IDS.TIMELINE, "relayoutData"),
+        Input(IDS.STEP_RANGE, "value"),
+        Input(IDS.RESET, "n_clicks"),
+        prevent_initial_call=True,
+    )
+    def timeline(
+        ref_id: str | None, relayout: dict | None, step_range: list[int] | None, _reset: int | None
+    ) -> tuple[Any, str]:
+        try:
+            loaded = _load(store, ref_id)
+        except Exception:
+            return empty_figure("this trace could not be loaded"), ""
+        if loaded is None:
+            return no_update, no_update
+        if (
+            ctx.triggered_id == IDS.TIMELINE
+            and relayout
+            and not any(k.startswith("xaxis.") for k in relayout)
+        ):
+            return no_update, no_update  # hover, legend or y-only events
+        lo, hi = _window_from_inputs(loaded, relayout, step_range)
+        fig = timeline_figure(loaded.lanes, lo, hi, bar_budget=config.timeline_bar_budget)
+        meta = fig.layout.meta
+        return fig, f"{meta['mode']} · {meta['num_visible']:,} slices in view"
+
+    @app.callback(
+        Output(IDS.STEPS, "figure"),
+        Input(IDS.CURRENT, "data"),
+        Input(IDS.STEP_RANGE, "value"),
+        prevent_initial_call=True,
+    )
+    def steps(ref_id: str | None, step_range: list[int] | None) -> Any:
+        try:
+            loaded = _load(store, ref_id)
+        except Exception:
+            return empty_figure("this trace could not be loaded")
+        if loaded is None:
+            return no_update
+        return steps_figure(loaded.report, tuple(step_range) if step_range else None)
+
+    @app.callback(
+        Output(IDS.COMPARE_BODY, "children"),
+        Input(IDS.COMPARE_A, "value"),
+        Input(IDS.COMPARE_B, "value"),
+        prevent_initial_call=True,
+    )
+    def compare(a_id: str | None, b_id: str | None) -> Any:
+        if not a_id or not b_id:
+            return no_update
+        try:
+            a, b, cmp = store.compare(TraceRef.parse(a_id), TraceRef.parse(b_id))
+        except Exception as exc:
+            return banner(_error_text(exc))
+        return compare_body(a, b, cmp)
+
+
+def register_callbacks(app: Dash, store: TraceStore, config: DashboardConfig) -> None:
+    """Wire every callback of the page to ``store``."""
+    _register_selection(app, store)
+    _register_load(app, store, config)
+    _register_views(app, store, config)

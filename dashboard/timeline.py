@@ -1,0 +1,228 @@
+"""The timeline figure: CPU lanes against device lanes, with device bubbles shaded and blamed.
+
+Two renderings of the same lanes, chosen per zoom window:
+
+* **detail** (at most ``bar_budget`` slices visible): one horizontal bar per slice, hover with
+  step and duration; bubbles drawn on the ``device idle`` lane in the colour of their blame,
+  labelled when wide enough, and shaded across every lane;
+* **density** (more visible): each lane becomes a strip of ``num_bins`` cells holding the busy
+  fraction of that cell (the idle lane: idle fraction and the dominant blame). Nothing is
+  sampled away, so a bubble-heavy region stays visible at any zoom.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from dashboard.lanes import IDLE_LANE, Lane, LaneIndex
+from dashboard.theme import IDLE, MUTED, base_layout, color_for
+
+__all__ = ["timeline_figure", "TimelineView", "ns_to_ms", "DENSITY_BINS"]
+
+DENSITY_BINS = 600
+_MAX_SHADED = 150
+_SCALES = {
+    "cpu": [[0, "#f4f6fa"], [1, "#3b63b8"]],
+    "device": [[0, "#f4f6fa"], [1, "#23804a"]],
+    "idle": [[0, "#f4f6fa"], [1, IDLE]],
+}
+
+
+def ns_to_ms(ns: np.ndarray | int, t0_ns: int) -> np.ndarray:
+    """Trace time in milliseconds since ``t0_ns`` (the x axis of the timeline)."""
+    return (np.asarray(ns, dtype=np.int64) - t0_ns) / 1e6
+
+
+class TimelineView:
+    """What the figure shows for one window: ``mode`` (``detail``/``density``) and the counts."""
+
+    def __init__(self, index: LaneIndex, lo_ns: int, hi_ns: int, bar_budget: int) -> None:
+        self.index = index
+        self.lo_ns, self.hi_ns = index.clamp(lo_ns, hi_ns)
+        self.num_visible = index.count_upper_bound(self.lo_ns, self.hi_ns)
+        self.mode = "detail" if self.num_visible <= bar_budget else "density"
+
+
+def _bar_traces(lanes: list[Lane], view: TimelineView) -> list[go.Bar]:
+    """One bar trace per colour key (slice name or blame), across the lanes."""
+    t0 = view.index.t0_ns
+    parts: dict[str, list[tuple[str, np.ndarray, Lane]]] = {}
+    for lane in lanes:
+        idx = lane.visible(view.lo_ns, view.hi_ns)
+        keys = lane.names[idx]
+        for key in dict.fromkeys(keys.tolist()):
+            parts.setdefault(str(key), []).append((lane.label, idx[keys == key], lane))
+    traces = []
+    for key, pieces in parts.items():
+        y = np.concatenate([np.full(i.size, label, dtype=object) for label, i, _ in pieces])
+        start = np.concatenate([lane.start_ns[i] for _, i, lane in pieces])
+        end = np.concatenate([lane.end_ns[i] for _, i, lane in pieces])
+        step = np.concatenate([lane.steps[i] for _, i, lane in pieces])
+        idle = pieces[0][2].group == "idle"
+        dur_us = (end - start) / 1e3
+        traces.append(
+            go.Bar(
+                orientation="h",
+                y=y,
+                base=ns_to_ms(start, t0),
+                x=(end - start) / 1e6,
+                name=f"idle: {key}" if idle else key,
+                legendgroup="idle" if idle else key,
+                marker={
+                    "color": color_for(key),
+                    "line": {"width": 1.5 if idle else 0, "color": IDLE},
+                },
+                opacity=0.85 if idle else 1.0,
+                customdata=np.stack([step, dur_us, ns_to_ms(start, t0)], axis=1),
+                text=[key] * y.size if idle else None,
+                textposition="inside" if idle else "none",
+                insidetextanchor="middle",
+                textfont={"color": "#ffffff", "size": 10},
+                hovertemplate=(
+                    (
+                        "<b>bubble</b> blamed on %{fullData.name}"
+                        if idle
+                        else "<b>%{fullData.name}</b> step %{customdata[0]}"
+                    )
+                    + "<br>%{customdata[1]:,.1f} µs at %{customdata[2]:,.3f} ms<extra>%{y}</extra>"
+                ),
+            )
+        )
+    return traces
+
+
+def _bubble_shading(idle: Lane | None, view: TimelineView) -> list[dict[str, Any]]:
+    if idle is None:
+        return []
+    idx = idle.visible(view.lo_ns, view.hi_ns)
+    widest = idx[np.argsort(idle.start_ns[idx] - idle.end_ns[idx], kind="stable")[:_MAX_SHADED]]
+    t0 = view.index.t0_ns
+    return [
+        {
+            "type": "rect",
+            "xref": "x",
+            "yref": "paper",
+            "x0": float(ns_to_ms(idle.start_ns[i], t0)),
+            "x1": float(ns_to_ms(idle.end_ns[i], t0)),
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": "rgba(214,69,69,0.10)",
+            "line": {"width": 0},
+            "layer": "below",
+        }
+        for i in widest
+    ]
+
+
+def _density_traces(view: TimelineView, num_bins: int) -> list[go.Heatmap]:
+    edges = np.linspace(view.lo_ns, view.hi_ns, num_bins + 1).round().astype(np.int64)
+    centers = ns_to_ms((edges[:-1] + edges[1:]) // 2, view.index.t0_ns)
+    traces = []
+    for group in ("cpu", "device", "idle"):
+        lanes = [lane for lane in view.index.lanes if lane.group == group]
+        if not lanes:
+            continue
+        z = np.stack([lane.occupancy(edges) for lane in lanes])
+        custom = None
+        if group == "idle":
+            custom = _dominant_blame(lanes[0], edges)[None, :]
+        traces.append(
+            go.Heatmap(
+                x=centers,
+                y=[lane.label for lane in lanes],
+                z=z,
+                zmin=0,
+                zmax=1,
+                colorscale=_SCALES[group],
+                showscale=False,
+                xgap=0,
+                ygap=3,
+                customdata=custom,
+                name=group,
+                hovertemplate=(
+                    "%{y}<br>%{x:,.2f} ms: %{z:.0%} "
+                    + ("idle, mostly %{customdata}" if group == "idle" else "busy")
+                    + "<extra></extra>"
+                ),
+            )
+        )
+    return traces
+
+
+def _dominant_blame(idle: Lane, edges: np.ndarray) -> np.ndarray:
+    """Per bin, the blame label with the most idle time in it ("" when no idle time)."""
+    labels = np.unique(idle.names.astype(str))
+    per_label = np.stack([idle.occupancy(edges, idle.names.astype(str) == lab) for lab in labels])
+    best = per_label.argmax(axis=0)
+    return np.where(per_label.max(axis=0) > 0, labels[best], "").astype(object)
+
+
+def timeline_figure(
+    index: LaneIndex,
+    lo_ns: int | None = None,
+    hi_ns: int | None = None,
+    *,
+    bar_budget: int = 4000,
+    num_bins: int = DENSITY_BINS,
+) -> go.Figure:
+    """The timeline for the window ``[lo_ns, hi_ns)`` (``None``: the trace's edges)."""
+    view = TimelineView(
+        index,
+        lo_ns if lo_ns is not None else index.t0_ns,
+        hi_ns if hi_ns is not None else index.end_ns,
+        bar_budget,
+    )
+    labels = index.labels
+    idle = next((lane for lane in index.lanes if lane.label == IDLE_LANE), None)
+    if view.mode == "detail":
+        traces: list[Any] = _bar_traces(list(index.lanes), view)
+        shapes = _bubble_shading(idle, view)
+        note = f"{view.num_visible:,} slices: every slice drawn"
+    else:
+        traces = _density_traces(view, num_bins)
+        shapes = []
+        note = f"density view ({view.num_visible:,} slices in range): zoom in for single slices"
+    fig = go.Figure(traces)
+    fig.update_layout(
+        base_layout(
+            barmode="overlay",
+            bargap=0.25,
+            height=max(260, 34 * len(labels) + 90),
+            shapes=shapes,
+            showlegend=view.mode == "detail",
+            uniformtext={"mode": "hide", "minsize": 8},
+            margin={"l": 190, "r": 20, "t": 40, "b": 40},
+            meta={"mode": view.mode, "num_visible": view.num_visible},
+            title={
+                "text": note,
+                "font": {"size": 11, "color": MUTED},
+                "x": 1,
+                "xanchor": "right",
+                "y": 0.01,
+                "yanchor": "bottom",
+            },
+        )
+    )
+    fig.update_yaxes(
+        categoryorder="array",
+        categoryarray=labels,
+        autorange="reversed",
+        showgrid=False,
+        tickfont={"size": 11},
+        fixedrange=True,
+    )
+    fig.update_xaxes(
+        range=[float(ns_to_ms(view.lo_ns, index.t0_ns)), float(ns_to_ms(view.hi_ns, index.t0_ns))],
+        title={"text": "time since trace start (ms)", "font": {"size": 11}},
+        showgrid=True,
+        gridcolor="#eef0f3",
+        zeroline=False,
+        showspikes=True,
+        spikemode="across",
+        spikethickness=1,
+        spikecolor="#9aa1ab",
+    )
+    return fig
