@@ -37,7 +37,9 @@ __all__ = [
 ]
 
 
-def analyze_frames(frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1) -> Report:
+def analyze_frames(
+    frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1
+) -> Report:
     """The report of already-loaded frames (``skip_steps`` warm-up steps left out)."""
     return build_report(frames, profile, skip_steps)
 

@@ -60,8 +60,12 @@ def _exclusive_segments(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
     left = pd.DataFrame({"row": np.arange(n), "track": track, "ts": ts, "key": depth - 1})
     right = pd.DataFrame({"parent": np.arange(n), "track": track, "ts": ts, "key": depth})
     merged = pd.merge_asof(
-        left.sort_values("ts"), right.sort_values("ts"), on="ts", by=["track", "key"],
-        direction="backward", allow_exact_matches=True,
+        left.sort_values("ts"),
+        right.sort_values("ts"),
+        on="ts",
+        by=["track", "key"],
+        direction="backward",
+        allow_exact_matches=True,
     )
     parent = np.full(n, -1, dtype=np.int64)
     parent[merged["row"].to_numpy()] = merged["parent"].fillna(-1).to_numpy(np.int64)
@@ -89,25 +93,36 @@ def blame_bubbles(
     time). ``pieces`` has one row per (bubble, label): ``bubble_id``, ``label``, ``idle_ns``.
     """
     require_columns(bubbles, BUBBLE_COLUMNS, "blame_bubbles")
-    require_columns(slices, ["role", "name", "kind", "track_id", "ts_ns", "end_ns"], "blame_bubbles")
+    require_columns(
+        slices, ["role", "name", "kind", "track_id", "ts_ns", "end_ns"], "blame_bubbles"
+    )
     cpu = _candidates(slices, envelopes)
     b_u = (bubbles["start_ns"].to_numpy(np.int64), bubbles["end_ns"].to_numpy(np.int64))
     labels = blame_label(cpu["name"].to_numpy(object), cpu["kind"].to_numpy(object))
     seg_s, seg_e, seg_o = _exclusive_segments(cpu)
     seg_idx, bub_idx, ps, pe = overlap_pairs(seg_s, seg_e, b_u)
-    pieces = pd.DataFrame({"bubble_id": bub_idx, "label": labels[seg_o[seg_idx]], "idle_ns": pe - ps})
+    pieces = pd.DataFrame(
+        {"bubble_id": bub_idx, "label": labels[seg_o[seg_idx]], "idle_ns": pe - ps}
+    )
     covered = union(cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64))
     uncovered = bubbles["dur_ns"].to_numpy(np.int64) - intersect_measure(*b_u, covered)
-    none = pd.DataFrame({"bubble_id": bubbles["bubble_id"].to_numpy(), "label": NO_CPU, "idle_ns": uncovered})
+    none = pd.DataFrame(
+        {"bubble_id": bubbles["bubble_id"].to_numpy(), "label": NO_CPU, "idle_ns": uncovered}
+    )
     pieces = pd.concat([pieces, none[none["idle_ns"] > 0]], ignore_index=True)
     pieces = pieces.groupby(["bubble_id", "label"], as_index=False, sort=True)["idle_ns"].sum()
     pieces = pieces.astype({"bubble_id": "int64", "label": "object", "idle_ns": "int64"})
     total = pieces.groupby("bubble_id")["idle_ns"].transform("sum")
-    top = pieces.assign(share=pieces["idle_ns"] / total).sort_values(
-        ["bubble_id", "idle_ns"], ascending=[True, False], kind="stable"
-    ).drop_duplicates("bubble_id")
-    out = bubbles.merge(top.rename(columns={"label": "blame", "idle_ns": "blame_ns", "share": "blame_share"}),
-                        on="bubble_id", how="left")
+    top = (
+        pieces.assign(share=pieces["idle_ns"] / total)
+        .sort_values(["bubble_id", "idle_ns"], ascending=[True, False], kind="stable")
+        .drop_duplicates("bubble_id")
+    )
+    out = bubbles.merge(
+        top.rename(columns={"label": "blame", "idle_ns": "blame_ns", "share": "blame_share"}),
+        on="bubble_id",
+        how="left",
+    )
     out["blame"] = out["blame"].fillna(NO_CPU).astype(object)
     out["blame_ns"] = out["blame_ns"].fillna(0).astype(np.int64)
     out["blame_share"] = out["blame_share"].fillna(0.0).astype(np.float64)
@@ -121,6 +136,8 @@ def blame_table(pieces: pd.DataFrame) -> pd.DataFrame:
     table = pieces.groupby("label", as_index=False)["idle_ns"].sum()
     total = table["idle_ns"].sum()
     table["share"] = table["idle_ns"] / total if total else 0.0
-    return table.sort_values("idle_ns", ascending=False, kind="stable").reset_index(drop=True).astype(
-        {"label": "object", "idle_ns": "int64", "share": "float64"}
+    return (
+        table.sort_values("idle_ns", ascending=False, kind="stable")
+        .reset_index(drop=True)
+        .astype({"label": "object", "idle_ns": "int64", "share": "float64"})
     )

@@ -18,9 +18,12 @@ _MAX_ROWS = 15
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", default=None,
-                        help="stepscope, vllm, sglang, or a .json/.toml mapping file")
-    parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out (default 1)")
+    parser.add_argument(
+        "--profile", default=None, help="stepscope, vllm, sglang, or a .json/.toml mapping file"
+    )
+    parser.add_argument(
+        "--skip-steps", type=int, default=1, help="warm-up steps left out (default 1)"
+    )
     parser.add_argument("--json", action="store_true", help="print every number as JSON")
 
 
@@ -30,7 +33,9 @@ def _print_json(obj: Any) -> None:
 
 
 def _fmt(df: pd.DataFrame) -> str:
-    with pd.option_context("display.width", 120, "display.max_columns", 12, "display.float_format", "{:.3f}".format):
+    with pd.option_context(
+        "display.width", 120, "display.max_columns", 12, "display.float_format", "{:.3f}".format
+    ):
         return df.head(_MAX_ROWS).to_string(index=False)
 
 
@@ -38,12 +43,16 @@ def _print_report(report: Report) -> None:
     for line in report.verdicts:
         print(f"* {line}")
     w = report.headline["window"]
-    print(f"\nwindow: steps {w['first_step']}..{w['last_step']} ({w['num_steps']} steps, "
-          f"{w['duration_ms']:.2f} ms of device span)")
+    print(
+        f"\nwindow: steps {w['first_step']}..{w['last_step']} ({w['num_steps']} steps, "
+        f"{w['duration_ms']:.2f} ms of device span)"
+    )
     for name in _SHOWN_TABLES:
         df = report.tables[name]
         if len(df):
-            print(f"\n{name} ({len(df)} rows{', first ' + str(_MAX_ROWS) if len(df) > _MAX_ROWS else ''})")
+            print(
+                f"\n{name} ({len(df)} rows{', first ' + str(_MAX_ROWS) if len(df) > _MAX_ROWS else ''})"
+            )
             print(_fmt(df))
 
 
@@ -71,8 +80,12 @@ def compare_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="stepscope compare", description=__doc__)
     parser.add_argument("a")
     parser.add_argument("b")
-    parser.add_argument("--vary", action="append", default=[],
-                        help="config key under test (repeatable); others must be equal")
+    parser.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        help="config key under test (repeatable); others must be equal",
+    )
     _common(parser)
     args = parser.parse_args(argv)
     try:
@@ -86,11 +99,16 @@ def compare_main(argv: list[str]) -> int:
         _print_json({"comparison": cmp.to_dict(), "a": a.to_dict(False), "b": b.to_dict(False)})
         return 0 if cmp.contract_ok else 1
     if cmp.contract_ok:
-        varied = ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in cmp.differences.items()) or "nothing"
+        varied = (
+            ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in cmp.differences.items())
+            or "nothing"
+        )
         print(f"* A/B contract holds; the variable under test: {varied}.")
     else:
-        print(f"* A/B contract BROKEN: the traces differ in {', '.join(cmp.violations) or 'an unknown config'}"
-              " — the deltas below mix several causes.")
+        print(
+            f"* A/B contract BROKEN: the traces differ in {', '.join(cmp.violations) or 'an unknown config'}"
+            " — the deltas below mix several causes."
+        )
     for note in cmp.notes:
         print(f"* {note}")
     if cmp.outputs_agree is not None:

@@ -11,7 +11,9 @@ from analysis.report import Report
 __all__ = ["Comparison", "compare_reports", "VOLATILE_KEYS"]
 
 # Config/metadata keys that differ between any two runs and say nothing about the contract.
-VOLATILE_KEYS = frozenset({"pid", "wall_time_ns", "trace_path", "output_path", "seed_offset", "run_id"})
+VOLATILE_KEYS = frozenset(
+    {"pid", "wall_time_ns", "trace_path", "output_path", "seed_offset", "run_id"}
+)
 _DELTAS = (
     ("overlap", ("overlap",)),
     ("bubble_ratio", ("bubble_ratio",)),
@@ -69,12 +71,18 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
     notes: list[str] = []
     if not ca and not cb:
         notes.append("neither trace carries an engine_config: the contract cannot be checked")
-    violations = [k for k in diffs if k not in vary] if vary else (list(diffs) if len(diffs) > 1 else [])
+    violations = (
+        [k for k in diffs if k not in vary] if vary else (list(diffs) if len(diffs) > 1 else [])
+    )
     da, db = a.to_dict(with_tables=False), b.to_dict(with_tables=False)
     deltas: dict[str, dict[str, float | None]] = {}
     for name, path in _DELTAS:
         va, vb = _get(da, path), _get(db, path)
-        deltas[name] = {"a": va, "b": vb, "delta": (vb - va) if va is not None and vb is not None else None}
+        deltas[name] = {
+            "a": va,
+            "b": vb,
+            "delta": (vb - va) if va is not None and vb is not None else None,
+        }
     ga, gb = a.frames.metadata.get(OUTPUT_DIGEST_KEY), b.frames.metadata.get(OUTPUT_DIGEST_KEY)
     agree = None if ga is None or gb is None else ga == gb
     if agree is None:

@@ -5,13 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.frames import DECISION_COLUMNS, require_columns
 from analysis.derive import parse_requested
+from analysis.frames import DECISION_COLUMNS, require_columns
 
 __all__ = ["silent_fallbacks", "ineffective_features", "async_enabled"]
 
 SILENT_COLUMNS = {**DECISION_COLUMNS, "why": "object"}
-INEFFECTIVE_COLUMNS = {"feature": "object", "overlap": "float64", "threshold": "float64", "top_blocker": "object"}
+INEFFECTIVE_COLUMNS = {
+    "feature": "object",
+    "overlap": "float64",
+    "threshold": "float64",
+    "top_blocker": "object",
+}
 
 
 def silent_fallbacks(decisions: pd.DataFrame) -> pd.DataFrame:
@@ -36,7 +41,9 @@ def silent_fallbacks(decisions: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True).astype(SILENT_COLUMNS)
 
 
-def async_enabled(decisions: pd.DataFrame, config: dict[str, object], features: tuple[str, ...]) -> str | None:
+def async_enabled(
+    decisions: pd.DataFrame, config: dict[str, object], features: tuple[str, ...]
+) -> str | None:
     """The name of the async-scheduling feature when it resolved on (decision or config), else None."""
     mine = decisions[decisions["feature"].isin(features)]
     if len(mine):
@@ -64,5 +71,12 @@ def ineffective_features(
     feature = async_enabled(decisions, config, features)
     rows = []
     if feature is not None and np.isfinite(overlap) and overlap < threshold:
-        rows.append({"feature": feature, "overlap": overlap, "threshold": threshold, "top_blocker": top_blocker})
+        rows.append(
+            {
+                "feature": feature,
+                "overlap": overlap,
+                "threshold": threshold,
+                "top_blocker": top_blocker,
+            }
+        )
     return pd.DataFrame(rows, columns=list(INEFFECTIVE_COLUMNS)).astype(INEFFECTIVE_COLUMNS)

@@ -47,8 +47,10 @@ def parse_requested(value: object) -> bool | None:
 
 
 def _present(value: object) -> bool:
-    return value is not None and value is not pd.NA and not (
-        isinstance(value, float) and np.isnan(value)
+    return (
+        value is not None
+        and value is not pd.NA
+        and not (isinstance(value, float) and np.isnan(value))
     )
 
 
@@ -78,8 +80,12 @@ def decisions_from_instants(instants: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "feature": col(Arg.FEATURE.value, "").astype(str).to_numpy(object),
-            "requested": np.array([parse_requested(v) for v in col(Arg.REQUESTED.value, None)], dtype=object),
-            "resolved": np.array([bool(parse_requested(v)) for v in col(Arg.RESOLVED.value, False)], dtype=bool),
+            "requested": np.array(
+                [parse_requested(v) for v in col(Arg.REQUESTED.value, None)], dtype=object
+            ),
+            "resolved": np.array(
+                [bool(parse_requested(v)) for v in col(Arg.RESOLVED.value, False)], dtype=bool
+            ),
             "reason": col(Arg.REASON.value, "").astype(str).to_numpy(object),
             "ts_ns": rows["ts_ns"].to_numpy(np.int64),
         }

@@ -45,7 +45,9 @@ def union(starts: np.ndarray, ends: np.ndarray) -> Union:
     return s[first], np.maximum.reduceat(e, first)
 
 
-def union_grouped(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def union_grouped(
+    group: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Union within each group: ``(group, starts, ends)`` sorted by (group, start)."""
     g, s, e = _as_i64(group), _as_i64(starts), _as_i64(ends)
     keep = e > s

@@ -51,7 +51,9 @@ def request_latency(slices: pd.DataFrame) -> pd.DataFrame:
     df["ttft_ms"] = (df["first_token_ns"] - df["arrival_ns"]) / 1e6
     df["e2e_ms"] = (df["finish_ns"] - df["arrival_ns"]) / 1e6
     gen = (df["finish_ns"] - df["first_token_ns"]) / 1e6
-    df["tpot_ms"] = np.where(df["num_output_tokens"] > 1, gen / (df["num_output_tokens"] - 1), np.nan)
+    df["tpot_ms"] = np.where(
+        df["num_output_tokens"] > 1, gen / (df["num_output_tokens"] - 1), np.nan
+    )
     df = df.reset_index()
     return df[list(LATENCY_COLUMNS)].astype(LATENCY_COLUMNS)
 
@@ -63,4 +65,10 @@ def percentiles(values: pd.Series) -> dict[str, float | None]:
     if v.size == 0:
         return {"p50": None, "p95": None, "p99": None, "mean": None, "count": 0}
     p50, p95, p99 = np.percentile(v, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(v.mean()), "count": int(v.size)}
+    return {
+        "p50": float(p50),
+        "p95": float(p95),
+        "p99": float(p99),
+        "mean": float(v.mean()),
+        "count": int(v.size),
+    }

@@ -21,6 +21,7 @@ from analysis.derive import (
     syncs_from_instants,
 )
 from analysis.frames import (
+    COUNTER_COLUMNS,
     INSTANT_COLUMNS,
     ROLE_COMPUTE,
     ROLE_COPY,
@@ -28,14 +29,18 @@ from analysis.frames import (
     ROLE_OTHER,
     ROLE_REQUEST,
     SLICE_COLUMNS,
-    COUNTER_COLUMNS,
     TraceError,
     TraceFrames,
 )
 from analysis.perfetto_events import PacketEvents, decode_events
 from analysis.profiles import Profile, get_profile
 from analysis.wire import WireError, split_outer_packets
-from instrument.schema import ENGINE_THREAD, Instant, parse_device_track_name, parse_request_track_name
+from instrument.schema import (
+    ENGINE_THREAD,
+    Instant,
+    parse_device_track_name,
+    parse_request_track_name,
+)
 
 __all__ = ["load_perfetto"]
 
@@ -80,12 +85,21 @@ def _tracks(events: PacketEvents) -> pd.DataFrame:
     rows = {d.uuid: _track_row(d) for d in events.descriptors}
     for uuid in np.unique(events.track_uuid).tolist():
         if uuid not in rows:
-            rows[uuid] = {"uuid": uuid, "parent_uuid": 0, "name": f"track {uuid}",
-                          "role": ROLE_OTHER, "pid": 0, "tid": 0, "device": -1}
+            rows[uuid] = {
+                "uuid": uuid,
+                "parent_uuid": 0,
+                "name": f"track {uuid}",
+                "role": ROLE_OTHER,
+                "pid": 0,
+                "tid": 0,
+                "device": -1,
+            }
     df = pd.DataFrame(sorted(rows.values(), key=lambda r: r["uuid"]))
     uuids = df["uuid"].to_numpy(np.uint64)
     parent = np.searchsorted(uuids, df["parent_uuid"].to_numpy(np.uint64))
-    parent_ok = (parent < len(uuids)) & (uuids[np.minimum(parent, len(uuids) - 1)] == df["parent_uuid"].to_numpy(np.uint64))
+    parent_ok = (parent < len(uuids)) & (
+        uuids[np.minimum(parent, len(uuids) - 1)] == df["parent_uuid"].to_numpy(np.uint64)
+    )
     # Threads inherit their process's pid when the descriptor left it out.
     out = pd.DataFrame(
         {
@@ -107,7 +121,9 @@ def _named(codes: np.ndarray, names: list[str]) -> np.ndarray:
     return lookup[np.where(codes >= 0, codes, len(names))]
 
 
-def _slices(ev: PacketEvents, track_id: np.ndarray, tracks: pd.DataFrame, profile: Profile) -> tuple[pd.DataFrame, np.ndarray, dict[str, int]]:
+def _slices(
+    ev: PacketEvents, track_id: np.ndarray, tracks: pd.DataFrame, profile: Profile
+) -> tuple[pd.DataFrame, np.ndarray, dict[str, int]]:
     is_be = (ev.type == _TE.TYPE_SLICE_BEGIN) | (ev.type == _TE.TYPE_SLICE_END)
     idx = np.nonzero(is_be)[0]
     pairs = pair_begin_end(track_id[idx], ev.ts_ns[idx], ev.type[idx] == _TE.TYPE_SLICE_BEGIN)
@@ -135,9 +151,14 @@ def _slices(ev: PacketEvents, track_id: np.ndarray, tracks: pd.DataFrame, profil
         "step": np.full(n, -1, dtype=np.int64),
         "kind": np.full(n, "", dtype=object),
     }
-    cols.update(pivot_args(n, ev.args.remap_rows(event_to_slice), set(SLICE_COLUMNS) - {"step", "kind"}))
+    cols.update(
+        pivot_args(n, ev.args.remap_rows(event_to_slice), set(SLICE_COLUMNS) - {"step", "kind"})
+    )
     df = pd.DataFrame(cols)
-    stats = {"unterminated_slices": pairs.num_unterminated, "unmatched_ends": pairs.num_unmatched_ends}
+    stats = {
+        "unterminated_slices": pairs.num_unterminated,
+        "unmatched_ends": pairs.num_unmatched_ends,
+    }
     return profile.apply(df), event_to_slice, stats
 
 

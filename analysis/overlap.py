@@ -27,7 +27,9 @@ def overlap_by_step(slices: pd.DataFrame, busy: Union) -> pd.DataFrame:
     (NaN when |W_s| = 0).
     """
     w = _scheduling(slices)
-    g, s, e = union_grouped(w["step"].to_numpy(np.int64), w["ts_ns"].to_numpy(), w["end_ns"].to_numpy())
+    g, s, e = union_grouped(
+        w["step"].to_numpy(np.int64), w["ts_ns"].to_numpy(), w["end_ns"].to_numpy()
+    )
     hidden = intersect_measure(s, e, busy)
     df = pd.DataFrame({"step": g, "sched_ns": e - s, "hidden_ns": hidden})
     df = df.groupby("step", as_index=False, sort=True).sum()

@@ -57,7 +57,9 @@ class PacketEvents:
     num_packets: int
 
 
-def _scalar(table: FieldTable, n: int, field: int, wire: int, dtype: str, fill: int = 0) -> np.ndarray:
+def _scalar(
+    table: FieldTable, n: int, field: int, wire: int, dtype: str, fill: int = 0
+) -> np.ndarray:
     out = np.full(n, fill, dtype=dtype)
     mask = table.select(field, wire)
     out[table.msg[mask]] = table.value[mask].astype(dtype)
@@ -75,14 +77,21 @@ def _ranges(table: FieldTable, field: int) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def _parse_each(data: bytes, starts: np.ndarray, lengths: np.ndarray, cls: Any) -> list[Any]:
-    return [cls.FromString(data[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
+    return [
+        cls.FromString(data[s : s + n])
+        for s, n in zip(starts.tolist(), lengths.tolist(), strict=False)
+    ]
 
 
 class _Interning:
     """Interned strings per (sequence, generation, iid), resolved with joins."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, list[tuple[int, int, int, str]]] = {"event": [], "annot": [], "str": []}
+        self.rows: dict[str, list[tuple[int, int, int, str]]] = {
+            "event": [],
+            "annot": [],
+            "str": [],
+        }
 
     def add(self, seq: int, gen: int, msg: Any) -> None:
         for entry in msg.event_names:
@@ -105,11 +114,15 @@ class _Interning:
         known["code"] = codes + len(uniques)
         uniques.extend(str(t) for t in texts)
         query = pd.DataFrame({"seq": seq, "gen": gen, "iid": iid.astype(np.int64)})
-        merged = query.merge(known[["seq", "gen", "iid", "code"]], how="left", on=["seq", "gen", "iid"])
+        merged = query.merge(
+            known[["seq", "gen", "iid", "code"]], how="left", on=["seq", "gen", "iid"]
+        )
         return merged["code"].fillna(-1).to_numpy(np.int64)
 
 
-def decode_events(data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> PacketEvents:
+def decode_events(
+    data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> PacketEvents:
     """Decode all packets ``buf[starts[i]:ends[i]]`` (payloads of the outer framing)."""
     n = starts.shape[0]
     top = scan_fields(buf, starts, ends)
@@ -123,11 +136,13 @@ def decode_events(data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.nda
 
     interning = _Interning()
     msg, st, ln = _ranges(top, _P_INTERNED)
-    for pkt, parsed in zip(msg.tolist(), _parse_each(data, st, ln, pb.InternedData)):
+    for pkt, parsed in zip(msg.tolist(), _parse_each(data, st, ln, pb.InternedData), strict=False):
         interning.add(int(seq[pkt]), int(gen[pkt]), parsed)
     defaults: dict[tuple[int, int], int] = {}
     msg, st, ln = _ranges(top, _P_DEFAULTS)
-    for pkt, parsed in zip(msg.tolist(), _parse_each(data, st, ln, pb.TracePacketDefaults)):
+    for pkt, parsed in zip(
+        msg.tolist(), _parse_each(data, st, ln, pb.TracePacketDefaults), strict=False
+    ):
         if parsed.track_event_defaults.HasField("track_uuid"):
             defaults[(int(seq[pkt]), int(gen[pkt]))] = parsed.track_event_defaults.track_uuid
     _, st, ln = _ranges(top, _P_TRACK_DESC)
@@ -194,7 +209,10 @@ def _flows(buf: np.ndarray, te: FieldTable) -> tuple[np.ndarray, np.ndarray, np.
             term.append(np.full(int(sel.sum()), terminating))
         sel = te.select(field, WIRE_LEN)  # packed fixed64
         for row, start, length in zip(
-            te.msg[sel].tolist(), te.value[sel].astype(np.int64).tolist(), te.length[sel].tolist()
+            te.msg[sel].tolist(),
+            te.value[sel].astype(np.int64).tolist(),
+            te.length[sel].tolist(),
+            strict=False,
         ):
             packed = np.ascontiguousarray(buf[start : start + length]).view("<u8")
             events.append(np.full(packed.shape[0], row))
@@ -233,7 +251,12 @@ def _annotations(
     ival = np.zeros(k, dtype=np.int64)
     dval = np.zeros(k, dtype=np.float64)
     sval = np.full(k, -1, dtype=np.int64)
-    for field, vt in ((_A_BOOL, VT_BOOL), (_A_UINT, VT_INT), (_A_INT, VT_INT), (_A_POINTER, VT_INT)):
+    for field, vt in (
+        (_A_BOOL, VT_BOOL),
+        (_A_UINT, VT_INT),
+        (_A_INT, VT_INT),
+        (_A_POINTER, VT_INT),
+    ):
         sel = da.select(field, WIRE_VARINT)
         vtype[da.msg[sel]] = vt
         ival[da.msg[sel]] = da.value[sel].view(np.int64)
@@ -251,4 +274,6 @@ def _annotations(
         "str", ev_seq[owner[rows]], ev_gen[owner[rows]], da.value[sel], strings
     )
     keep = (vtype >= 0) & (key >= 0) & ~((vtype == VT_STR) & (sval < 0))
-    return ArgTable(owner[keep], key[keep], vtype[keep], ival[keep], dval[keep], sval[keep], keys, strings)
+    return ArgTable(
+        owner[keep], key[keep], vtype[keep], ival[keep], dval[keep], sval[keep], keys, strings
+    )

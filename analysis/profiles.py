@@ -77,7 +77,9 @@ class Profile:
         if not self.name:
             raise ValueError("a profile needs a name")
         if not 0.0 <= self.ineffective_overlap <= 1.0:
-            raise ValueError(f"ineffective_overlap must be in [0, 1], got {self.ineffective_overlap}")
+            raise ValueError(
+                f"ineffective_overlap must be in [0, 1], got {self.ineffective_overlap}"
+            )
         if self.step_pattern is not None:
             re.compile(self.step_pattern)
 
@@ -106,7 +108,7 @@ class Profile:
         mapped = [table[r] for r in raw.tolist()]
         if not mapped:
             return slices
-        names, kinds, steps = (np.asarray(x, dtype=object) for x in zip(*mapped))
+        names, kinds, steps = (np.asarray(x, dtype=object) for x in zip(*mapped, strict=False))
         slices.loc[target, "name"] = names
         has_kind = kinds != ""
         kind_col = slices["kind"].to_numpy(object).copy()
@@ -131,7 +133,9 @@ PROFILES: dict[str, Profile] = {
             _R(r"^gpu_model_runner: (forward|sample|draft|propose)", "launch"),
             _R(r"^gpu_model_runner: (postprocess|bookkeep)", "update_from_output"),
             _R(r"^core step[\w ]*: (update_from_output|process_output)", "update_from_output"),
-            _R(r"^core step[\w ]*: (get_output|wait|future)", "wait_output", WaitKind.SAMPLED.value),
+            _R(
+                r"^core step[\w ]*: (get_output|wait|future)", "wait_output", WaitKind.SAMPLED.value
+            ),
             _R(r"(structured_output|grammar_bitmask|apply_grammar)", "grammar_mask"),
         ),
         step_pattern=r"^ProfilerStep#(\d+)$",
@@ -143,7 +147,11 @@ PROFILES: dict[str, Profile] = {
             _R(r"(prepare_for_extend|prepare_for_decode|ForwardBatch\.init_new)", "prepare_inputs"),
             _R(r"(forward_batch_generation|run_batch)", "launch"),
             _R(r"process_batch_result", "update_from_output"),
-            _R(r"(resolve_(last_)?batch_result|copy_done\.synchronize)", "wait_output", WaitKind.SAMPLED.value),
+            _R(
+                r"(resolve_(last_)?batch_result|copy_done\.synchronize)",
+                "wait_output",
+                WaitKind.SAMPLED.value,
+            ),
             _R(r"(grammar|vocab_mask)", "grammar_mask"),
         ),
         step_pattern=r"^ProfilerStep#(\d+)$",
@@ -186,7 +194,9 @@ def load_profile_file(path: str | Path) -> Profile:
         else:
             raw = json.loads(text)
     except ValueError as exc:
-        raise TraceError(f"profile {p} is not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}") from None
+        raise TraceError(
+            f"profile {p} is not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}"
+        ) from None
     if not isinstance(raw, dict):
         raise TraceError(f"profile {p}: expected a table/object at the top level")
     return _from_mapping(raw, str(p))

@@ -17,17 +17,27 @@ from analysis.latency import percentiles, request_latency
 from analysis.overlap import overall_overlap, overlap_by_step
 from analysis.profiles import Profile, get_profile
 from analysis.steps import step_table
-from analysis.verdicts import verdicts
 from analysis.syncs import hot_sync_count, sync_summary
+from analysis.verdicts import verdicts
 from analysis.waits import accepted_wait_by_step
 from analysis.window import device_busy, select_window
 
 __all__ = ["Report", "build_report", "HEADLINE_KEYS"]
 
 HEADLINE_KEYS = (
-    "overlap", "bubble_ratio", "bubbles", "top_blame", "wait_accepted_total_us",
-    "wait_accepted_exposed_us", "wait_accepted_hidden_us", "silent_fallbacks", "ineffective",
-    "hot_syncs", "ttft_ms", "tpot_ms", "window",
+    "overlap",
+    "bubble_ratio",
+    "bubbles",
+    "top_blame",
+    "wait_accepted_total_us",
+    "wait_accepted_exposed_us",
+    "wait_accepted_hidden_us",
+    "silent_fallbacks",
+    "ineffective",
+    "hot_syncs",
+    "ttft_ms",
+    "tpot_ms",
+    "window",
 )
 MAX_HEADLINE_BUBBLES = 20
 
@@ -50,8 +60,13 @@ class Report:
 
     def to_dict(self, with_tables: bool = True) -> dict[str, Any]:
         """JSON-ready: headline, verdicts, extra, metadata and (optionally) every table."""
-        out: dict[str, Any] = {**self.headline, "verdicts": self.verdicts, "extra": self.extra,
-                               "metadata": _clean(self.frames.metadata), "config": _clean(self.frames.config)}
+        out: dict[str, Any] = {
+            **self.headline,
+            "verdicts": self.verdicts,
+            "extra": self.extra,
+            "metadata": _clean(self.frames.metadata),
+            "config": _clean(self.frames.config),
+        }
         if with_tables:
             out["tables"] = {k: _records(v) for k, v in self.tables.items()}
         return out
@@ -75,23 +90,45 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [_clean(r) for r in df.astype(object).where(df.notna(), None).to_dict("records")]
 
 
-def build_report(frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1) -> Report:
+def build_report(
+    frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1
+) -> Report:
     """Compute every metric of DESIGN.md §4 on loaded frames."""
     prof = get_profile(profile or frames.metadata.get("profile", "stepscope"))
     sl, window = select_window(frames.slices, skip_steps)
     busy = device_busy(frames.slices)
-    idle = complement(busy, window.start_ns, window.end_ns) if window.duration_ns else (np.zeros(0, np.int64),) * 2
+    idle = (
+        complement(busy, window.start_ns, window.end_ns)
+        if window.duration_ns
+        else (np.zeros(0, np.int64),) * 2
+    )
     overlap, _, _ = overall_overlap(sl, busy)
-    bubbles, pieces = blame_bubbles(find_bubbles(busy, window.start_ns, window.end_ns), sl, prof.envelopes)
+    bubbles, pieces = blame_bubbles(
+        find_bubbles(busy, window.start_ns, window.end_ns), sl, prof.envelopes
+    )
     blame = blame_table(pieces)
     waits = accepted_wait_by_step(sl, busy, idle)
     warmup_end = int(sl["ts_ns"].min()) if len(sl) else 0
     syncs = sync_summary(frames.syncs, warmup_end)
     top = blame.iloc[0] if len(blame) else None
-    top_blame = {"label": str(top["label"]), "share": float(top["share"]), "idle_ms": int(top["idle_ns"]) / 1e6} if top is not None else None
+    top_blame = (
+        {
+            "label": str(top["label"]),
+            "share": float(top["share"]),
+            "idle_ms": int(top["idle_ns"]) / 1e6,
+        }
+        if top is not None
+        else None
+    )
     silent = silent_fallbacks(frames.decisions)
-    ineffective = ineffective_features(frames.decisions, frames.config, overlap,
-                                       top_blame["label"] if top_blame else "", prof.ineffective_overlap, prof.async_features)
+    ineffective = ineffective_features(
+        frames.decisions,
+        frames.config,
+        overlap,
+        top_blame["label"] if top_blame else "",
+        prof.ineffective_overlap,
+        prof.async_features,
+    )
     latency = request_latency(frames.slices)
     idle_ns = int(bubbles["dur_ns"].sum())
     largest = bubbles.sort_values("dur_ns", ascending=False).head(MAX_HEADLINE_BUBBLES)
@@ -102,7 +139,12 @@ def build_report(frames: TraceFrames, profile: Profile | str | None = None, skip
             "count": len(bubbles),
             "idle_ms": idle_ns / 1e6,
             "largest": [
-                {"start_ns": int(r.start_ns), "dur_us": int(r.dur_ns) / 1e3, "blame": r.blame, "blame_share": float(r.blame_share)}
+                {
+                    "start_ns": int(r.start_ns),
+                    "dur_us": int(r.dur_ns) / 1e3,
+                    "blame": r.blame,
+                    "blame_share": float(r.blame_share),
+                }
                 for r in largest.itertuples()
             ],
         },
@@ -120,9 +162,16 @@ def build_report(frames: TraceFrames, profile: Profile | str | None = None, skip
     steps = step_table(sl)
     extra = _extra(steps, latency, window.duration_ns)
     tables = {
-        "steps": steps, "overlap": overlap_by_step(sl, busy), "bubbles": bubbles, "blame": blame,
-        "waits": waits, "syncs": syncs, "decisions": frames.decisions, "silent_fallbacks": silent,
-        "ineffective": ineffective, "latency": latency,
+        "steps": steps,
+        "overlap": overlap_by_step(sl, busy),
+        "bubbles": bubbles,
+        "blame": blame,
+        "waits": waits,
+        "syncs": syncs,
+        "decisions": frames.decisions,
+        "silent_fallbacks": silent,
+        "ineffective": ineffective,
+        "latency": latency,
     }
     return Report(headline, verdicts(headline, frames, extra), tables, frames, extra)
 
@@ -135,5 +184,7 @@ def _extra(steps: pd.DataFrame, latency: pd.DataFrame, window_ns: int) -> dict[s
         "e2e_ms": percentiles(latency["e2e_ms"]),
         "batch_tokens": tokens,
         "tokens_per_s": tokens / (window_ns / 1e9) if tokens and window_ns else None,
-        "output_tokens_per_s": (int(latency["num_output_tokens"].sum()) / (window_ns / 1e9)) if len(latency) and window_ns else None,
+        "output_tokens_per_s": (int(latency["num_output_tokens"].sum()) / (window_ns / 1e9))
+        if len(latency) and window_ns
+        else None,
     }

@@ -19,7 +19,12 @@ STEP_BASE_COLUMNS = {
     "device_busy_ns": "int64",
 }
 _PHASES = [s.value for s in CpuSlice if s is not CpuSlice.STEP]
-_SUMS = [Arg.NUM_TOKENS.value, Arg.NUM_REQS.value, Arg.NUM_ACCEPTED.value, Arg.NUM_SPEC_TOKENS.value]
+_SUMS = [
+    Arg.NUM_TOKENS.value,
+    Arg.NUM_REQS.value,
+    Arg.NUM_ACCEPTED.value,
+    Arg.NUM_SPEC_TOKENS.value,
+]
 
 
 def step_table(slices: pd.DataFrame) -> pd.DataFrame:
@@ -39,10 +44,14 @@ def step_table(slices: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({k: pd.Series(dtype=v) for k, v in cols.items()})
     span = stepped.groupby("step").agg(start_ns=("ts_ns", "min"), end_ns=("end_ns", "max"))
     cpu = stepped[(stepped["role"] == ROLE_CPU) & stepped["name"].isin(_PHASES)]
-    phases = cpu.pivot_table(index="step", columns="name", values="dur_ns", aggfunc="sum", fill_value=0)
+    phases = cpu.pivot_table(
+        index="step", columns="name", values="dur_ns", aggfunc="sum", fill_value=0
+    )
     phases = phases.reindex(columns=_PHASES, fill_value=0).add_suffix("_ns")
     comp = stepped[stepped["role"] == ROLE_COMPUTE]
-    g, s, e = union_grouped(comp["step"].to_numpy(np.int64), comp["ts_ns"].to_numpy(), comp["end_ns"].to_numpy())
+    g, s, e = union_grouped(
+        comp["step"].to_numpy(np.int64), comp["ts_ns"].to_numpy(), comp["end_ns"].to_numpy()
+    )
     busy = pd.Series(e - s, index=g).groupby(level=0).sum().rename("device_busy_ns")
     table = span.join(phases, how="left").join(busy, how="left")
     for col in _SUMS:
@@ -54,4 +63,6 @@ def step_table(slices: pd.DataFrame) -> pd.DataFrame:
     table = table.fillna(fill)
     ordered = ["step", "start_ns", "end_ns", "step_ns", *phases.columns, "device_busy_ns"]
     ordered += [c for c in table.columns if c not in ordered]
-    return table[ordered].astype({k: v for k, v in STEP_BASE_COLUMNS.items()} | {c: "int64" for c in phases.columns})
+    return table[ordered].astype(
+        {k: v for k, v in STEP_BASE_COLUMNS.items()} | {c: "int64" for c in phases.columns}
+    )

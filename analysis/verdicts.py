@@ -17,7 +17,9 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
     """Sentences a person reads before any table."""
     out: list[str] = []
     if not headline["window"]["duration_ms"]:
-        out.append("The trace has no device compute slices: overlap and bubbles cannot be measured.")
+        out.append(
+            "The trace has no device compute slices: overlap and bubbles cannot be measured."
+        )
     overlap, top = headline["overlap"], headline["top_blame"]
     blame = f"; {_pct(top['share'])} of device idle time is blamed on {top['label']}" if top else ""
     for row in headline["ineffective"]:
@@ -27,10 +29,15 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
     if not headline["ineffective"] and overlap is not None:
         out.append(f"CPU scheduling is {_pct(overlap)} hidden under device work{blame}.")
     elif overlap is None:
-        out.append("No schedule/prepare_inputs slices: overlap cannot be measured" + (blame + "." if blame else "."))
+        out.append(
+            "No schedule/prepare_inputs slices: overlap cannot be measured"
+            + (blame + "." if blame else ".")
+        )
     if headline["bubble_ratio"] is not None:
         b = headline["bubbles"]
-        out.append(f"The device idles {_pct(headline['bubble_ratio'])} of the window ({b['count']} bubbles, {b['idle_ms']:.2f} ms).")
+        out.append(
+            f"The device idles {_pct(headline['bubble_ratio'])} of the window ({b['count']} bubbles, {b['idle_ms']:.2f} ms)."
+        )
     total = headline["wait_accepted_total_us"]
     if total:
         exposed = headline["wait_accepted_exposed_us"]
@@ -41,12 +48,18 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
     for row in headline["silent_fallbacks"]:
         out.append(f"Silent fallback: {row['feature']} {row['why']}.")
     if headline["hot_syncs"]:
-        out.append(f"{headline['hot_syncs']} host-device syncs on the hot path after warm-up (defects).")
+        out.append(
+            f"{headline['hot_syncs']} host-device syncs on the hot path after warm-up (defects)."
+        )
     if headline["ttft_ms"]["count"]:
         t, p = headline["ttft_ms"], headline["tpot_ms"]
         tpot = f", TPOT p50 {p['p50']:.2f} ms" if p["count"] else ""
-        out.append(f"{t['count']} requests: TTFT p50 {t['p50']:.2f} ms / p99 {t['p99']:.2f} ms{tpot}.")
+        out.append(
+            f"{t['count']} requests: TTFT p50 {t['p50']:.2f} ms / p99 {t['p99']:.2f} ms{tpot}."
+        )
     dropped = frames.metadata.get("bytes_dropped", 0)
     if dropped:
-        out.append(f"The trace was cut off: {dropped} bytes at the end were unreadable and skipped.")
+        out.append(
+            f"The trace was cut off: {dropped} bytes at the end were unreadable and skipped."
+        )
     return out

@@ -26,7 +26,9 @@ def accepted_wait_by_step(slices: pd.DataFrame, busy: Union, idle: Union) -> pd.
         (slices["name"] == CpuSlice.WAIT_OUTPUT.value)
         & (slices["kind"] == WaitKind.ACCEPTED_COUNT.value)
     ]
-    g, s, e = union_grouped(a["step"].to_numpy(np.int64), a["ts_ns"].to_numpy(), a["end_ns"].to_numpy())
+    g, s, e = union_grouped(
+        a["step"].to_numpy(np.int64), a["ts_ns"].to_numpy(), a["end_ns"].to_numpy()
+    )
     df = pd.DataFrame(
         {
             "step": g,

@@ -42,7 +42,9 @@ def device_busy(slices: pd.DataFrame) -> Union:
     """B: the union of slices on device compute tracks (whole trace)."""
     require_columns(slices, ["role", "ts_ns", "end_ns"], "device_busy")
     compute = slices["role"].to_numpy(object) == ROLE_COMPUTE
-    return union(slices["ts_ns"].to_numpy(np.int64)[compute], slices["end_ns"].to_numpy(np.int64)[compute])
+    return union(
+        slices["ts_ns"].to_numpy(np.int64)[compute], slices["end_ns"].to_numpy(np.int64)[compute]
+    )
 
 
 def select_window(slices: pd.DataFrame, skip_steps: int = 1) -> tuple[pd.DataFrame, Window]:
@@ -64,8 +66,10 @@ def select_window(slices: pd.DataFrame, skip_steps: int = 1) -> tuple[pd.DataFra
         stepped = step >= first
         lo = int(slices["ts_ns"].to_numpy(np.int64)[stepped].min())
         hi = int(slices["end_ns"].to_numpy(np.int64)[stepped].max())
-        loose = (step < 0) & (slices["ts_ns"].to_numpy(np.int64) >= lo) & (
-            slices["end_ns"].to_numpy(np.int64) <= hi
+        loose = (
+            (step < 0)
+            & (slices["ts_ns"].to_numpy(np.int64) >= lo)
+            & (slices["end_ns"].to_numpy(np.int64) <= hi)
         )
         chosen = slices[stepped | loose]
     else:

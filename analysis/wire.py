@@ -177,7 +177,7 @@ def scan_fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> FieldT
     if not parts:
         empty_i = np.zeros(0, dtype=np.int64)
         return FieldTable(empty_i, empty_i, empty_i, np.zeros(0, np.uint64), empty_i, empty_i)
-    cols = [np.concatenate(c) for c in zip(*parts)]
+    cols = [np.concatenate(c) for c in zip(*parts, strict=False)]
     return FieldTable(*cols)
 
 

@@ -20,7 +20,7 @@ def _arr(pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def _mask(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     m = np.zeros(GRID + 1, dtype=bool)
-    for a, b in zip(s.tolist(), e.tolist()):
+    for a, b in zip(s.tolist(), e.tolist(), strict=False):
         m[a:b] = True
     return m
 
@@ -37,14 +37,18 @@ def test_union_matches_grid(pairs: list[tuple[int, int]]) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(spans, spans)
-def test_intersect_and_measure_match_grid(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> None:
+def test_intersect_and_measure_match_grid(
+    a: list[tuple[int, int]], b: list[tuple[int, int]]
+) -> None:
     a_s, a_e = _arr(a)
     u = iv.union(*_arr(b))
     ref = _mask(*u)
     inter = iv.intersect(iv.union(a_s, a_e), u)
     assert np.array_equal(_mask(*inter), _mask(a_s, a_e) & ref)
     each = iv.intersect_measure(a_s, a_e, u)
-    assert each.tolist() == [int(ref[x:y].sum()) for x, y in zip(a_s.tolist(), a_e.tolist())]
+    assert each.tolist() == [
+        int(ref[x:y].sum()) for x, y in zip(a_s.tolist(), a_e.tolist(), strict=False)
+    ]
 
 
 @settings(max_examples=200, deadline=None)
@@ -60,7 +64,9 @@ def test_complement_matches_grid(pairs: list[tuple[int, int]], lo: int, hi: int)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, GRID), st.integers(0, GRID)), max_size=15))
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, GRID), st.integers(0, GRID)), max_size=15)
+)
 def test_union_grouped_matches_per_group_union(rows: list[tuple[int, int, int]]) -> None:
     g = np.array([r[0] for r in rows], dtype=np.int64)
     s, e = _arr([(r[1], r[2]) for r in rows])
@@ -76,6 +82,8 @@ def test_union_grouped_matches_per_group_union(rows: list[tuple[int, int, int]])
 def test_assign_finds_containing_interval(pairs: list[tuple[int, int]], ts: list[int]) -> None:
     us, ue = iv.union(*_arr(pairs))
     got = iv.assign(np.array(ts, dtype=np.int64), us, ue)
-    for t, k in zip(ts, got.tolist()):
-        inside = [i for i, (a, b) in enumerate(zip(us.tolist(), ue.tolist())) if a <= t < b]
+    for t, k in zip(ts, got.tolist(), strict=False):
+        inside = [
+            i for i, (a, b) in enumerate(zip(us.tolist(), ue.tolist(), strict=False)) if a <= t < b
+        ]
         assert k == (inside[0] if inside else -1)

@@ -13,8 +13,8 @@ import pytest
 from analysis import TraceError, analyze_trace, get_profile, load_profile_file, load_trace
 from analysis.cli import analyze_main, compare_main
 from instrument.tracer import Tracer
-from tests.analysis.tracegen import write
 from tests.analysis.test_metrics import _blocked
+from tests.analysis.tracegen import write
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -23,19 +23,38 @@ def _traced_run(path: Path, steps: int = 4, async_on: bool = True) -> Path:
     threading.current_thread().name = "engine-core"
     tracer = Tracer(path)
     tracer.instant("engine_config", scope="process", model="tiny", async_scheduling=async_on)
-    tracer.instant("feature_decision", scope="process", feature="async_scheduling",
-                   requested=async_on, resolved=async_on, reason="requested")
+    tracer.instant(
+        "feature_decision",
+        scope="process",
+        feature="async_scheduling",
+        requested=async_on,
+        resolved=async_on,
+        reason="requested",
+    )
     for step in range(steps):
         with tracer.span("step", step=step):
-            with tracer.span("schedule", step=step, num_reqs=1, num_tokens=4, num_prefill=0,
-                             num_decode=1, num_spec_tokens=0):
+            with tracer.span(
+                "schedule",
+                step=step,
+                num_reqs=1,
+                num_tokens=4,
+                num_prefill=0,
+                num_decode=1,
+                num_spec_tokens=0,
+            ):
                 time.sleep(0.0005)
             with tracer.span("launch", step=step, flow_out=(1 << 32) + step):
                 start = time.monotonic_ns()
             with tracer.span("wait_output", step=step, kind="accepted_count"):
                 time.sleep(0.001)
-            tracer.slice_at("gpu:0 compute", "forward", start, start + 800_000, step=step,
-                            flow_in=(1 << 32) + step)
+            tracer.slice_at(
+                "gpu:0 compute",
+                "forward",
+                start,
+                start + 800_000,
+                step=step,
+                flow_in=(1 << 32) + step,
+            )
     tracer.close()
     return path
 
@@ -71,7 +90,10 @@ def test_truncated_file_loads_its_prefix(tmp_path: Path) -> None:
         (b"\x0a\xff\xff\xff\x7f\x01", "truncated"),
         (b"{}", "traceEvents"),
         (b'{"traceEvents": []}', "no events"),
-        (b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]}', "metadata only"),
+        (
+            b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]}',
+            "metadata only",
+        ),
         (b'{"traceEvents": [{"ph": "X", "na', "not valid JSON"),
     ],
 )
@@ -89,7 +111,9 @@ def test_metadata_only_perfetto(tmp_path: Path) -> None:
         load_trace(write(spec, tmp_path / "m.pftrace"))
 
 
-def test_missing_file_and_cli_error_exit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_file_and_cli_error_exit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert analyze_main([str(tmp_path / "nope.pftrace")]) == 2
     assert "no such trace file" in capsys.readouterr().err
 
@@ -140,7 +164,7 @@ def test_kineto_from_torch_profiler(tmp_path: Path) -> None:
     frames = load_trace(gz, "vllm")
     sl = frames.slices
     mapped = sl[sl["raw_name"].str.startswith(("core step", "gpu_model_runner"))]
-    assert dict(zip(mapped["raw_name"], mapped["name"])) == {
+    assert dict(zip(mapped["raw_name"], mapped["name"], strict=False)) == {
         "core step: schedule": "schedule",
         "gpu_model_runner: preprocess": "prepare_inputs",
         "gpu_model_runner: forward": "launch",
@@ -160,7 +184,10 @@ def test_kineto_device_events_and_waits() -> None:
     assert set(sl.loc[sl["raw_name"] == "volta_sgemm", "track"]) == {"gpu:0 compute"}
     assert set(sl.loc[sl["raw_name"].str.startswith("Memcpy"), "track"]) == {"gpu:0 copy"}
     waits = sl[sl["name"] == "wait_output"]
-    assert dict(zip(waits["raw_name"], waits["kind"])) == {"cudaStreamSynchronize": "sync", "cudaMemcpy": "d2h_copy"}
+    assert dict(zip(waits["raw_name"], waits["kind"], strict=False)) == {
+        "cudaStreamSynchronize": "sync",
+        "cudaMemcpy": "d2h_copy",
+    }
     kernel_steps = sl.loc[sl["role"] == "compute", "step"].tolist()
     assert kernel_steps == [0, 1]
     report = analyze_trace(DATA / "kineto_gpu_small.json", skip_steps=0)
@@ -169,8 +196,10 @@ def test_kineto_device_events_and_waits() -> None:
 
 def test_user_profile_file(tmp_path: Path) -> None:
     p = tmp_path / "mine.toml"
-    p.write_text('name = "mine"\n[[rules]]\npattern = "^my_sched$"\nname = "schedule"\n'
-                 '[[rules]]\npattern = "wait_acc"\nname = "wait_output"\nkind = "accepted_count"\n')
+    p.write_text(
+        'name = "mine"\n[[rules]]\npattern = "^my_sched$"\nname = "schedule"\n'
+        '[[rules]]\npattern = "wait_acc"\nname = "wait_output"\nkind = "accepted_count"\n'
+    )
     prof = load_profile_file(p)
     assert prof.map_name("my_sched") == ("schedule", "", -1)
     assert prof.map_name("x wait_acc y") == ("wait_output", "accepted_count", -1)

@@ -34,12 +34,47 @@ def _blocked() -> TraceSpec:
     ]
     t.instants += [
         (None, "engine_config", 0, {"model": "tiny", "async_scheduling": True}),
-        (None, "feature_decision", 1, {"feature": "async_scheduling", "requested": True, "resolved": True, "reason": "asked"}),
-        (None, "feature_decision", 2, {"feature": "cuda_graphs", "requested": "None", "resolved": False, "reason": "cpu device"}),
-        (None, "feature_decision", 3, {"feature": "triton", "requested": True, "resolved": False, "reason": ""}),
-        ("engine-core", "sync", 250 * S, {"op": "item", "where": "a.py:3", "stack": "", "hot": True}),
-        ("engine-core", "sync", 10 * S, {"op": "item", "where": "a.py:3", "stack": "", "hot": True}),
-        ("engine-core", "sync", 260 * S, {"op": "tolist", "where": "b.py:9", "stack": "", "hot": False}),
+        (
+            None,
+            "feature_decision",
+            1,
+            {"feature": "async_scheduling", "requested": True, "resolved": True, "reason": "asked"},
+        ),
+        (
+            None,
+            "feature_decision",
+            2,
+            {
+                "feature": "cuda_graphs",
+                "requested": "None",
+                "resolved": False,
+                "reason": "cpu device",
+            },
+        ),
+        (
+            None,
+            "feature_decision",
+            3,
+            {"feature": "triton", "requested": True, "resolved": False, "reason": ""},
+        ),
+        (
+            "engine-core",
+            "sync",
+            250 * S,
+            {"op": "item", "where": "a.py:3", "stack": "", "hot": True},
+        ),
+        (
+            "engine-core",
+            "sync",
+            10 * S,
+            {"op": "item", "where": "a.py:3", "stack": "", "hot": True},
+        ),
+        (
+            "engine-core",
+            "sync",
+            260 * S,
+            {"op": "tolist", "where": "b.py:9", "stack": "", "hot": False},
+        ),
     ]
     return t
 
@@ -50,7 +85,13 @@ def _hidden() -> TraceSpec:
     for step in range(1, 4):
         t.gpu("forward", step * 100 * S, (step + 1) * 100 * S, step=step)
         t.cpu("schedule", (step * 100 + 10) * S, (step * 100 + 40) * S, step=step)
-        t.cpu("wait_output", (step * 100 + 50) * S, (step * 100 + 90) * S, step=step, kind="accepted_count")
+        t.cpu(
+            "wait_output",
+            (step * 100 + 50) * S,
+            (step * 100 + 90) * S,
+            step=step,
+            kind="accepted_count",
+        )
     return t
 
 
@@ -115,15 +156,23 @@ def test_bubble_blame_and_decisions(tmp_path: Path) -> None:
     bubbles = report.tables["bubbles"]
     assert bubbles["blame"].tolist() == ["schedule", "wait_output(accepted_count)"]
     assert bubbles["blame_share"].tolist() == pytest.approx([0.5, 0.8])
-    blame = dict(zip(report.tables["blame"]["label"], report.tables["blame"]["idle_ns"]))
-    assert blame == {"wait_output(accepted_count)": 120 * S, "schedule": 70 * S, "(no cpu slice)": 10 * S}
+    blame = dict(
+        zip(report.tables["blame"]["label"], report.tables["blame"]["idle_ns"], strict=False)
+    )
+    assert blame == {
+        "wait_output(accepted_count)": 120 * S,
+        "schedule": 70 * S,
+        "(no cpu slice)": 10 * S,
+    }
     silent = {r["feature"]: r["why"] for r in report.headline["silent_fallbacks"]}
     assert set(silent) == {"cuda_graphs", "triton"}
     assert "no reason" in silent["triton"]
     (ineff,) = report.headline["ineffective"]
     assert ineff["feature"] == "async_scheduling"
     assert ineff["top_blocker"] == "wait_output(accepted_count)"
-    assert report.verdicts[0].startswith("async_scheduling is on but hides only 37% of CPU scheduling; 60%")
+    assert report.verdicts[0].startswith(
+        "async_scheduling is on but hides only 37% of CPU scheduling; 60%"
+    )
 
 
 def test_step_table_and_per_step_overlap(tmp_path: Path) -> None:

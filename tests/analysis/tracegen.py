@@ -29,7 +29,9 @@ class TraceSpec:
         self.slices.append(("gpu:0 compute", name, start, end, args))
 
 
-def _annotate(te: object, args: dict[str, object], interned: dict[str, int] | None, new: pb.InternedData) -> None:
+def _annotate(
+    te: object, args: dict[str, object], interned: dict[str, int] | None, new: pb.InternedData
+) -> None:
     for key, value in args.items():
         ann = te.debug_annotations.add()  # type: ignore[attr-defined]
         if interned is not None:
