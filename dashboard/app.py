@@ -15,17 +15,17 @@ from dashboard.store import TraceRef, TraceStore
 
 __all__ = ["create_app", "TRACE_ROUTE"]
 
-TRACE_ROUTE = "/stepscope/trace/<source>/<path:name>"
+TRACE_ROUTE = "/stepscope/trace/<path:ref_id>"
 _ASSETS = Path(__file__).parent / "assets"
 # Uploads arrive base64-encoded inside a JSON callback body: 4/3 of the file plus framing.
 _UPLOAD_OVERHEAD = 4 / 3
 _BODY_SLACK = 1 << 20
 
 
-def _serve_trace(store: TraceStore, source: str, name: str) -> Response:
+def _serve_trace(store: TraceStore, ref_id: str) -> Response:
     """The raw bytes of a trace inside its root; 404 for anything else (never says why)."""
     try:
-        path = store.resolve(TraceRef(source, name))
+        path = store.resolve(TraceRef.parse(ref_id))
     except UnsafePathError:
         abort(404)
     download = request.args.get("download") == "1"
@@ -61,7 +61,7 @@ def create_app(config: DashboardConfig, store: TraceStore | None = None) -> Dash
     app.layout = build_layout(config)
     register_callbacks(app, store, config)
     app.server.add_url_rule(
-        TRACE_ROUTE, "stepscope_trace", lambda source, name: _serve_trace(store, source, name)
+        TRACE_ROUTE, "stepscope_trace", lambda ref_id: _serve_trace(store, ref_id)
     )
     app.server.extensions["stepscope_store"] = store
     return app

@@ -67,12 +67,13 @@ def decimate_minmax(
     if n <= max_points:
         return x, y
     buckets = max(max_points // 2, 1)
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    yy = np.where(np.isnan(y), np.inf, y)
-    lo_idx = np.array([s + int(np.argmin(yy[s:e])) for s, e in zip(edges[:-1], edges[1:]) if e > s])
-    yy = np.where(np.isnan(y), -np.inf, y)
-    hi_idx = np.array([s + int(np.argmax(yy[s:e])) for s, e in zip(edges[:-1], edges[1:]) if e > s])
-    keep = np.unique(np.concatenate([lo_idx, hi_idx]))
+    bucket = (np.arange(n, dtype=np.int64) * buckets) // n
+    first = np.ones(n, dtype=bool)
+    first[1:] = bucket[1:] != bucket[:-1]
+    last = np.roll(first, -1)
+    by_min = np.lexsort((np.where(np.isnan(y), np.inf, y), bucket))
+    by_max = np.lexsort((np.where(np.isnan(y), -np.inf, y), bucket))
+    keep = np.unique(np.concatenate([by_min[first], by_max[last]]))
     return x[keep], y[keep]
 
 

@@ -47,51 +47,46 @@ class TimelineView:
 
 
 def _bar_traces(lanes: list[Lane], view: TimelineView) -> list[go.Bar]:
-    """One bar trace per colour key (slice name or blame), across the lanes."""
+    """One bar trace per colour key (slice name; blame label on the idle lane), across lanes."""
     t0 = view.index.t0_ns
-    parts: dict[str, list[tuple[str, np.ndarray, Lane]]] = {}
+    parts: dict[tuple[bool, str], list[tuple[str, np.ndarray, Lane]]] = {}
     for lane in lanes:
         idx = lane.visible(view.lo_ns, view.hi_ns)
         keys = lane.names[idx]
         for key in dict.fromkeys(keys.tolist()):
-            parts.setdefault(str(key), []).append((lane.label, idx[keys == key], lane))
-    traces = []
-    for key, pieces in parts.items():
-        y = np.concatenate([np.full(i.size, label, dtype=object) for label, i, _ in pieces])
-        start = np.concatenate([lane.start_ns[i] for _, i, lane in pieces])
-        end = np.concatenate([lane.end_ns[i] for _, i, lane in pieces])
-        step = np.concatenate([lane.steps[i] for _, i, lane in pieces])
-        idle = pieces[0][2].group == "idle"
-        dur_us = (end - start) / 1e3
-        traces.append(
-            go.Bar(
-                orientation="h",
-                y=y,
-                base=ns_to_ms(start, t0),
-                x=(end - start) / 1e6,
-                name=f"idle: {key}" if idle else key,
-                legendgroup="idle" if idle else key,
-                marker={
-                    "color": color_for(key),
-                    "line": {"width": 1.5 if idle else 0, "color": IDLE},
-                },
-                opacity=0.85 if idle else 1.0,
-                customdata=np.stack([step, dur_us, ns_to_ms(start, t0)], axis=1),
-                text=[key] * y.size if idle else None,
-                textposition="inside" if idle else "none",
-                insidetextanchor="middle",
-                textfont={"color": "#ffffff", "size": 10},
-                hovertemplate=(
-                    (
-                        "<b>bubble</b> blamed on %{fullData.name}"
-                        if idle
-                        else "<b>%{fullData.name}</b> step %{customdata[0]}"
-                    )
-                    + "<br>%{customdata[1]:,.1f} µs at %{customdata[2]:,.3f} ms<extra>%{y}</extra>"
-                ),
+            parts.setdefault((lane.group == "idle", str(key)), []).append(
+                (lane.label, idx[keys == key], lane)
             )
-        )
-    return traces
+    return [_bars(idle, key, pieces, t0) for (idle, key), pieces in parts.items()]
+
+
+def _bars(idle: bool, key: str, pieces: list[tuple[str, np.ndarray, Lane]], t0: int) -> go.Bar:
+    y = np.concatenate([np.full(i.size, label, dtype=object) for label, i, _ in pieces])
+    start = np.concatenate([lane.start_ns[i] for _, i, lane in pieces])
+    end = np.concatenate([lane.end_ns[i] for _, i, lane in pieces])
+    step = np.concatenate([lane.steps[i] for _, i, lane in pieces])
+    what = (
+        "<b>bubble</b> blamed on %{text}"
+        if idle
+        else "<b>%{fullData.name}</b> step %{customdata[0]}"
+    )
+    return go.Bar(
+        orientation="h",
+        y=y,
+        base=ns_to_ms(start, t0),
+        x=(end - start) / 1e6,
+        name=f"idle: {key}" if idle else key,
+        legendgroup="idle" if idle else key,
+        marker={"color": color_for(key), "line": {"width": 1.5 if idle else 0, "color": IDLE}},
+        opacity=0.85 if idle else 1.0,
+        customdata=np.stack([step, (end - start) / 1e3, ns_to_ms(start, t0)], axis=1),
+        text=[key] * y.size if idle else None,
+        textposition="inside" if idle else "none",
+        insidetextanchor="middle",
+        textfont={"color": "#ffffff", "size": 10},
+        hovertemplate=what
+        + "<br>%{customdata[1]:,.1f} µs at %{customdata[2]:,.3f} ms<extra>%{y}</extra>",
+    )
 
 
 def _bubble_shading(idle: Lane | None, view: TimelineView) -> list[dict[str, Any]]:

@@ -1,0 +1,158 @@
+"""Fixtures: a directory of real traces, the app served in-process, headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.dashboard.trace_factory import TraceRecipe, write_engine_trace
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"
+UPLOAD_CAP_MB = 0.25
+BIG_STEPS = 3000
+
+
+@dataclass(frozen=True)
+class TraceSet:
+    root: Path
+    sync: Path
+    async_: Path
+    other_model: Path
+    big: Path
+    outside: Path  # a file outside root, reachable only through the escaping symlink
+
+
+@pytest.fixture(scope="session")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
+    base = tmp_path_factory.mktemp("dashboard")
+    root = base / "traces"
+    (root / "nested").mkdir(parents=True)
+    outside = base / "secret.pftrace"
+    outside.write_bytes(b"not for the browser")
+    os.symlink(outside, root / "escape.pftrace")
+    return TraceSet(
+        root=root,
+        sync=write_engine_trace(root / "sync.pftrace", TraceRecipe(num_steps=40)),
+        async_=write_engine_trace(
+            root / "async.pftrace", TraceRecipe(num_steps=40, async_scheduling=True)
+        ),
+        other_model=write_engine_trace(
+            root / "nested" / "other_model.pftrace",
+            TraceRecipe(num_steps=40, async_scheduling=True, model="other-llama"),
+        ),
+        big=write_engine_trace(
+            root / "big.pftrace", TraceRecipe(num_steps=BIG_STEPS, async_scheduling=True)
+        ),
+        outside=outside,
+    )
+
+
+class Server:
+    """The dashboard's WSGI app on an OS-chosen port, in a thread of this process."""
+
+    def __init__(self, wsgi_app: object) -> None:
+        from werkzeug.serving import make_server
+
+        self._server = make_server("127.0.0.1", 0, wsgi_app, threaded=True)
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="test-http", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._thread.join(timeout=10)
+
+
+PERFETTO_STUB = """<!doctype html><title>perfetto stub</title><body>stub</body><script>
+window.pings = 0; window.received = null;
+window.addEventListener('message', function (e) {
+  if (e.data === 'PING') {
+    window.pings += 1;
+    if (window.pings >= 3) e.source.postMessage('PONG', e.origin);  // answer only after a few
+    return;
+  }
+  if (e.data && e.data.perfetto) {
+    var bytes = new Uint8Array(e.data.perfetto.buffer), s = '';
+    for (var i = 0; i < bytes.length; i += 8192) s += String.fromCharCode.apply(null, bytes.subarray(i, i + 8192));
+    window.received = {b64: btoa(s), title: e.data.perfetto.title, fileName: e.data.perfetto.fileName,
+                       origin: e.origin, pings: window.pings};
+  }
+});
+</script>"""
+
+
+@pytest.fixture(scope="session")
+def perfetto_stub() -> Iterator[Server]:
+    """A page on another origin that speaks the Perfetto UI's side of the handshake."""
+
+    def app(environ: dict, start_response: object) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])  # type: ignore[operator]
+        return [PERFETTO_STUB.encode()]
+
+    server = Server(app)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def dashboard(traces: TraceSet, perfetto_stub: Server) -> Iterator[Server]:
+    from dashboard.app import create_app
+    from dashboard.config import DashboardConfig
+
+    config = DashboardConfig(
+        traces_dir=traces.root,
+        port=0,
+        max_upload_mb=UPLOAD_CAP_MB,
+        perfetto_url=perfetto_stub.url + "/",
+    )
+    server = Server(create_app(config).server)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (scripts/setup.sh does)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: object, dashboard: Server) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})  # type: ignore[attr-defined]
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(dashboard.url + "/")
+    page.wait_for_selector("#trace-picker")
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def screenshot(page: object, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+    return path
