@@ -197,7 +197,21 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         raise ConfigError(f"device={config.device!r} but torch sees no CUDA device")
     on_cuda = config.is_cuda
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    triton_ok = _triton_importable() and (on_cuda or interpret)
+    if not _triton_importable():
+        triton_why = "triton is not installed"
+    else:
+        triton_why = "CPU device: Triton runs only under TRITON_INTERPRET=1; torch kernels used"
+    # Auto picks Triton on CUDA only; on the CPU the interpreter is for tests, asked explicitly.
+    triton_possible = _triton_importable() and (on_cuda or interpret)
+    triton_decision = _decide(
+        "triton_kernels",
+        config.triton_kernels,
+        triton_possible,
+        triton_why,
+        "Triton kernels for attention, input prep and sampling",
+    )
+    if config.triton_kernels is None and not on_cuda and triton_decision.resolved:
+        triton_decision = FeatureDecision("triton_kernels", None, False, f"auto: off, {triton_why}")
     decisions = [
         _decide(
             "async_scheduling",
@@ -214,15 +228,7 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
             "no CUDA device (graphs capture CUDA work only)",
             "decode batches padded to capture sizes replay CUDA graphs",
         ),
-        _decide(
-            "triton_kernels",
-            config.triton_kernels,
-            triton_ok,
-            "triton is not installed"
-            if not _triton_importable()
-            else "CPU device: Triton runs only under TRITON_INTERPRET=1; torch kernels used",
-            "Triton kernels for attention, input prep and sampling",
-        ),
+        triton_decision,
         _decide(
             "pinned_memory",
             config.pinned_memory,

@@ -38,13 +38,16 @@ def write_kv_torch(
     k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
     v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
     valid = slot_mapping >= 0  # [T]
-    anchor = torch.argmax(valid.to(torch.int8))  # first valid row, 0 if none
-    anchor_valid = valid[anchor]
-    anchor_slot = slot_mapping[anchor].clamp(min=0)
+    # Index with a [1] tensor, never a 0-dim one: a 0-dim tensor index is read on the host.
+    anchor = torch.argmax(valid.to(torch.int8)).view(1)  # [1] first valid row, 0 if none
+    anchor_valid = valid.index_select(0, anchor).view(1, 1, 1)
+    anchor_slot = slot_mapping.index_select(0, anchor).clamp(min=0)  # [1]
     slots = torch.where(valid, slot_mapping, anchor_slot)  # [T]
     keep = valid[:, None, None]
     for src, dst in ((k, k_flat), (v, v_flat)):
-        anchor_value = torch.where(anchor_valid, src[anchor], dst[anchor_slot])  # [Hkv, D]
+        anchor_value = torch.where(  # [1, Hkv, D]
+            anchor_valid, src.index_select(0, anchor), dst.index_select(0, anchor_slot)
+        )
         values = torch.where(keep, src, anchor_value.to(src.dtype))
         dst.index_copy_(0, slots, values.to(dst.dtype))
 

@@ -1,0 +1,21 @@
+"""Suite-wide setup: Triton kernels run in its interpreter when there is no CUDA device.
+
+Triton decides between interpreting and compiling when its kernels are defined, so the variable
+must be set before any test module imports a kernel file.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
