@@ -23,7 +23,8 @@ def silent_fallbacks(decisions: pd.DataFrame) -> pd.DataFrame:
     """Decisions that turned a feature off without the user choosing it.
 
     * requested True, resolved False, no reason (should have been a start-up error);
-    * requested None (auto), resolved False: the user never saw why.
+    * requested None (auto), resolved False, and the producer did not mark the reason as shown
+      to the user (``shown``): the user never saw why.
     Columns: DECISION_COLUMNS plus ``why`` (one sentence).
     """
     require_columns(decisions, DECISION_COLUMNS, "silent_fallbacks")
@@ -31,7 +32,8 @@ def silent_fallbacks(decisions: pd.DataFrame) -> pd.DataFrame:
     off = ~decisions["resolved"].to_numpy(bool)
     no_reason = decisions["reason"].fillna("").astype(str).str.strip().to_numpy(object) == ""
     explicit = np.array([r is True for r in req], dtype=bool) & off & no_reason
-    auto = np.array([r is None for r in req], dtype=bool) & off
+    unseen = ~decisions["shown"].to_numpy(bool)
+    auto = np.array([r is None for r in req], dtype=bool) & off & unseen
     out = decisions[explicit | auto].copy()
     out["why"] = np.where(
         explicit[explicit | auto],

@@ -87,6 +87,9 @@ def decisions_from_instants(instants: pd.DataFrame) -> pd.DataFrame:
                 [bool(parse_requested(v)) for v in col(Arg.RESOLVED.value, False)], dtype=bool
             ),
             "reason": col(Arg.REASON.value, "").astype(str).to_numpy(object),
+            "shown": np.array(
+                [bool(parse_requested(v)) for v in col(Arg.SHOWN.value, False)], dtype=bool
+            ),
             "ts_ns": rows["ts_ns"].to_numpy(np.int64),
         }
     ).reset_index(drop=True)

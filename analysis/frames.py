@@ -105,6 +105,7 @@ DECISION_COLUMNS: dict[str, str] = {
     "requested": "object",
     "resolved": "bool",
     "reason": "object",
+    "shown": "bool",  # the producer showed the reason to the user (schema Arg.SHOWN)
     "ts_ns": "int64",
 }
 SYNC_COLUMNS: dict[str, str] = {

@@ -10,6 +10,7 @@ Every CPU phase is a slice of DESIGN.md §3 on the ``engine-core`` thread; the r
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 
@@ -24,12 +25,21 @@ from engine.scheduler.async_scheduler import AsyncScheduler
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.scheduler.request_output import RequestOutput, StopStringChecker
 from engine.scheduler.scheduler import Scheduler
-from instrument.schema import ENGINE_THREAD, Arg, Counter, CpuSlice, Instant, WaitKind
+from instrument.schema import (
+    ENGINE_THREAD,
+    REQUESTED_AUTO,
+    Arg,
+    Counter,
+    CpuSlice,
+    Instant,
+    WaitKind,
+)
 from instrument.tracer import Tracer, get_tracer
 
 __all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
 
 BATCH_QUEUE_DEPTH = 2
+_log = logging.getLogger("stepscope.engine")
 
 
 class EngineCore:
@@ -196,11 +206,14 @@ class EngineCore:
                 scope="process",
                 **{
                     Arg.FEATURE.value: d.feature,
-                    Arg.REQUESTED.value: "auto" if d.requested is None else d.requested,
+                    Arg.REQUESTED.value: REQUESTED_AUTO if d.requested is None else d.requested,
                     Arg.RESOLVED.value: d.resolved,
                     Arg.REASON.value: d.reason,
+                    Arg.SHOWN.value: True,
                 },
             )
+            _log.info("feature %s: requested=%s resolved=%s (%s)", d.feature,
+                      REQUESTED_AUTO if d.requested is None else d.requested, d.resolved, d.reason)
 
     def drain(self) -> list[RequestOutput]:
         """Wait for and apply every queued step (end of a run)."""

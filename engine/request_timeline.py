@@ -99,7 +99,12 @@ class RequestTimeline:
             return
         self.tracer.slice_at(track, RequestSlice.PREFILL.value, scheduled, t.first_token_ns, **args)
         self.tracer.slice_at(
-            track, RequestSlice.DECODE.value, t.first_token_ns, t.finished_ns, **args
+            track,
+            RequestSlice.DECODE.value,
+            t.first_token_ns,
+            t.finished_ns,
+            **args,
+            **{Arg.NUM_OUTPUT_TOKENS.value: t.num_output_tokens},
         )
 
     def summary(self) -> LatencySummary:

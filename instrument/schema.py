@@ -26,6 +26,7 @@ __all__ = [
     "PROCESS_NAME",
     "ENGINE_THREAD",
     "FLOW_ID_BASE",
+    "REQUESTED_AUTO",
     "CpuSlice",
     "DeviceSlice",
     "CopySlice",
@@ -51,6 +52,8 @@ PROCESS_NAME = "stepscope"
 ENGINE_THREAD = "engine-core"
 # Flow ids share one 64-bit space per trace; steps sit above this base so user flows stay apart.
 FLOW_ID_BASE = 1 << 32
+# How a feature_decision writes ``requested=None`` (auto).
+REQUESTED_AUTO = "auto"
 
 
 class CpuSlice(str, Enum):
@@ -139,6 +142,9 @@ class Arg(str, Enum):
     REQUESTED = "requested"
     RESOLVED = "resolved"
     REASON = "reason"
+    # feature_decision: True when the engine showed the reason to the user (logged at start-up and
+    # printed in the run summary). An auto decision that resolved off unseen is a silent fallback.
+    SHOWN = "shown"
     REQUEST_ID = "request_id"
     NUM_OUTPUT_TOKENS = "num_output_tokens"  # on a request's decode slice (TPOT's denominator)
     NUM_PROMPT_TOKENS = "num_prompt_tokens"  # on a request's prefill slice

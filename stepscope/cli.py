@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         print(f"stepscope {name}: not available yet in this build", file=sys.stderr)
         return 2
-    return int(func(rest) or 0)
+    try:
+        return int(func(rest) or 0)
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

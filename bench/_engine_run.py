@@ -1,0 +1,71 @@
+"""Shared by the engine benchmarks: run a fixed-shape workload on EngineCore with a trace."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis import analyze_trace
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from engine.workload import WorkloadRequest
+from instrument.tracer import Tracer
+
+
+@dataclass
+class RunResult:
+    trace: str
+    elapsed_s: float
+    num_output_tokens: int
+    steps: pd.DataFrame  # analysis step table
+    headline: dict
+    model: object
+
+
+def decode_workload(batch: int, prompt_len: int, output_len: int, vocab: int) -> list[WorkloadRequest]:
+    """``batch`` requests arriving together: a prompt of ``prompt_len`` ids, ``output_len`` tokens."""
+    return [
+        WorkloadRequest(
+            f"b{i}",
+            None,
+            tuple((7 * i + 13 * j) % (vocab - 2) + 2 for j in range(prompt_len)),
+            SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True),
+        )
+        for i in range(batch)
+    ]
+
+
+def run_engine(
+    workload: list[WorkloadRequest], trace_dir: str | None = None, tag: str = "run", **engine_kwargs
+) -> RunResult:
+    trace_dir = trace_dir or tempfile.mkdtemp(prefix="stepscope-bench-")
+    path = os.path.join(trace_dir, f"{tag}.pftrace")
+    tracer = Tracer(path)
+    llm = LLM(tracer=tracer, trace_requests=False, **engine_kwargs)
+    llm.run_workload(workload[:2])  # warm-up: kernels compiled, graphs replayed once
+    start = time.monotonic()
+    outs = llm.run_workload(workload)
+    elapsed = time.monotonic() - start
+    llm.close()
+    tracer.close()
+    report = analyze_trace(path)
+    return RunResult(
+        path,
+        elapsed,
+        sum(len(o.output_token_ids) for o in outs),
+        report.tables["steps"],
+        report.headline,
+        llm.engine.model,
+    )
+
+
+def decode_steps(steps: pd.DataFrame, batch: int) -> pd.DataFrame:
+    """Steady decode steps: exactly ``batch`` requests, one token each."""
+    s = steps
+    if "num_tokens" in s.columns and "num_reqs" in s.columns:
+        s = s[(s["num_reqs"] == batch) & (s["num_tokens"] == batch)]
+    return s.iloc[2:-2] if len(s) > 8 else s
