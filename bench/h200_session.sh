@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
+# Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode async
+set -uo pipefail
+OUT=${OUT:-out/h200}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+stages=${*:-tests instrument decode async}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+for stage in $stages; do
+  echo "=== $stage"
+  case $stage in
+    tests) timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    instrument) timeout 120 python3 bench/bench_gpu_instrument.py --steps 1000 --json "$OUT/gpu_instrument.json" 2>&1 | tee "$OUT/gpu_instrument.log" ;;
+    decode) timeout 200 python3 bench/bench_decode.py --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | tail -8 ;;
+    async) timeout 240 python3 bench/bench_async.py --json "$OUT/async.json" 2>&1 | tee "$OUT/async.log" | tail -10 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
