@@ -11,12 +11,13 @@ Every CPU phase is a slice of DESIGN.md §3 on the ``engine-core`` thread; the r
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 
 from engine.config import EngineConfig, ResolvedFeatures, resolve_features
 from engine.device import Device
-from engine.engine_parts import build_device, build_model, scheduler_config_for
+from engine.engine_parts import DTYPES, build_device, build_model, scheduler_config_for
 from engine.request import Request
 from engine.request_timeline import RequestTimeline
 from engine.runner.async_output import AsyncOutput
@@ -25,6 +26,7 @@ from engine.scheduler.async_scheduler import AsyncScheduler
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.scheduler.request_output import RequestOutput, StopStringChecker
 from engine.scheduler.scheduler import Scheduler
+from engine.spec.proposer import Proposer, create_proposer
 from instrument.schema import (
     ENGINE_THREAD,
     REQUESTED_AUTO,
@@ -70,6 +72,9 @@ class EngineCore:
         self.max_model_len = sched_config.max_model_len
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
         self.scheduler: Scheduler = scheduler_cls(sched_config, stop_string_checker)
+        self.proposer = self._build_proposer()
+        # The older way: the CPU waits for step N's accepted counts before preparing N+1.
+        self.sync_accepted = self.proposer is not None and config.spec_sync_accepted
         self.runner = ModelRunner(
             self.model,
             self.device,
@@ -84,10 +89,32 @@ class EngineCore:
                 cuda_graphs=self.features.cuda_graphs,
             ),
             self.tracer,
+            proposer=self.proposer,
         )
         self.requests = RequestTimeline(self.tracer, write_tracks=trace_requests)
         self._queue: deque[tuple[SchedulerOutput, AsyncOutput]] = deque()
         self._record_start()
+
+    def _build_proposer(self) -> Proposer | None:
+        """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None."""
+        method, config = self.features.spec_method, self.config
+        if method is None:
+            return None
+        spec_model = config.spec_model
+        if method == "mtp" and spec_model is None and config.model is not None:
+            spec_model = os.path.join(config.model, "mtp")
+        return create_proposer(
+            method,
+            target=self.model,
+            spec_model=spec_model,
+            num_spec_tokens=config.num_spec_tokens,
+            num_blocks=config.num_kv_blocks,
+            block_size=config.block_size,
+            max_num_reqs=config.max_num_seqs,
+            dtype=DTYPES[config.dtype],
+            device=self.device.torch_device,
+            use_triton=self.features.triton_kernels,
+        )
 
     # ---- requests -------------------------------------------------------------------------
     @property
@@ -120,6 +147,8 @@ class EngineCore:
 
     def step_with_batch_queue(self) -> list[RequestOutput]:
         """Async: launch step N+1 before waiting on step N (queue depth 2)."""
+        if self.sync_accepted:
+            return self._step_after_accepted_counts()
         scheduled = False
         if len(self._queue) < BATCH_QUEUE_DEPTH and self.scheduler.has_unfinished_requests():
             so = self._schedule()
@@ -130,6 +159,19 @@ class EngineCore:
             return []
         so, handle = self._queue.popleft()
         return self._update(so, self._wait(so, handle))
+
+    def _step_after_accepted_counts(self) -> list[RequestOutput]:
+        """``--spec-sync-accepted``: wait for step N's accepted counts, update, only then
+        schedule and launch N+1 (the device idles meanwhile: the exposed wait to measure)."""
+        outputs: list[RequestOutput] = []
+        if self._queue:
+            so, handle = self._queue.popleft()
+            outputs = self._update(so, self._wait(so, handle))
+        if self.scheduler.has_unfinished_requests():
+            next_so = self._schedule()
+            if next_so is not None:
+                self._queue.append((next_so, self.runner.execute_model(next_so)))
+        return outputs
 
     def run_step(self) -> list[RequestOutput]:
         """One iteration of whichever loop the resolved features chose."""
@@ -159,7 +201,7 @@ class EngineCore:
         return so
 
     def _wait(self, so: SchedulerOutput, handle: AsyncOutput) -> ModelRunnerOutput:
-        kind = WaitKind.SAMPLED.value
+        kind = (WaitKind.ACCEPTED_COUNT if self.sync_accepted else WaitKind.SAMPLED).value
         with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind):
             return handle.get()
 
@@ -212,8 +254,13 @@ class EngineCore:
                     Arg.SHOWN.value: True,
                 },
             )
-            _log.info("feature %s: requested=%s resolved=%s (%s)", d.feature,
-                      REQUESTED_AUTO if d.requested is None else d.requested, d.resolved, d.reason)
+            _log.info(
+                "feature %s: requested=%s resolved=%s (%s)",
+                d.feature,
+                REQUESTED_AUTO if d.requested is None else d.requested,
+                d.resolved,
+                d.reason,
+            )
 
     def drain(self) -> list[RequestOutput]:
         """Wait for and apply every queued step (end of a run)."""

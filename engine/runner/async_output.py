@@ -18,6 +18,7 @@ class HostOutputBuffers:
     """Host tensors (pinned on CUDA) the d2h copy of one step writes into."""
 
     sampled: torch.Tensor  # [num_logits] int64
+    num_accepted: torch.Tensor | None  # [num_reqs] int64, speculative decoding only
     logprob_token_ids: torch.Tensor | None  # [num_logits, k + 1] int64
     logprobs: torch.Tensor | None  # [num_logits, k + 1] f32
 
@@ -61,29 +62,37 @@ class AsyncOutput:
         if batch is None or host is None:
             return ModelRunnerOutput(step=self.step, req_ids=[], sampled_token_ids=[])
         sampled = host.sampled.numpy()
+        accepted = [n - 1 for n in batch.num_logits_per_req]
+        if host.num_accepted is not None:
+            accepted = [int(a) for a in host.num_accepted.numpy()]
         tokens: list[list[int]] = []
         start = 0
-        for n, returns in zip(batch.num_logits_per_req, batch.returns_tokens, strict=True):
-            tokens.append([int(t) for t in sampled[start : start + n]] if returns else [])
+        for n, a, returns in zip(
+            batch.num_logits_per_req, accepted, batch.returns_tokens, strict=True
+        ):
+            tokens.append([int(t) for t in sampled[start : start + a + 1]] if returns else [])
             start += n
         return ModelRunnerOutput(
             step=self.step,
             req_ids=list(batch.req_ids),
             sampled_token_ids=tokens,
-            logprobs=self._logprobs(batch, host),
+            num_accepted=[
+                a if r else 0 for a, r in zip(accepted, batch.returns_tokens, strict=True)
+            ],
+            logprobs=self._logprobs(batch, host, tokens),
         )
 
     @staticmethod
     def _logprobs(
-        batch: InputBatch, host: HostOutputBuffers
+        batch: InputBatch, host: HostOutputBuffers, tokens: list[list[int]]
     ) -> list[list[list[tuple[int, float]]]] | None:
         if host.logprob_token_ids is None or host.logprobs is None:
             return None
         ids, values = host.logprob_token_ids.numpy(), host.logprobs.numpy()
         out: list[list[list[tuple[int, float]]]] = []
         start = 0
-        for n, returns in zip(batch.num_logits_per_req, batch.returns_tokens, strict=True):
-            rows = range(start, start + n) if returns else range(0)
+        for n, emitted in zip(batch.num_logits_per_req, tokens, strict=True):
+            rows = range(start, start + len(emitted))
             out.append(
                 [[(int(i), float(v)) for i, v in zip(ids[r], values[r], strict=True)] for r in rows]
             )

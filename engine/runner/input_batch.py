@@ -5,10 +5,12 @@ packed int32 array travels to the device in one staged copy and the input-prep k
 
 Packed layout (int32), offsets in :class:`InputBatch`:
 ``idx_mapping [num_padded_reqs] | query_start_loc [num_padded_reqs + 1] |
-cu_num_logits [num_reqs + 1] | logit_rows [num_logits] | commit_rows [num_logits]``.
+cu_num_logits [num_reqs + 1] | logit_rows [num_logits] | commit_rows [num_logits] |
+num_blocks [num_reqs]``.
 ``logit_rows[j]`` is the state row that logits row ``j`` samples for; ``commit_rows[j]`` is the
 same row when the sampled token is real, and the trash row when it is discarded (a chunk that
-ends before the prompt does).
+ends before the prompt does). ``num_blocks[b]`` is how many KV blocks request ``b`` holds once
+this step's block-table diffs are applied (proposers keep their chain KV inside them).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class InputBatch:
     all_greedy: bool
     no_top_k_top_p_min_p: bool
     max_num_logprobs: int | None
+    num_drafts: int = 0  # speculative tokens verified this step, all requests together
+    max_logits_per_req: int = 1
 
     @property
     def offsets(self) -> dict[str, tuple[int, int]]:
@@ -56,6 +60,7 @@ class InputBatch:
             ("cu_num_logits", b + 1),
             ("logit_rows", n),
             ("commit_rows", n),
+            ("num_blocks", b),
         ]
         out, start = {}, 0
         for name, size in sizes:
@@ -66,7 +71,7 @@ class InputBatch:
 
 def packed_capacity(max_num_reqs: int, max_num_tokens: int) -> int:
     """Upper bound of the packed array length (logits rows are bounded by tokens)."""
-    return 3 * (max_num_reqs + 1) + 2 * max_num_tokens
+    return 4 * (max_num_reqs + 1) + 2 * max_num_tokens
 
 
 # stepscope: hot
@@ -114,11 +119,14 @@ def build_input_batch(
             p is not None and p.top_k <= 0 and p.top_p == 1.0 and p.min_p == 0.0 for p in params
         ),
         max_num_logprobs=max(wanted) if wanted else None,
+        num_drafts=sum(num_logits) - b,
+        max_logits_per_req=max(num_logits, default=1),
     )
-    return batch, _pack(batch, states.trash_row)
+    num_blocks = [int(states.num_blocks_cpu[r]) for r in rows]
+    return batch, _pack(batch, states.trash_row, num_blocks)
 
 
-def _pack(batch: InputBatch, trash_row: int) -> np.ndarray:
+def _pack(batch: InputBatch, trash_row: int, num_blocks: list[int]) -> np.ndarray:
     b, bp = batch.num_reqs, batch.num_padded_reqs
     pad = bp - b
     idx_mapping = np.array(batch.rows + [trash_row] * pad, np.int32)
@@ -130,4 +138,7 @@ def _pack(batch: InputBatch, trash_row: int) -> np.ndarray:
         r if ok else trash_row for r, ok in zip(batch.rows, batch.returns_tokens, strict=True)
     ]
     commit_rows = np.repeat(np.array(commit, np.int32), batch.num_logits_per_req)
-    return np.concatenate([idx_mapping, qsl, cu_logits, logit_rows, commit_rows]).astype(np.int32)
+    blocks = np.array(num_blocks, np.int32)
+    return np.concatenate([idx_mapping, qsl, cu_logits, logit_rows, commit_rows, blocks]).astype(
+        np.int32
+    )

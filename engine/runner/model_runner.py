@@ -11,6 +11,9 @@ diffs, the packed batch) and then, under ``launch``, enqueues in stream order:
 
 The sampled token is committed to ``last_sampled`` on the device, where step N+1's input prep
 reads it; the host only learns it from the d2h copy, in :meth:`AsyncOutput.get`.
+
+With a proposer (speculative decoding) the compute stream runs ``verify`` instead of ``sample``
+when the step has drafts, then ``draft``: see :mod:`engine.runner.spec_decode`.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from engine.runner.async_output import AsyncOutput, HostOutputBuffers
 from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
 from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metadata
+from engine.runner.spec_decode import SpecDecoder, StepTensors
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 from engine.sample.sampler import Sampler
 from engine.scheduler.outputs import SchedulerOutput
+from engine.spec.proposer import Proposer
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
@@ -74,7 +79,12 @@ class ModelRunner:
     """Owns the device state of one model: KV caches, state table, step buffers, graphs."""
 
     def __init__(
-        self, model: Any, device: Device, config: RunnerConfig, tracer: Tracer | None = None
+        self,
+        model: Any,
+        device: Device,
+        config: RunnerConfig,
+        tracer: Tracer | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.model = model
         self.device = device
@@ -91,10 +101,16 @@ class ModelRunner:
             vocab_size=self.vocab_size,
             seed=config.seed,
             use_triton=config.use_triton,
+            device_owns_frontier=proposer is not None,
         )
         cap = packed_capacity(config.max_num_reqs, config.max_num_tokens)
         self.step_inputs = StagedWriteTensor(device, (1, cap), torch.int32, initial_max_values=cap)
         self.sampler = Sampler(use_triton=config.use_triton)
+        self.spec = (
+            None
+            if proposer is None
+            else SpecDecoder(proposer, self.states, self.sampler, config.use_triton)
+        )
         self._alloc_buffers()
         self.graphs = CudaGraphRunner(
             resolve_cuda_graphs(config.cuda_graphs, device),
@@ -136,8 +152,8 @@ class ModelRunner:
         """Enqueue step ``out.step`` and return at once; ``.get()`` on the result waits for it."""
         self.timeline.poll()
         with self.tracer.span(CpuSlice.PREPARE_INPUTS.value, step=out.step):
-            if out.scheduled_spec_decode_tokens:
-                raise NotImplementedError("speculative verify is not wired into the runner yet")
+            if out.scheduled_spec_decode_tokens and self.spec is None:
+                raise ValueError("the scheduler sent drafts but this runner has no proposer")
             self.states.remove(out.finished_req_ids)
             for new in out.scheduled_new_reqs:
                 self.states.add(new)
@@ -168,17 +184,69 @@ class ModelRunner:
             dev.submit(compute, lambda: self._prepare(batch))
         with tl.stage(DeviceSlice.FORWARD.value, step=step, stream=compute):
             dev.submit(compute, lambda: box.update(hidden=self._forward(batch)))
-        with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
-            dev.submit(compute, lambda: box.update(out=self._sample(batch, box.pop("hidden"))))
+        if self.spec is None:
+            with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
+                dev.submit(compute, lambda: box.update(out=self._sample(batch, box.pop("hidden"))))
+        else:
+            self._enqueue_verify(batch, box)
         sampled_ready = dev.new_event()
         sampled_ready.record(compute)
+        if self.spec is not None:  # the output copy overlaps the draft chain
+            self._enqueue_draft(batch, box)
         dev.wait_event(d2h, sampled_ready)
         host = self._host_buffers(batch)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
-            dev.submit(d2h, lambda: self._copy_out(box.pop("out"), host))
+            dev.submit(d2h, lambda: self._copy_out(box["out"], box.get("num_accepted"), host))
         ready = dev.new_event()
         ready.record(d2h)
         return AsyncOutput(batch, step, host, ready)
+
+    # stepscope: hot
+    def _enqueue_verify(self, batch: InputBatch, box: dict[str, Any]) -> None:
+        """``verify`` (``sample`` when no request has drafts): tokens + accepted counts."""
+        assert self.spec is not None
+        spec, indices = self.spec, self.logits_indices[: batch.num_logits]
+        name = DeviceSlice.VERIFY if batch.num_drafts else DeviceSlice.SAMPLE
+
+        def verify() -> None:
+            logits = self.model.compute_logits(box["hidden"][indices])  # [N, V] f32
+            box["out"], box["num_accepted"] = spec.verify(batch, self._step_tensors(batch), logits)
+
+        with self.timeline.stage(name.value, step=batch.step, stream=self.device.compute_stream):
+            self.device.submit(self.device.compute_stream, verify)
+
+    # stepscope: hot
+    def _enqueue_draft(self, batch: InputBatch, box: dict[str, Any]) -> None:
+        """``draft``: the proposer writes step N+1's drafts into the state table."""
+        assert self.spec is not None
+        spec = self.spec
+        md = self._attn_metadata(
+            batch.num_padded_reqs, batch.num_padded_tokens, batch.max_query_len, batch.max_seq_len
+        )
+
+        def draft() -> None:
+            tokens = box["out"].sampled_token_ids
+            tensors = self._step_tensors(batch)
+            spec.propose(batch, tensors, box.pop("hidden"), md, tokens, box["num_accepted"])
+
+        with self.timeline.stage(
+            DeviceSlice.DRAFT.value, step=batch.step, stream=self.device.compute_stream
+        ):
+            self.device.submit(self.device.compute_stream, draft)
+
+    def _step_tensors(self, batch: InputBatch) -> StepTensors:
+        return StepTensors(
+            input_ids=self.input_ids,
+            positions=self.positions,
+            logits_indices=self.logits_indices[: batch.num_logits],
+            idx_mapping=self._packed(batch, "idx_mapping"),
+            query_start_loc=self._packed(batch, "query_start_loc"),
+            cu_num_logits=self._packed(batch, "cu_num_logits"),
+            logit_rows=self._packed(batch, "logit_rows").long(),
+            commit_rows=self._packed(batch, "commit_rows").long(),
+            num_blocks=self._packed(batch, "num_blocks"),
+            block_table=self.attn_block_table,
+        )
 
     def _packed(self, batch: InputBatch, name: str) -> torch.Tensor:
         start, end = batch.offsets[name]
@@ -270,14 +338,17 @@ class ModelRunner:
         he = self.device.host_empty
         return HostOutputBuffers(
             sampled=he((n,), torch.int64),
+            num_accepted=None if self.spec is None else he((batch.num_reqs,), torch.int64),
             logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
             logprobs=None if k is None else he((n, k + 1), torch.float32),
         )
 
     # stepscope: hot
-    def _copy_out(self, out: Any, host: HostOutputBuffers) -> None:
+    def _copy_out(self, out: Any, accepted: Any, host: HostOutputBuffers) -> None:
         """d2h stream: device results -> host buffers."""
         pairs = [(host.sampled, out.sampled_token_ids)]
+        if host.num_accepted is not None:
+            pairs.append((host.num_accepted, accepted))
         if host.logprobs is not None:
             pairs += [
                 (host.logprob_token_ids, out.logprob_token_ids),

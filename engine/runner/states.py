@@ -50,12 +50,16 @@ class RequestStates:
         vocab_size: int,
         seed: int = 0,
         use_triton: bool = False,
+        device_owns_frontier: bool = False,
     ) -> None:
         if min(max_num_reqs, max_model_len, max_blocks_per_req, vocab_size) <= 0:
             raise ValueError("state table sizes must be positive")
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
+        # Speculative decoding: verify rolls rejected drafts back on the device, so the
+        # scheduler's (possibly optimistic) frontier only resyncs the host mirror.
+        self.device_owns_frontier = device_owns_frontier
         self.trash_row = max_num_reqs
         rows = max_num_reqs + 1
         dev = device.torch_device
@@ -138,8 +142,9 @@ class RequestStates:
                 self._append_blocks(row, cached.new_block_ids[i])
             if i < len(cached.num_computed_tokens):
                 frontier = cached.num_computed_tokens[i]
-                if frontier != self.num_computed_cpu[row]:  # e.g. rejected drafts rolled back
-                    self.num_computed.stage(row, 0, [frontier])
+                if frontier != self.num_computed_cpu[row]:
+                    if not self.device_owns_frontier:
+                        self.num_computed.stage(row, 0, [frontier])
                     self.num_computed_cpu[row] = frontier
 
     def advance(self, row: int, num_tokens: int) -> None:

@@ -1,0 +1,92 @@
+"""Draft-model proposer: a small Llama-family model with the target's tokenizer.
+
+Its paged KV cache mirrors the target's (same block ids, see :mod:`engine.spec.draft_kv`). Each
+step it first runs over the target's query tokens at the target's positions and slots (writing
+its KV for them; positions past the last accepted one are rewritten later), then ``k``
+single-token steps: the bonus token at ``P`` -> ``d_1`` at ``P + 1``, ``d_1`` -> ``d_2``, ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.config import ConfigError
+from engine.model.loader import load_model
+from engine.spec.draft_kv import LookaheadKV
+from engine.spec.proposer import (
+    DraftOutput,
+    ProposeInputs,
+    Proposer,
+    register_proposer,
+    sample_drafts,
+)
+
+__all__ = ["DraftModelProposer", "build_draft_proposer"]
+
+
+class DraftModelProposer(Proposer):
+    """Autoregressive drafts from a separate small LM (a LlamaForCausalLM)."""
+
+    def __init__(self, model: Any, num_spec_tokens: int, kv: LookaheadKV, use_triton: bool) -> None:
+        self.model = model
+        self.num_spec_tokens = num_spec_tokens
+        self.kv = kv
+        self.use_triton = use_triton
+        self.kv_caches = model.allocate_kv_caches(kv.num_blocks, kv.block_size)
+
+    # stepscope: hot
+    def propose(self, inputs: ProposeInputs) -> DraftOutput:
+        md = inputs.attn_metadata
+        tp = md.num_tokens
+        # query pass: the draft's KV for this step's tokens (its hidden states are not needed)
+        self.model(inputs.input_ids[:tp], inputs.positions[:tp], md, self.kv_caches)
+        table = self.kv.chain_block_table(inputs)
+        token = inputs.bonus_ids  # [B]
+        ids, probs = [], []
+        for j in range(self.num_spec_tokens):
+            chain_pos = self.kv.chain_positions(inputs, j)  # token at P + j predicts P + j + 1
+            chain_md = self.kv.chain_metadata(inputs, table, chain_pos)
+            hidden = self.model(token, chain_pos, chain_md, self.kv_caches)  # [B, hidden]
+            logits = self.model.compute_logits(hidden)  # [B, V]
+            token, q = sample_drafts(
+                logits,
+                inputs.temperature,
+                inputs.seeds,
+                inputs.bonus_pos + 1 + j,
+                inputs.all_greedy,
+                self.use_triton,
+            )
+            ids.append(token)
+            probs.append(q)
+        stacked = None if probs[0] is None else torch.stack([p for p in probs if p is not None], 1)
+        return DraftOutput(draft_ids=torch.stack(ids, dim=1), draft_probs=stacked)
+
+
+def build_draft_proposer(
+    *,
+    target: Any,
+    spec_model: str | None,
+    num_spec_tokens: int,
+    num_blocks: int,
+    block_size: int,
+    max_num_reqs: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    use_triton: bool = False,
+) -> DraftModelProposer:
+    """Load the draft checkpoint in ``spec_model``; its vocabulary must be the target's."""
+    if spec_model is None:
+        raise ConfigError("spec_method='draft' needs spec_model (the draft model's folder)")
+    model, config = load_model(spec_model, dtype, device, use_triton=use_triton)
+    if config.vocab_size != target.config.vocab_size:
+        raise ConfigError(
+            f"draft vocab_size {config.vocab_size} != target's {target.config.vocab_size}:"
+            " the draft model must share the target's tokenizer"
+        )
+    kv = LookaheadKV(num_blocks, block_size, max_num_reqs, num_spec_tokens)
+    return DraftModelProposer(model, num_spec_tokens, kv, use_triton)
+
+
+register_proposer("draft", build_draft_proposer)

@@ -1,0 +1,75 @@
+"""MTP-style module (DeepSeek-V3 style), delivered with the target and chained for k steps:
+``g = norm(layer(eh_proj([enorm(embed(x_{t+1})); hnorm(h_t)])))``, then the target's LM head.
+
+Folder format (default ``<target>/mtp``): ``config.json`` with ``"architecture":
+"StepscopeMTPModule"`` and dims, ``model.safetensors`` with ``enorm.weight``, ``hnorm.weight``,
+``eh_proj.weight`` [hidden, 2*hidden], ``layer.*`` as the EAGLE head, ``norm.weight``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.config import ConfigError
+from engine.model.config import ModelConfig
+from engine.model.layers import RMSNorm
+from engine.spec.draft_kv import LookaheadKV
+from engine.spec.hidden_head import (
+    HeadProposer,
+    HiddenStateHead,
+    head_model_config,
+    load_head_weights,
+    read_head_config,
+)
+from engine.spec.proposer import register_proposer
+
+__all__ = ["MTP_ARCHITECTURE", "MTPModule", "build_mtp_proposer"]
+
+MTP_ARCHITECTURE = "StepscopeMTPModule"
+
+
+class MTPModule(HiddenStateHead):
+    """``g = norm(layer(eh_proj([enorm(e); hnorm(h)])))``."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, use_triton: bool
+    ) -> None:
+        super().__init__(config, dtype, device, use_triton)
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = RMSNorm(h, eps, dtype, device)
+        self.hnorm = RMSNorm(h, eps, dtype, device)
+        self.eh_proj = nn.Linear(2 * h, h, bias=False, dtype=dtype, device=device)
+
+    # stepscope: hot
+    def combine(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(hidden)), dim=-1))
+
+
+def build_mtp_proposer(
+    *,
+    target: Any,
+    spec_model: str | None,
+    num_spec_tokens: int,
+    num_blocks: int,
+    block_size: int,
+    max_num_reqs: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    use_triton: bool = False,
+) -> HeadProposer:
+    """Load the MTP module in ``spec_model`` (the caller defaults it to ``<target>/mtp``)."""
+    if spec_model is None:
+        raise ConfigError("spec_method='mtp' needs the module's folder (default <target>/mtp)")
+    folder = Path(spec_model)
+    config = head_model_config(read_head_config(folder), target.config)
+    module = MTPModule(config, dtype, device, use_triton)
+    load_head_weights(module, folder, MTP_ARCHITECTURE)
+    kv = LookaheadKV(num_blocks, block_size, max_num_reqs, num_spec_tokens)
+    return HeadProposer(module, target, num_spec_tokens, kv, use_triton)
+
+
+register_proposer("mtp", build_mtp_proposer)
