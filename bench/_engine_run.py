@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -26,13 +27,15 @@ class RunResult:
     model: object
 
 
-def decode_workload(batch: int, prompt_len: int, output_len: int, vocab: int) -> list[WorkloadRequest]:
+def decode_workload(
+    batch: int, prompt_len: int, output_len: int, vocab: int, prefix: str = "b", salt: int = 0
+) -> list[WorkloadRequest]:
     """``batch`` requests arriving together: a prompt of ``prompt_len`` ids, ``output_len`` tokens."""
     return [
         WorkloadRequest(
-            f"b{i}",
+            f"{prefix}{i}",
             None,
-            tuple((7 * i + 13 * j) % (vocab - 2) + 2 for j in range(prompt_len)),
+            tuple((7 * i + 13 * j + salt) % (vocab - 2) + 2 for j in range(prompt_len)),
             SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True),
         )
         for i in range(batch)
@@ -46,7 +49,18 @@ def run_engine(
     path = os.path.join(trace_dir, f"{tag}.pftrace")
     tracer = Tracer(path)
     llm = LLM(tracer=tracer, trace_requests=False, **engine_kwargs)
-    llm.run_workload(workload[:2])  # warm-up: kernels compiled, graphs replayed once
+    # Warm-up: the same batch shape with short outputs (kernels compiled for these shapes), own
+    # ids and reversed prompts (no prefix-cache hits on the measured requests).
+    warm = [
+        dataclasses.replace(
+            w,
+            id=f"warm-{w.id}",
+            prompt_token_ids=tuple(reversed(w.prompt_token_ids or ())),
+            params=dataclasses.replace(w.params, max_tokens=4),
+        )
+        for w in workload
+    ]
+    llm.run_workload(warm)
     start = time.monotonic()
     outs = llm.run_workload(workload)
     elapsed = time.monotonic() - start

@@ -24,8 +24,12 @@ CPU_PHASES = ["schedule_ns", "prepare_inputs_ns", "launch_ns", "update_from_outp
 def measure(batch: int, async_on: bool, args: argparse.Namespace) -> dict:
     res = run_engine(
         decode_workload(batch, args.prompt_len, args.output_len, args.vocab),
-        model_config=args.model_config, random_weights=True, device=args.device,
-        dtype=args.dtype, async_scheduling=async_on, max_num_seqs=batch,
+        model_config=args.model_config,
+        random_weights=True,
+        device=args.device,
+        dtype=args.dtype,
+        async_scheduling=async_on,
+        max_num_seqs=batch,
         max_num_batched_tokens=max(2048, batch * args.prompt_len),
         num_kv_blocks=max(256, batch * (args.prompt_len + args.output_len) // 16 + 64),
         max_model_len=args.prompt_len + args.output_len + 16,
@@ -35,10 +39,18 @@ def measure(batch: int, async_on: bool, args: argparse.Namespace) -> dict:
     cpu_us = float(steps[CPU_PHASES].sum(axis=1).median()) / 1e3
     dev_us = float(steps["device_busy_ns"].median()) / 1e3
     step_us = float(steps["step_ns"].median()) / 1e3
-    return {"batch": batch, "async": async_on, "cpu_us": cpu_us, "device_us": dev_us,
-            "step_us": step_us, "limit_us": max(cpu_us, dev_us),
-            "x_limit": step_us / max(cpu_us, dev_us), "overlap": res.headline.get("overlap"),
-            "tok_per_s": res.num_output_tokens / res.elapsed_s, "trace": res.trace}
+    return {
+        "batch": batch,
+        "async": async_on,
+        "cpu_us": cpu_us,
+        "device_us": dev_us,
+        "step_us": step_us,
+        "limit_us": max(cpu_us, dev_us),
+        "x_limit": step_us / max(cpu_us, dev_us),
+        "overlap": res.headline.get("overlap"),
+        "tok_per_s": res.num_output_tokens / res.elapsed_s,
+        "trace": res.trace,
+    }
 
 
 def main() -> None:
@@ -53,13 +65,17 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     rows = [measure(b, a, args) for b in map(int, args.batches.split(",")) for a in (False, True)]
-    print(f"{'batch':>5} {'async':>5} {'cpu us':>8} {'dev us':>8} {'step us':>8} {'limit':>8} "
-          f"{'x limit':>7} {'overlap':>7} {'tok/s':>8}")
+    print(
+        f"{'batch':>5} {'async':>5} {'cpu us':>8} {'dev us':>8} {'step us':>8} {'limit':>8} "
+        f"{'x limit':>7} {'overlap':>7} {'tok/s':>8}"
+    )
     for r in rows:
         ov = r["overlap"]
-        print(f"{r['batch']:>5} {str(r['async']):>5} {r['cpu_us']:>8.1f} {r['device_us']:>8.1f} "
-              f"{r['step_us']:>8.1f} {r['limit_us']:>8.1f} {r['x_limit']:>7.2f} "
-              f"{(ov if ov is not None else float('nan')):>7.2f} {r['tok_per_s']:>8.1f}")
+        print(
+            f"{r['batch']:>5} {str(r['async']):>5} {r['cpu_us']:>8.1f} {r['device_us']:>8.1f} "
+            f"{r['step_us']:>8.1f} {r['limit_us']:>8.1f} {r['x_limit']:>7.2f} "
+            f"{(ov if ov is not None else float('nan')):>7.2f} {r['tok_per_s']:>8.1f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -42,13 +42,13 @@ def _device_slices(path: str) -> list[tuple[int, int, int]]:
     return sorted(out)
 
 
-def run(steps: int) -> dict[str, float]:
+def run(steps: int, numel: int) -> dict[str, float]:
     tmp = tempfile.mkdtemp()
     path = os.path.join(tmp, "gpu.pftrace")
     tracer = Tracer(path)
     device = CudaDevice(0)
     timeline = DeviceTimeline(tracer, 0, device.timed_event_factory())
-    x = torch.randn(1 << 16, device="cuda")
+    x = torch.randn(numel, device="cuda")
     stream = device.compute_stream
 
     def body() -> None:
@@ -75,9 +75,11 @@ def run(steps: int) -> dict[str, float]:
         for e in prof.events()
         if e.device_type == cuda
     )
-    # Two kernels per step, in order: pair them with their step's slice.
+    # Two kernels per step, in order: pair them with their step's slice. The end event runs right
+    # after the step's last kernel on the same stream, so slice ends align the two clocks; the
+    # begin event may run earlier (the device idles while the CPU launches the kernels).
     pairs = list(zip(slices, zip(kernels[0::2], kernels[1::2], strict=False), strict=False))
-    offsets = [s[1] - k[0][0] for s, k in pairs]
+    offsets = [s[2] - k[1][1] for s, k in pairs]
     offset = statistics.median(offsets)
     tol_ns = 2_000
     inside = sum(
@@ -85,9 +87,11 @@ def run(steps: int) -> dict[str, float]:
         for s, k in pairs
         if s[1] - tol_ns <= k[0][0] + offset and k[1][1] + offset <= s[2] + tol_ns
     )
+    end_gaps = sorted(abs(s[2] - (k[1][1] + offset)) for s, k in pairs)
     gaps = [(s[2] - s[1]) - (k[1][1] - k[0][0]) for s, k in pairs]
     return {
         "steps": steps,
+        "numel": numel,
         "device_slices": len(slices),
         "kernels_seen": len(kernels),
         "hot_syncs": len(hot),
@@ -97,21 +101,29 @@ def run(steps: int) -> dict[str, float]:
         "slice_minus_kernel_dur_ns_p95": sorted(gaps)[int(0.95 * (len(gaps) - 1))]
         if gaps
         else float("nan"),
-        "clock_offset_spread_ns": (max(offsets) - min(offsets)) if offsets else float("nan"),
+        "end_misalignment_ns_p50": end_gaps[len(end_gaps) // 2] if end_gaps else float("nan"),
+        "end_misalignment_ns_p99": end_gaps[int(0.99 * (len(end_gaps) - 1))]
+        if end_gaps
+        else float("nan"),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument(
+        "--sizes",
+        default="65536,16777216",
+        help="elements per kernel: small (device starved) and larger (queued)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    result = run(args.steps)
-    for key, value in result.items():
-        print(f"{key:<36} {value}")
+    results = [run(args.steps, int(n)) for n in args.sizes.split(",")]
+    for key in results[0]:
+        print(f"{key:<36} " + "  ".join(f"{r[key]:>12}" for r in results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":
