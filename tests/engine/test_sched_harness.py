@@ -40,10 +40,12 @@ def target_token(req_id: str, history: list[int], num_prompt: int, eos_at: int |
     return token if token != EOS else EOS + 1
 
 
-def draft_token(req_id: str, history: list[int], num_prompt: int, eos_at: int | None) -> int:
-    """A drafter right about 2/3 of the time (deterministic in the history)."""
+def draft_token(
+    req_id: str, history: list[int], num_prompt: int, eos_at: int | None, salt: int = 0
+) -> int:
+    """A drafter right about 2/3 of the time (deterministic in the history and ``salt``)."""
     token = target_token(req_id, history, num_prompt, eos_at)
-    if _h("draft", req_id, len(history)) % 3 == 0:
+    if _h("draft", salt, req_id, len(history)) % 3 == 0:
         return (token + 7) % VOCAB
     return token
 
@@ -89,8 +91,10 @@ class FakeDevice:
         num_spec_tokens: int = 0,
         eos_at: dict[str, int] | None = None,
         sync: bool = True,
+        draft_salt: int = 0,
     ) -> None:
         self.block_size = block_size
+        self.draft_salt = draft_salt
         self.num_spec_tokens = num_spec_tokens
         self.eos_at = eos_at or {}
         self.sync = sync
@@ -134,6 +138,7 @@ class FakeDevice:
 
     def _run_request(self, req_id: str, num_new: int, num_drafts: int) -> list[int]:
         row = self.rows[req_id]
+        assert num_new > 0, f"{req_id}: scheduled with no token (logits need one computed)"
         start = row.num_computed
         num_known = num_new - num_drafts
         assert start + num_known <= len(row.tokens), f"{req_id}: scheduled unknown tokens"
@@ -162,7 +167,8 @@ class FakeDevice:
         history = list(row.tokens)
         row.drafts = []
         for _ in range(self.num_spec_tokens):
-            row.drafts.append(draft_token(req_id, history, row.num_prompt, eos_at))
+            draft = draft_token(req_id, history, row.num_prompt, eos_at, self.draft_salt)
+            row.drafts.append(draft)
             history.append(row.drafts[-1])
         return out
 
