@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 
 from engine.request import Request, RequestStatus
 from engine.scheduler.kv_cache_manager import KVCacheManager
-from engine.scheduler.scheduler_config import SchedulerConfig
 from engine.scheduler.step_plan import InFlightStep
 
-__all__ = ["check_scheduler_invariants", "check_request_books"]
+__all__ = ["check_request_books"]
 
 
 def check_request_books(
@@ -33,34 +32,3 @@ def check_request_books(
     assert num_cached <= frontier, f"{name}: {num_cached} cached tokens beyond frontier {frontier}"
     num_kv_slots = len(kv_cache_manager.block_ids(name)) * kv_cache_manager.block_size
     assert request.num_computed_tokens <= num_kv_slots, f"{name}: computed tokens without KV slots"
-
-
-def check_scheduler_invariants(
-    *,
-    config: SchedulerConfig,
-    requests: Mapping[str, Request],
-    running: Sequence[Request],
-    waiting: Collection[Request],
-    release_pending: Collection[str],
-    kv_cache_manager: KVCacheManager,
-    in_flight: Sequence[InFlightStep],
-) -> None:
-    """Whole scheduler: no request lost or duplicated, queues hold the right statuses,
-    ``max_num_seqs`` respected, block ref counts consistent, every book of every request sane."""
-    running_ids = [r.req_id for r in running]
-    waiting_ids = [r.req_id for r in waiting]
-    assert len(set(running_ids)) == len(running_ids), "a request is twice in running"
-    assert len(set(waiting_ids)) == len(waiting_ids), "a request is twice in waiting"
-    assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
-    assert len(running) <= config.max_num_seqs, "more running requests than max_num_seqs"
-    finished_ids = {r.req_id for r in requests.values() if r.is_finished}
-    assert finished_ids <= set(release_pending), "a finished request kept without a reason"
-    live = set(running_ids) | set(waiting_ids) | finished_ids
-    assert live == set(requests), f"requests lost or stray: {sorted(live ^ set(requests))}"
-    for request in running:
-        assert request.status is RequestStatus.RUNNING, f"{request.req_id}: {request.status.name}"
-    for request in waiting:
-        assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
-    for request in requests.values():
-        check_request_books(request, kv_cache_manager, in_flight)
-    kv_cache_manager.check_consistency()

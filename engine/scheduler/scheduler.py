@@ -10,15 +10,15 @@ positions are output placeholders, and its drafts are ``-1`` (they live on the d
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from typing import ClassVar
 
 from engine.request import Request, RequestStatus
-from engine.scheduler.invariants import check_scheduler_invariants
+from engine.scheduler.invariants import check_request_books
 from engine.scheduler.kv_cache_manager import KVCacheManager
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.scheduler.request_output import RequestOutput, SchedulerStats, StopStringChecker
+from engine.scheduler.request_queues import RequestQueues
 from engine.scheduler.scheduler_config import SchedulerConfig
 from engine.scheduler.step_plan import InFlightStep, StepPlan
 from engine.scheduler.stop_conditions import check_stop
@@ -39,13 +39,7 @@ class Scheduler:
             config.num_gpu_blocks, config.block_size, config.enable_prefix_caching
         )
         self._stop_string_checker = stop_string_checker
-        self._requests: dict[str, Request] = {}
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # oldest arrival first; the last is the next victim
-        self._arrival_key: dict[str, tuple[float, int]] = {}
-        self._runner_req_ids: set[str] = set()  # requests the runner holds a row for
-        self._finished_req_ids: set[str] = set()  # rows to drop, sent with the next step
-        self._release_pending: set[str] = set()  # blocks kept until in-flight steps settle
+        self._queues = RequestQueues()
         self._in_flight: deque[InFlightStep] = deque()
         self._next_step = 0
         self._num_preemptions = 0
@@ -56,7 +50,7 @@ class Scheduler:
     # -- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a new request; it is scheduled at the next ``schedule()`` at the earliest."""
-        if request.req_id in self._requests:
+        if self._queues.get(request.req_id) is not None:
             raise ValueError(f"request {request.req_id!r} already exists")
         if request.num_prompt_tokens >= self.config.max_model_len:
             raise ValueError(
@@ -65,9 +59,7 @@ class Scheduler:
             )
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise ValueError(f"request {request.req_id!r} is not fresh: {request!r}")
-        self._requests[request.req_id] = request
-        self._arrival_key[request.req_id] = (request.arrival_time, len(self._arrival_key))
-        self._waiting.append(request)
+        self._queues.add(request)
 
     def abort_request(self, req_id: str) -> RequestOutput | None:
         """Finish a live request as ``"abort"``; returns its final output (None if unknown or
@@ -78,7 +70,7 @@ class Scheduler:
         """Finish a live request from outside (abort, or a stop string the detokenizer found)."""
         if not status.is_finished:
             raise ValueError(f"{status.name} is not a finished status")
-        request = self._requests.get(req_id)
+        request = self._queues.get(req_id)
         if request is None or request.is_finished:
             return None
         request.status = status
@@ -87,10 +79,10 @@ class Scheduler:
 
     def get_request(self, req_id: str) -> Request | None:
         """The live request (read it; only the scheduler writes it)."""
-        return self._requests.get(req_id)
+        return self._queues.get(req_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._running or self._waiting)
+        return bool(self._queues.running or self._queues.waiting)
 
     @property
     def num_steps_in_flight(self) -> int:
@@ -99,7 +91,7 @@ class Scheduler:
     @property
     def num_requests(self) -> int:
         """Requests the scheduler still tracks (finished ones until their blocks are released)."""
-        return len(self._requests)
+        return len(self._queues)
 
     # -- schedule ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -109,14 +101,18 @@ class Scheduler:
         if self._in_flight and not self.allows_overlapping_steps:
             raise RuntimeError("Scheduler is synchronous: update_from_output(N) before schedule()")
         plan = StepPlan(step=self._next_step, token_budget=self.config.max_num_batched_tokens)
+        plan.num_blocks_returning = sum(
+            self.kv_cache_manager.num_releasable_blocks(r.req_id)
+            for r in self._queues.awaiting_release()
+        )
         self._next_step += 1
         self._schedule_running(plan)
-        if not plan.preempted:
+        if not plan.short_of_blocks:
             self._schedule_waiting(plan)
-        finished_ids: set[str] = set()
-        if plan.num_scheduled_tokens:
-            finished_ids, self._finished_req_ids = self._finished_req_ids, set()
-        output = plan.build(finished_ids)
+        # An empty step is never run, so the rows to drop wait for the next real one.
+        output = plan.build(
+            self._queues.take_rows_to_drop() if plan.num_scheduled_tokens else set()
+        )
         self._last_batch_tokens = output.total_num_scheduled_tokens
         if output.num_scheduled_tokens:
             self._in_flight.append(self._after_schedule(output))
@@ -124,9 +120,10 @@ class Scheduler:
         return output
 
     def _schedule_running(self, plan: StepPlan) -> None:
+        running = self._queues.running
         index = 0
-        while index < len(self._running) and plan.token_budget > 0:
-            request = self._running[index]
+        while index < len(running) and plan.token_budget > 0:
+            request = running[index]
             num_new, spec_tokens = self._num_new_tokens(request, plan.token_budget)
             if num_new <= 0:  # every token it may still produce is already in flight
                 index += 1
@@ -181,8 +178,9 @@ class Scheduler:
             num_needed = self.kv_cache_manager.num_blocks_needed(request, num_new)
             if plan.num_blocks_returning >= num_needed:
                 plan.num_blocks_returning -= num_needed
+                plan.short_of_blocks = True
                 return None
-            victim = self._running[-1]
+            victim = self._queues.running[-1]
             returning = self._preempt(victim, plan)
             if victim is request:
                 return None
@@ -191,26 +189,23 @@ class Scheduler:
     def _preempt(self, request: Request, plan: StepPlan) -> int:
         """Preempt by recompute: back to the front of the queue with only its committed tokens.
         Returns how many blocks will come back once its in-flight steps settle (0 if freed now)."""
-        self._running.remove(request)
-        request.status = RequestStatus.PREEMPTED
+        self._queues.preempt(request)
         request.num_computed_tokens = 0
         request.spec_token_ids = []
         request.num_preemptions += 1
         self._num_preemptions += 1
-        plan.preempted = True
-        self._drop_runner_row(request)
-        self._waiting.appendleft(request)
+        plan.short_of_blocks = True
         returning = self.kv_cache_manager.num_releasable_blocks(request.req_id)
-        self._release_pending.add(request.req_id)
         self._release_if_idle(request)
         return 0 if request.num_steps_in_flight == 0 else returning
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         """Admit queued requests in order (head-of-line: stop at the first that cannot go)."""
-        while self._waiting and plan.token_budget > 0:
-            if len(self._running) >= self.config.max_num_seqs:
+        waiting = self._queues.waiting
+        while waiting and plan.token_budget > 0:
+            if len(self._queues.running) >= self.config.max_num_seqs:
                 return
-            request = self._waiting[0]
+            request = waiting[0]
             if request.num_steps_in_flight > 0:
                 return  # preempted with a step in flight: its last tokens are not back yet
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
@@ -220,26 +215,22 @@ class Scheduler:
             num_new = self._cap_chunk(num_new, plan.token_budget)
             if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
                 return
-            self._waiting.popleft()
             self._admit(request, num_hit)
             plan.add(request, num_new, [])
             plan.add_new(request, self.kv_cache_manager.block_ids(request.req_id))
 
     def _admit(self, request: Request, num_hit: int) -> None:
-        request.status = RequestStatus.RUNNING
+        self._queues.admit(request)
         request.num_computed_tokens = num_hit
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_hit
         self._num_prefix_hit_tokens += num_hit
-        self._runner_req_ids.add(request.req_id)
-        key = self._arrival_key
-        bisect.insort(self._running, request, key=lambda r: key[r.req_id])
 
     def _after_schedule(self, output: SchedulerOutput) -> InFlightStep:
         """Advance each scheduled request's frontier and note what the step will sample."""
         record = InFlightStep(step=output.step)
         for req_id, num_new in output.num_scheduled_tokens.items():
-            request = self._requests[req_id]
+            request = self._tracked(req_id)
             request.num_computed_tokens += num_new
             request.num_steps_in_flight += 1
             samples = request.num_computed_tokens >= (
@@ -273,7 +264,7 @@ class Scheduler:
         self._last_accepted = 0
         outputs: list[RequestOutput] = []
         for req_id, num_slots in record.num_sampled_slots.items():
-            request = self._requests[req_id]
+            request = self._tracked(req_id)
             request.num_steps_in_flight -= 1
             row = row_of.get(req_id)
             sampled = runner_output.sampled_token_ids[row] if row is not None else []
@@ -343,44 +334,35 @@ class Scheduler:
         """Sync mode with a CPU proposer: replace the ``-1`` drafts with real ones (at most
         ``num_spec_tokens`` each). The async path keeps drafts on the device."""
         for req_id, drafts in draft_token_ids.items():
-            request = self._requests.get(req_id)
+            request = self._queues.get(req_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
             request.spec_token_ids = list(drafts[: self.config.num_spec_tokens])
 
     # -- finishing and releasing ---------------------------------------------------------------
     def _finish(self, request: Request) -> None:
-        if request in self._running:
-            self._running.remove(request)
-        elif request in self._waiting:
-            self._waiting.remove(request)
+        self._queues.finish(request)
         request.spec_token_ids = []
-        self._drop_runner_row(request)
-        self._release_pending.add(request.req_id)
         self._release_if_idle(request)
 
-    def _drop_runner_row(self, request: Request) -> None:
-        if request.req_id in self._runner_req_ids:
-            self._runner_req_ids.remove(request.req_id)
-            self._finished_req_ids.add(request.req_id)
+    def _tracked(self, req_id: str) -> Request:
+        """A request a step in flight references: tracked until that step settles."""
+        request = self._queues.get(req_id)
+        assert request is not None, f"request {req_id!r} released while a step references it"
+        return request
 
     def _release_if_idle(self, request: Request) -> None:
         """Give the blocks back once no step in flight references the request."""
-        if request.num_steps_in_flight > 0 or request.req_id not in self._release_pending:
-            return
-        self._release_pending.remove(request.req_id)
-        self.kv_cache_manager.free(request)
-        if request.is_finished:
-            del self._requests[request.req_id]
-            del self._arrival_key[request.req_id]
+        if self._queues.take_release(request):
+            self.kv_cache_manager.free(request)
 
     # -- observability -------------------------------------------------------------------------
     def get_stats(self) -> SchedulerStats:
         return SchedulerStats(
-            running_requests=len(self._running),
-            waiting_requests=len(self._waiting),
+            running_requests=len(self._queues.running),
+            waiting_requests=len(self._queues.waiting),
             kv_usage=self.kv_cache_manager.usage,
-            output_placeholders=sum(r.num_output_placeholders for r in self._requests.values()),
+            output_placeholders=sum(r.num_output_placeholders for r in self._queues),
             accepted_tokens=self._last_accepted,
             batch_tokens=self._last_batch_tokens,
             num_preemptions=self._num_preemptions,
@@ -389,15 +371,10 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any book disagrees with another (debug; O(requests + blocks))."""
-        check_scheduler_invariants(
-            config=self.config,
-            requests=self._requests,
-            running=self._running,
-            waiting=self._waiting,
-            release_pending=self._release_pending,
-            kv_cache_manager=self.kv_cache_manager,
-            in_flight=self._in_flight,
-        )
+        self._queues.check(self.config.max_num_seqs)
+        for request in self._queues:
+            check_request_books(request, self.kv_cache_manager, self._in_flight)
+        self.kv_cache_manager.check_consistency()
 
     def _check_invariants_if_debug(self) -> None:
         if self.config.debug:

@@ -40,6 +40,10 @@ class SchedulerConfig:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0 (0 = off), got {self.long_prefill_token_threshold}"
             )
+        if self.long_prefill_token_threshold > 0 and not self.enable_chunked_prefill:
+            raise ValueError(
+                "long_prefill_token_threshold chunks prompts: it needs chunked prefill"
+            )
         if self.max_num_batched_tokens < 1 + self.num_spec_tokens:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} cannot hold one decode step"

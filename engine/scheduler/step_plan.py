@@ -37,10 +37,12 @@ class StepPlan:
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_prefill_reqs: int = 0
     num_decode_reqs: int = 0
-    # Blocks held by victims preempted this step that return once their in-flight step settles;
-    # a request short of blocks may wait for them instead of preempting another victim.
+    # Blocks of preempted or finished requests that return once their steps in flight settle
+    # (less those already promised); a request short of blocks waits for them instead of
+    # preempting another victim.
     num_blocks_returning: int = 0
-    preempted: bool = False
+    # A running request went short of blocks this step: admit no waiting request.
+    short_of_blocks: bool = False
 
     def add(self, request: Request, num_new_tokens: int, spec_tokens: list[int]) -> None:
         """Record that the request advances ``num_new_tokens`` (spec tokens included)."""

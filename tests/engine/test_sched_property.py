@@ -97,7 +97,7 @@ def _workloads(draw: st.DrawFn) -> _Workload:
         max_num_batched_tokens=budget if chunked else max(budget, MAX_MODEL_LEN),
         enable_chunked_prefill=chunked,
         enable_prefix_caching=draw(st.booleans()),
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5])),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5])) if chunked else 0,
         num_spec_tokens=num_spec_tokens,
         debug=True,  # every schedule / update checks all invariants
     )

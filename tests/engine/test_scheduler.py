@@ -4,10 +4,10 @@ stop conditions. Driven by the deterministic fake device of test_sched_harness."
 from __future__ import annotations
 
 import pytest
-from tests.engine.test_sched_harness import EOS, FakeDevice, make_request, prompt_tokens, run_engine
 
 from engine.request import RequestStatus
 from engine.scheduler.scheduler import Scheduler, SchedulerConfig
+from tests.engine.test_sched_harness import EOS, FakeDevice, make_request, prompt_tokens, run_engine
 
 
 def _config(**overrides: object) -> SchedulerConfig:
@@ -228,6 +228,14 @@ def test_sync_scheduler_rejects_overlap_and_validates_requests() -> None:
         (dict(enable_chunked_prefill=False, max_num_batched_tokens=32), "chunked prefill"),
         (dict(num_gpu_blocks=8), "cannot hold one request"),
         (dict(long_prefill_token_threshold=-1), "long_prefill"),
+        (
+            dict(
+                long_prefill_token_threshold=4,
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=64,
+            ),
+            "needs chunked prefill",
+        ),
     ],
 )
 def test_config_validation(overrides: dict[str, object], match: str) -> None:
