@@ -47,7 +47,7 @@ def _loop_tracer(tracer: Tracer) -> Callable[[int], int]:
     def run(n: int) -> int:
         span = tracer.span
         elapsed = 0
-        for block in range(n // BLOCK):
+        for _block in range(n // BLOCK):
             t0 = time.perf_counter_ns()
             for i in range(BLOCK):
                 with span("schedule", step=i):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 import traceback
 import warnings
@@ -34,6 +35,7 @@ __all__ = ["SyncDetector", "SyncHit", "hot_region", "in_hot_region"]
 _local = threading.local()
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_MARK = os.sep + "torch" + os.sep
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"]  # warnings.py sits between a hit and its caller
 _STACK_DEPTH = 4
 
 
@@ -64,7 +66,7 @@ def _user_frames() -> list[traceback.FrameSummary]:
     return [
         f
         for f in frames
-        if not f.filename.startswith(_THIS_DIR)
+        if not f.filename.startswith((_THIS_DIR, _STDLIB_DIR))
         and _TORCH_MARK not in f.filename
         and "<frozen" not in f.filename
     ]

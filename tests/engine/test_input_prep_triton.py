@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"
-
+# TRITON_INTERPRET is set by tests/conftest.py when there is no CUDA device.
 import pytest  # noqa: E402
 
 from engine.kernels.input_prep import HAS_TRITON, prepare_inputs  # noqa: E402

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first kernel call (kernels JIT lazily)
-
+# TRITON_INTERPRET is set by tests/conftest.py when there is no CUDA device.
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

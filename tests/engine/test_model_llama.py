@@ -6,10 +6,7 @@ Several requests of different lengths are batched together through a prefill, a 
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # only the use_triton case runs kernels
-
+# TRITON_INTERPRET is set by tests/conftest.py when there is no CUDA device.
 import random  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402

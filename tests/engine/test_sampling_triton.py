@@ -10,9 +10,8 @@ from pathlib import Path
 # Triton chooses interpreter or compiler when a kernel (its own standard library included) is
 # decorated, i.e. at import. If another test module imported triton first in this process,
 # these tests rerun themselves in a fresh interpreter process instead.
+# tests/conftest.py sets TRITON_INTERPRET=1 before any import when there is no CUDA device.
 TRITON_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not TRITON_PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
