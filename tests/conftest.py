@@ -19,3 +19,9 @@ def _cuda_available() -> bool:
 
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_finish(session: object) -> None:
+    """On a CUDA machine no test module may leave the interpreter switched on for the GPU tests."""
+    if _cuda_available():
+        os.environ.pop("TRITON_INTERPRET", None)
