@@ -226,4 +226,5 @@ def _count_drafts(
     one_hot = torch.nn.functional.one_hot(draft_ids, vocab).to(torch.int32) * is_draft[:, None]
     before = torch.cumsum(one_hot, dim=0) - one_hot  # [N, V]: drafts of rows < j
     extra = before - before[cu[req]]  # only this request's earlier rows
-    return dataclasses.replace(meta, output_bin_counts=meta.output_bin_counts + extra)
+    counts = meta.output_bin_counts + extra.to(torch.int32)
+    return dataclasses.replace(meta, output_bin_counts=counts)
