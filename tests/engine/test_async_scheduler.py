@@ -204,3 +204,14 @@ def test_preempted_in_flight_request_keeps_its_blocks_until_the_step_settles() -
     assert scheduler.get_stats().num_preemptions > 0
     assert result.tokens == reference.tokens
     assert_drained(scheduler)
+
+
+def test_async_refuses_cpu_drafts_and_a_third_step_in_flight() -> None:
+    scheduler = AsyncScheduler(_config(num_spec_tokens=1))
+    scheduler.add_request(make_request("a"))
+    with pytest.raises(RuntimeError, match="on the device"):
+        scheduler.update_draft_token_ids({"a": [1]})
+    scheduler.schedule()
+    scheduler.schedule()
+    with pytest.raises(RuntimeError, match="already in flight"):
+        scheduler.schedule()

@@ -250,3 +250,17 @@ def test_finish_request_from_outside_is_stop() -> None:
     assert final is not None and final.finish_reason == "stop"
     with pytest.raises(ValueError, match="not a finished status"):
         scheduler.finish_request("a", RequestStatus.RUNNING)
+
+
+def test_cpu_drafts_replace_device_placeholders_in_sync_mode() -> None:
+    scheduler = Scheduler(_config(num_spec_tokens=2))
+    device = FakeDevice(4, num_spec_tokens=2)
+    scheduler.add_request(make_request("a"))
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, device.execute(out))
+    assert scheduler.get_request("a").spec_token_ids == [-1, -1]  # drafts on the device
+    scheduler.update_draft_token_ids({"a": [5, 6, 7], "gone": [1]})  # a CPU proposer's drafts
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens == {"a": [5, 6]} and out.num_scheduled_tokens == {
+        "a": 3
+    }
