@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -46,11 +47,14 @@ def _run_phase(
     max_steps: int,
     budget_s: float | None,
     device: torch.device,
+    monitor: Callable[[], float] | None = None,
 ) -> dict[str, dict[str, float]]:
     """AdamW + cosine over seeded random windows; ``loss_fn(batch)['total']`` is minimised.
 
+    With ``monitor`` (a held-out loss), it is measured every ``cfg.eval_every`` steps and at the
+    end, and the parameters of the best measurement are restored (early stopping).
     Returns per loss name: ``train_loss`` (mean over the last logging window), ``steps``,
-    ``train_tokens``.
+    ``train_tokens``; with ``monitor`` also ``best_step`` and ``monitor_loss``.
     """
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + seed_offset)
     optimizer = make_optimizer([(params, lr)], cfg.weight_decay)
@@ -58,6 +62,7 @@ def _run_phase(
     recent: list[dict[str, torch.Tensor]] = []
     means: dict[str, float] = {}
     step, started = 0, time.perf_counter()
+    best = _BestParams(params)
     while step < budget.horizon():
         scale = cosine_lr(step, budget.horizon(), cfg.warmup_steps)
         for group in optimizer.param_groups:
@@ -77,14 +82,56 @@ def _run_phase(
             shown = " ".join(f"{k} {v:.3f}" for k, v in means.items())
             print(f"  {name} step {step}/{budget.horizon()} lr {lr * scale:.2e} {shown} "
                   f"({time.perf_counter() - started:.0f}s)", flush=True)  # fmt: skip
+        if monitor is not None and (step % cfg.eval_every == 0 or step >= budget.horizon()):
+            best.offer(step, monitor())
     tokens = step * cfg.batch_size * cfg.seq_len
-    return {k: {"train_loss": v, "steps": step, "train_tokens": tokens} for k, v in means.items()}
+    extra = best.restore() if monitor is not None else {}
+    return {k: {"train_loss": v, "steps": step, "train_tokens": tokens, **extra}
+            for k, v in means.items()}  # fmt: skip
+
+
+class _BestParams:
+    """A copy of the parameters at the lowest monitored loss."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.best_loss, self.best_step = float("inf"), -1
+        self.copy: list[torch.Tensor] = []
+
+    def offer(self, step: int, loss: float) -> None:
+        print(f"    held-out CE {loss:.4f} at step {step}", flush=True)
+        if loss < self.best_loss:
+            self.best_loss, self.best_step = loss, step
+            self.copy = [p.detach().clone() for p in self.params]
+
+    def restore(self) -> dict[str, float]:
+        with torch.no_grad():
+            for param, saved in zip(self.params, self.copy, strict=True):
+                param.copy_(saved)
+        print(f"  kept step {self.best_step} (held-out CE {self.best_loss:.4f})", flush=True)
+        return {"best_step": self.best_step, "monitor_loss": self.best_loss}
+
+
+def _max_steps(epochs: float, cap: int, stream: torch.Tensor, cfg: TrainConfig) -> int:
+    return max(1, min(cap, math.ceil(epochs * stream.numel() / (cfg.batch_size * cfg.seq_len))))
 
 
 def train_target(
-    target: torch.nn.Module, stream: torch.Tensor, cfg: TrainConfig, device: torch.device
+    target: torch.nn.Module,
+    stream: torch.Tensor,
+    monitor_windows: torch.Tensor,
+    cfg: TrainConfig,
+    device: torch.device,
 ) -> dict[str, float]:
-    """Next-token cross-entropy on the corpus."""
+    """Next-token cross-entropy on the corpus, keeping the weights of the best held-out CE
+    on ``monitor_windows: [n, T+1]``."""
+
+    @torch.no_grad()
+    def monitor() -> float:
+        target.eval()
+        loss = loss_fn(monitor_windows)["total"].item()
+        target.train()
+        return loss
 
     def loss_fn(batch: torch.Tensor) -> dict[str, torch.Tensor]:
         with _autocast(device):
@@ -94,8 +141,9 @@ def train_target(
 
     target.train()
     print(f"phase 1: target, {sum(p.numel() for p in target.parameters())} params", flush=True)
+    max_steps = _max_steps(cfg.target_epochs, cfg.target_max_steps, stream, cfg)
     stats = _run_phase("target", 1, list(target.parameters()), loss_fn, stream, cfg,
-                       cfg.target_lr, cfg.target_max_steps, cfg.target_budget_s, device)  # fmt: skip
+                       cfg.target_lr, max_steps, cfg.target_budget_s, device, monitor)  # fmt: skip
     return stats["total"]
 
 
@@ -142,8 +190,9 @@ def train_students(
         module.train()
     params = [p for m in (draft, eagle, mtp) for p in m.parameters()]
     print("phase 2: draft + eagle + mtp on the frozen bf16 target", flush=True)
+    max_steps = _max_steps(cfg.student_epochs, cfg.student_max_steps, stream, cfg)
     return _run_phase("students", 2, params, loss_fn, stream, cfg, cfg.student_lr,
-                      cfg.student_max_steps, cfg.student_budget_s, device)  # fmt: skip
+                      max_steps, cfg.student_budget_s, device)  # fmt: skip
 
 
 @torch.no_grad()

@@ -42,15 +42,19 @@ class TrainConfig:
     """Hyper-parameters of one run; ``*_budget_s=None`` runs exactly ``*_max_steps``."""
 
     seq_len: int = 512
-    batch_size: int = 64
+    batch_size: int = 32
     target_lr: float = 2e-3
     student_lr: float = 2e-3
     weight_decay: float = 0.1
     warmup_steps: int = 100
+    target_epochs: float = 5.0  # the stdlib is small (3M tokens without its tests): few epochs
     target_max_steps: int = 3000
-    target_budget_s: float | None = 200.0
-    student_max_steps: int = 2000
-    student_budget_s: float | None = 100.0
+    target_budget_s: float | None = 150.0
+    student_epochs: float = 8.0
+    student_max_steps: int = 3000
+    student_budget_s: float | None = 80.0
+    eval_every: int = 100  # target: held-out CE this often; the best weights are kept
+    monitor_windows: int = 64
     eagle_feature_weight: float = 0.2
     chain_weights: tuple[float, ...] = (1.0, 0.5)
     val_percent: int = 3
@@ -69,7 +73,7 @@ class TrainConfig:
             raise ValueError("chain_weights needs at least one step")
 
 
-TINY = TrainConfig(seq_len=64, batch_size=4, warmup_steps=5, target_max_steps=30,
+TINY = TrainConfig(seq_len=64, batch_size=4, warmup_steps=5, target_max_steps=30, eval_every=10,
                    target_budget_s=None, student_max_steps=20, student_budget_s=None,
                    val_percent=20, max_val_windows=8, max_files=40, log_every=10,
                    tiny=True)  # fmt: skip
@@ -103,7 +107,8 @@ def run(cfg: TrainConfig, out_dir: Path, tokenizer_dir: Path, device: torch.devi
     target_shape, draft_shape = TINY_SHAPES if cfg.tiny else FULL_SHAPES
 
     target = AutoModelForCausalLM.from_config(target_config(target_shape, vocab_size)).to(device)
-    target_stats = train_target(target, train_stream, cfg, device)
+    monitor = val_windows(data.val, cfg.seq_len, cfg.monitor_windows).to(device)
+    target_stats = train_target(target, train_stream, monitor, cfg, device)
     target = target.to(torch.bfloat16).eval().requires_grad_(False)
     save_hf(target, out_dir / TARGET_NAME, tokenizer_dir)
 
