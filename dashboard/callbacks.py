@@ -57,37 +57,35 @@ def _marks(lo: int, hi: int) -> dict[int, str]:
 
 def _register_selection(app: Dash, store: TraceStore) -> None:
     @app.callback(
+        Output(IDS.CURRENT, "data"),
+        Output(IDS.PICKER, "value"),
         Output(IDS.PICKER, "options"),
         Output(IDS.COMPARE_A, "options"),
         Output(IDS.COMPARE_B, "options"),
-        Input(IDS.REFRESH, "n_clicks"),
-        Input(IDS.CURRENT, "data"),
-    )
-    def refresh(_clicks: int | None, _current: str | None) -> tuple[list, list, list]:
-        options = _options(store)
-        return options, options, options
-
-    @app.callback(
-        Output(IDS.CURRENT, "data"),
-        Output(IDS.PICKER, "value"),
         Output(IDS.BANNER, "children"),
+        Input(IDS.REFRESH, "n_clicks"),
         Input(IDS.PICKER, "value"),
         Input(IDS.UPLOAD, "contents"),
         State(IDS.UPLOAD, "filename"),
-        prevent_initial_call=True,
     )
     def select(
-        value: str | None, contents: str | None, filename: str | None
-    ) -> tuple[Any, Any, Any]:
-        if ctx.triggered_id == IDS.UPLOAD:
+        _clicks: int | None, value: str | None, contents: str | None, filename: str | None
+    ) -> tuple[Any, ...]:
+        """Rescan, pick, or upload; the options always include what was just uploaded."""
+        current, message = no_update, None
+        if ctx.triggered_id == IDS.UPLOAD and contents:
             try:
-                _, _, payload = (contents or "").partition(",")
-                data = base64.b64decode(payload, validate=True)
-                ref = store.save_upload(filename or "upload", data)
+                _, _, payload = contents.partition(",")
+                ref = store.save_upload(
+                    filename or "upload", base64.b64decode(payload, validate=True)
+                )
+                current = value = ref.id
             except (binascii.Error, ValueError) as exc:
-                return no_update, no_update, banner(f"{filename}: {exc}")
-            return ref.id, ref.id, None
-        return value, no_update, None
+                message = banner(f"{filename}: {exc}")
+        elif ctx.triggered_id == IDS.PICKER and value:
+            current = value
+        options = _options(store)
+        return current, value or no_update, options, options, options, message
 
 
 def _load(store: TraceStore, ref_id: str | None) -> LoadedTrace | None:
@@ -118,7 +116,8 @@ def _register_load(app: Dash, store: TraceStore, config: DashboardConfig) -> Non
         try:
             loaded = _load(store, ref_id)
         except Exception as exc:  # the edge: any failure becomes a banner, the app stays up
-            return (no_update,) * 10 + (banner(_error_text(exc)),)
+            title = f"{(ref_id or '').partition('/')[2]} · could not be loaded"
+            return (no_update,) * 9 + (title, banner(_error_text(exc)))
         if loaded is None:
             return (no_update,) * 11
         lo, hi = steps_bounds(loaded.report)

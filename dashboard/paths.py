@@ -46,6 +46,7 @@ class TraceDirectory:
 
     root: Path
     max_files: int = 1000
+    suffixes: tuple[str, ...] = TRACE_SUFFIXES  # empty: list every file
 
     def list_names(self) -> list[str]:
         """Relative POSIX names of trace files under the root, newest first.
@@ -57,7 +58,7 @@ class TraceDirectory:
         for path in real_root.rglob("*"):
             if len(found) >= self.max_files:
                 break
-            if not path.name.endswith(TRACE_SUFFIXES):
+            if self.suffixes and not path.name.endswith(self.suffixes):
                 continue
             name = path.relative_to(real_root).as_posix()
             try:

@@ -75,7 +75,7 @@ class TraceStore:
         self._upload_root = Path(tempfile.mkdtemp(prefix="stepscope-uploads-"))
         self.roots = {
             "traces": TraceDirectory(traces_dir),
-            "uploads": TraceDirectory(self._upload_root),
+            "uploads": TraceDirectory(self._upload_root, suffixes=()),
         }
         self.max_cached = max_cached
         self.max_upload_bytes = max_upload_bytes
@@ -136,6 +136,8 @@ class TraceStore:
             report = analyze_frames(frames)
             self._stage(ref, "indexing the timeline", started)
             lanes = LaneIndex.from_frames(frames.slices, report.tables["bubbles"])
+        except TraceError as exc:  # say which trace, without the server's directory layout
+            raise TraceError(str(exc).replace(str(path), ref.name)) from None
         finally:
             self._progress.pop(ref.id, None)
         return LoadedTrace(ref, path, size, report, lanes, time.monotonic() - started)

@@ -24,11 +24,19 @@ __all__ = ["timeline_figure", "TimelineView", "ns_to_ms", "DENSITY_BINS"]
 
 DENSITY_BINS = 600
 _MAX_SHADED = 150
-_SCALES = {
-    "cpu": [[0, "#f4f6fa"], [1, "#3b63b8"]],
-    "device": [[0, "#f4f6fa"], [1, "#23804a"]],
-    "idle": [[0, "#f4f6fa"], [1, IDLE]],
-}
+_GROUPS = ("cpu", "device", "idle")
+_BLANK = "#f4f6fa"
+# z in [0, 1]: CPU busy; [2, 3]: device busy; [4, 5]: idle (see _density_traces).
+_SCALE = [
+    [0.0, _BLANK],
+    [0.2, "#3b63b8"],
+    [0.2001, _BLANK],
+    [0.4, _BLANK],
+    [0.6, "#23804a"],
+    [0.6001, _BLANK],
+    [0.8, _BLANK],
+    [1.0, IDLE],
+]
 
 
 def ns_to_ms(ns: np.ndarray | int, t0_ns: int) -> np.ndarray:
@@ -113,38 +121,42 @@ def _bubble_shading(idle: Lane | None, view: TimelineView) -> list[dict[str, Any
 
 
 def _density_traces(view: TimelineView, num_bins: int) -> list[go.Heatmap]:
+    """One heatmap for all lanes (plotly.js fails on several heatmaps sharing a category axis).
+
+    Each group's fractions are offset by ``2 * group`` so one colour scale shades CPU lanes blue,
+    device lanes green and the idle lane red; the hover text carries the true fraction.
+    """
     edges = np.linspace(view.lo_ns, view.hi_ns, num_bins + 1).round().astype(np.int64)
     centers = ns_to_ms((edges[:-1] + edges[1:]) // 2, view.index.t0_ns)
-    traces = []
-    for group in ("cpu", "device", "idle"):
-        lanes = [lane for lane in view.index.lanes if lane.group == group]
-        if not lanes:
-            continue
-        z = np.stack([lane.occupancy(edges) for lane in lanes])
-        custom = None
-        if group == "idle":
-            custom = _dominant_blame(lanes[0], edges)[None, :]
-        traces.append(
-            go.Heatmap(
-                x=centers,
-                y=[lane.label for lane in lanes],
-                z=z,
-                zmin=0,
-                zmax=1,
-                colorscale=_SCALES[group],
-                showscale=False,
-                xgap=0,
-                ygap=3,
-                customdata=custom,
-                name=group,
-                hovertemplate=(
-                    "%{y}<br>%{x:,.2f} ms: %{z:.0%} "
-                    + ("idle, mostly %{customdata}" if group == "idle" else "busy")
-                    + "<extra></extra>"
-                ),
+    rows, text = [], []
+    for lane in view.index.lanes:
+        frac = lane.occupancy(edges)
+        offset = 2 * _GROUPS.index(lane.group)
+        rows.append(frac + offset)
+        pct = np.char.add(np.round(frac * 100).astype(int).astype(str), "%")
+        if lane.group == "idle":
+            blame = _dominant_blame(lane, edges).astype(str)
+            text.append(
+                np.where(
+                    frac > 0, np.char.add(np.char.add(pct, " idle, mostly "), blame), "no bubble"
+                ).tolist()
             )
-        )
-    return traces
+        else:
+            text.append(np.char.add(pct, " busy").tolist())
+    heat = go.Heatmap(
+        x=centers,
+        y=view.index.labels,
+        z=np.stack(rows).tolist() if rows else [],
+        zmin=0,
+        zmax=2 * len(_GROUPS) - 1,
+        colorscale=_SCALE,
+        showscale=False,
+        ygap=3,
+        customdata=text,
+        name="density",
+        hovertemplate="%{y}<br>%{x:,.2f} ms: %{customdata}<extra></extra>",
+    )
+    return [heat]
 
 
 def _dominant_blame(idle: Lane, edges: np.ndarray) -> np.ndarray:

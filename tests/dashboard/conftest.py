@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -67,6 +68,7 @@ class Server:
     def __init__(self, wsgi_app: object) -> None:
         from werkzeug.serving import make_server
 
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log per request
         self._server = make_server("127.0.0.1", 0, wsgi_app, threaded=True)
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         self._thread = threading.Thread(

@@ -78,23 +78,20 @@ def test_density_equals_brute_force_occupancy(report: Report, index: LaneIndex) 
     assert fig.layout.meta["mode"] == "density"
     edges = np.linspace(lo, hi, 21).round().astype(np.int64)
     drawn = _drawn(report.frames.slices)
-    for heat in fig.data:
-        for label, row in zip(heat.y, heat.z, strict=True):
-            if label == IDLE_LANE:
-                b = report.tables["bubbles"]
-                ref = _brute_occupancy(b["start_ns"].to_numpy(), b["end_ns"].to_numpy(), edges)
-            elif label.startswith("gpu:"):
-                part = drawn[drawn["track"] == label]
-                ref = _brute_occupancy(part["ts_ns"].to_numpy(), part["end_ns"].to_numpy(), edges)
-            else:
-                name, _, kind = label.partition("(")
-                part = drawn[
-                    (drawn["name"] == name)
-                    & (drawn["kind"] == kind.rstrip(")"))
-                    & (drawn["role"] == "cpu")
-                ]
-                ref = _brute_occupancy(part["ts_ns"].to_numpy(), part["end_ns"].to_numpy(), edges)
-            np.testing.assert_allclose(np.asarray(row, dtype=float), ref, atol=1e-12, err_msg=label)
+    (heat,) = fig.data
+    for label, row in zip(heat.y, heat.z, strict=True):
+        if label == IDLE_LANE:
+            offset, part = 4, report.tables["bubbles"].rename(columns={"start_ns": "ts_ns"})
+        elif label.startswith("gpu:"):
+            offset, part = 2, drawn[drawn["track"] == label]
+        else:
+            name, _, kind = label.partition("(")
+            cpu = drawn[drawn["role"] == "cpu"]
+            offset, part = 0, cpu[(cpu["name"] == name) & (cpu["kind"] == kind.rstrip(")"))]
+        ref = _brute_occupancy(part["ts_ns"].to_numpy(), part["end_ns"].to_numpy(), edges)
+        np.testing.assert_allclose(
+            np.asarray(row, dtype=float) - offset, ref, atol=1e-12, err_msg=label
+        )
 
 
 def test_density_is_chosen_above_the_budget(traces: TraceSet) -> None:
