@@ -12,7 +12,7 @@ from typing import Any
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-__all__ = ["PacketScan", "scan_packets", "read_packets", "TraceReadError"]
+__all__ = ["PacketScan", "scan_packets", "read_packets", "resolve_interned", "TraceReadError"]
 
 _PACKET_TAG = 0x0A  # field 1, wire type 2 (length-delimited)
 
@@ -73,6 +73,40 @@ def scan_packets(data: bytes) -> PacketScan:
     return PacketScan(packets, 0)
 
 
+def resolve_interned(packets: list[Any]) -> None:
+    """Fill in interned names in place: event ``name`` from ``name_iid``, annotation ``name``
+    from ``name_iid`` and ``string_value`` from ``string_value_iid``.
+
+    Interning tables are kept per trusted sequence and reset when a packet clears the sequence's
+    incremental state, as Perfetto's trace processor does.
+    """
+    cleared = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    tables: dict[int, tuple[dict[int, str], dict[int, str], dict[int, str]]] = {}
+    for packet in packets:
+        seq = packet.trusted_packet_sequence_id
+        if packet.sequence_flags & cleared or packet.incremental_state_cleared or seq not in tables:
+            tables[seq] = ({}, {}, {})
+        names, keys, strings = tables[seq]
+        if packet.HasField("interned_data"):
+            data = packet.interned_data
+            names.update((e.iid, e.name) for e in data.event_names)
+            keys.update((e.iid, e.name) for e in data.debug_annotation_names)
+            strings.update((e.iid, e.str.decode()) for e in data.debug_annotation_string_values)
+        if not packet.HasField("track_event"):
+            continue
+        te = packet.track_event
+        if te.HasField("name_iid"):
+            te.name = names.get(te.name_iid, "")
+        for ann in te.debug_annotations:
+            if ann.HasField("name_iid"):
+                ann.name = keys.get(ann.name_iid, "")
+            if ann.HasField("string_value_iid"):
+                ann.string_value = strings.get(ann.string_value_iid, "")
+
+
 def read_packets(path: str) -> PacketScan:
+    """Every whole packet of the file at ``path``, interned names resolved."""
     with open(path, "rb") as f:
-        return scan_packets(f.read())
+        scan = scan_packets(f.read())
+    resolve_interned(scan.packets)
+    return scan

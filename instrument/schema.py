@@ -35,6 +35,7 @@ __all__ = [
     "Instant",
     "WaitKind",
     "Arg",
+    "CaptureArg",
     "SliceSpec",
     "CPU_SLICES",
     "DEVICE_SLICES",
@@ -150,6 +151,26 @@ class Arg(str, Enum):
     NUM_PROMPT_TOKENS = "num_prompt_tokens"  # on a request's prefill slice
     OUTPUT_DIGEST = "output_digest"  # trace_metadata: digest of every request's output tokens
     SCHEMA_VERSION = "schema_version"
+
+
+class CaptureArg(str, Enum):
+    """``trace_metadata`` args written by capture control (``instrument.capture``).
+
+    The settings (``capture_*``) are written at start; the counts at close. Dropped counts are
+    ``dropped_steps_<reason>`` (distinct steps) and ``dropped_events_<reason>`` (events), with
+    reason one of ``warmup``, ``range``, ``sampled``, ``size`` (stop mode) and ``ring`` (evicted
+    from the ring). Steps are kept or dropped whole, except at the ring's oldest edge.
+    """
+
+    STEPS = "capture_steps"  # "A:B", half-open; "A:" = no end
+    EVERY = "capture_every"  # one step in N kept (1 = all): N > 1 marks a sampled trace
+    MAX_BYTES = "capture_max_bytes"  # 0 = no budget
+    MODE = "capture_mode"  # "stop" or "ring"
+    WARMUP_STEPS = "capture_warmup_steps"  # first steps excluded as warm-up (0 = none)
+    STEPS_SEEN = "steps_seen"
+    STEPS_KEPT = "steps_kept"
+    DROPPED_STEPS_PREFIX = "dropped_steps_"
+    DROPPED_EVENTS_PREFIX = "dropped_events_"
 
 
 @dataclass(frozen=True)

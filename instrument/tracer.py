@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from instrument import nvtx as _nvtx
+from instrument.capture import CaptureConfig
 from instrument.events import EV_COUNTER, EV_INSTANT, EV_SLICE_AT, RawEvent
 from instrument.perfetto_writer import PerfettoWriter
 from instrument.schema import SCHEMA_VERSION, Arg, Instant
@@ -130,6 +131,9 @@ class Tracer:
         nvtx: also push/pop NVTX ranges (domain ``stepscope``) around spans.
         flush_interval_s: how often the background thread writes buffered events.
         install_signal_handlers: flush on SIGTERM/SIGINT before the previous handler runs.
+        capture: which steps reach the file (step range, sampling, size budget, ring, warm-up;
+            see :mod:`instrument.capture`); default: every step. What it drops is counted in the
+            closing ``trace_metadata``.
     """
 
     def __init__(
@@ -140,6 +144,7 @@ class Tracer:
         nvtx: bool = False,
         flush_interval_s: float = 0.5,
         install_signal_handlers: bool = False,
+        capture: CaptureConfig | None = None,
     ) -> None:
         if enabled and path is None:
             raise ValueError("an enabled Tracer needs an output path")
@@ -166,9 +171,11 @@ class Tracer:
         if not enabled:
             return
         assert self.path is not None
-        self._writer = PerfettoWriter(self.path)
+        self.capture = capture or CaptureConfig()
+        self._writer = PerfettoWriter(self.path, capture=self.capture)
         self.metadata(
             **{Arg.SCHEMA_VERSION.value: SCHEMA_VERSION},
+            **self.capture.describe(),
             pid=os.getpid(),
             host=socket.gethostname(),
             wall_time_ns=time.time_ns(),
@@ -263,11 +270,16 @@ class Tracer:
             self._stop.set()
             if self._flusher is not None and self._flusher is not threading.current_thread():
                 self._flusher.join(timeout=5.0)
-            self.enabled = True  # let the final metadata through
-            self.metadata(closed=True, **{f"dropped_{k}": v for k, v in self.dropped.items()})
             self.flush()
             self.enabled = False
-            self._writer.close()
+            counts: dict[str, object] = {f"dropped_{k}": v for k, v in self.dropped.items()}
+            counts.update(self._writer.gate.counts())
+            counts.update(self._writer.ring_counts())
+            # Zero drop counts are left out (absent = 0); the last packet is a small "closed".
+            self._writer.write_metadata(
+                {k: v for k, v in counts.items() if v or not k.startswith("dropped_")}, now_ns()
+            )
+            self._writer.close({"closed": True}, now_ns())
             atexit.unregister(self.close)
 
     def _install_signal_handlers(self) -> None:
