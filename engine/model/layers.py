@@ -1,7 +1,16 @@
 """Llama-family building blocks: RMSNorm, SwiGLU MLP, paged-KV attention.
 
 Attribute names follow the HF checkpoints (``q_proj``, ``q_norm``, ``gate_proj``, ...), so a HF
-state dict loads without renaming.
+state dict loads without renaming. For speed the projections that read the same input run as
+one GEMM: ``q_proj``/``k_proj``/``v_proj`` as ``qkv_weight`` and ``gate_proj``/``up_proj`` as
+``gate_up_weight``. Those merged tensors are non-persistent buffers, and each HF-named parameter
+is a *view* into them, so loading or filling a parameter in place updates the merged weight too.
+(:func:`merge_weights` re-establishes the views if something replaced the parameters' storage,
+e.g. ``module.to(...)``.)
+
+Per decoder layer on the Triton path this is: QKV GEMM, one q/k-norm + RoPE + KV-write kernel,
+attention, o_proj GEMM, a fused residual-add + RMSNorm, gate_up GEMM, SiLU-and-mul, down GEMM
+(plus the first fused add + RMSNorm, which :class:`~engine.model.llama.DecoderLayer` owns).
 """
 
 from __future__ import annotations
@@ -10,47 +19,115 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels.activation import silu_and_mul
 from engine.kernels.attention import paged_attention
-from engine.kernels.kv_write import write_kv
+from engine.kernels.norm import add_rms_norm, rms_norm
+from engine.kernels.rope import qk_norm_rope_write_kv
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
-from engine.model.rope import apply_rotary
 
-__all__ = ["Attention", "MLP", "RMSNorm"]
+__all__ = ["Attention", "MLP", "RMSNorm", "merge_weights"]
 
 
 class RMSNorm(nn.Module):
     """``weight * x / sqrt(mean(x^2) + eps)``, normalised in fp32 like HF."""
 
     def __init__(
-        self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str
+        self,
+        size: int,
+        eps: float,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        use_triton: bool = False,
     ) -> None:
         super().__init__()
         self.eps = eps
+        self.use_triton = use_triton
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
 
     # stepscope: hot
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension of ``x: [..., size]``."""
-        # one fused kernel on CUDA (vs ~6 for the pow/mean/rsqrt spelling); same fp32 math
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, self.use_triton)
+
+    # stepscope: hot
+    def forward_add(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)`` for ``x, residual: [T, size]``, one kernel."""
+        return add_rms_norm(x, residual, self.weight, self.eps, self.use_triton)
+
+
+def _merge_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate ``linears`` along the output dim; re-point their parameters to views of it.
+
+    Returns ``(weight [sum(out), in], bias [sum(out)] or None)``.
+    """
+    with torch.no_grad():
+        weight = torch.cat([lin.weight for lin in linears])
+        has_bias = linears[0].bias is not None
+        bias = (
+            torch.cat([lin.bias for lin in linears if lin.bias is not None]) if has_bias else None
+        )
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight = nn.Parameter(weight[start:end], requires_grad=lin.weight.requires_grad)
+        if bias is not None and lin.bias is not None:
+            lin.bias = nn.Parameter(bias[start:end], requires_grad=lin.bias.requires_grad)
+        start = end
+    return weight, bias
+
+
+def _views_of(linears: list[nn.Linear], weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether every linear's weight (and bias) still aliases its slice of the merged tensors."""
+    start = 0
+    for lin in linears:
+        if lin.weight.data_ptr() != weight[start].data_ptr():
+            return False
+        if (
+            bias is not None
+            and lin.bias is not None
+            and lin.bias.data_ptr() != bias[start:].data_ptr()
+        ):
+            return False
+        start += lin.out_features
+    return True
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))`` with gate/up as one GEMM."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        use_triton: bool = False,
+    ) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
+        self.use_triton = use_triton
         self.gate_proj = nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device)
         self.up_proj = nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device)
         self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=dtype, device=device)
+        self.gate_up_weight: torch.Tensor  # [2 * inter, hidden]
+        self.merge_weights()
+
+    def merge_weights(self) -> None:
+        """(Re)build ``gate_up_weight`` with ``gate_proj``/``up_proj`` weights as views of it."""
+        pair = [self.gate_proj, self.up_proj]
+        merged = getattr(self, "gate_up_weight", None)
+        if merged is not None and _views_of(pair, merged, None):
+            return
+        weight, _ = _merge_linears(pair)
+        self.register_buffer("gate_up_weight", weight, persistent=False)
 
     # stepscope: hot
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: [T, hidden] -> [T, hidden]``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = F.linear(x, self.gate_up_weight)  # [T, 2 * inter]
+        return self.down_proj(silu_and_mul(gate_up, self.use_triton))
 
 
 class Attention(nn.Module):
@@ -84,6 +161,20 @@ class Attention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
+        self.eps = config.rms_norm_eps
+        self.qkv_weight: torch.Tensor  # [q_size + 2 * kv_size, hidden]
+        self.qkv_bias: torch.Tensor | None  # [q_size + 2 * kv_size] (Qwen2) or None
+        self.merge_weights()
+
+    def merge_weights(self) -> None:
+        """(Re)build ``qkv_weight``/``qkv_bias`` with the q/k/v parameters as views of them."""
+        triple = [self.q_proj, self.k_proj, self.v_proj]
+        merged = getattr(self, "qkv_weight", None)
+        if merged is not None and _views_of(triple, merged, self.qkv_bias):
+            return
+        weight, bias = _merge_linears(triple)
+        self.register_buffer("qkv_weight", weight, persistent=False)
+        self.register_buffer("qkv_bias", bias, persistent=False)
 
     # stepscope: hot
     def forward(
@@ -95,14 +186,23 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``hidden_states: [T, hidden]`` -> ``[T, hidden]``; ``rope_cos_sin``: ``[T, 1, D]`` each."""
         num_tokens = hidden_states.shape[0]
-        q = self.q_proj(hidden_states).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # Qwen3: per-head norm before RoPE
+        qkv = F.linear(hidden_states, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) * D]
+        q_norm_weight = None if self.q_norm is None else self.q_norm.weight
+        k_norm_weight = None if self.k_norm is None else self.k_norm.weight
         cos, sin = rope_cos_sin
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        write_kv(k, v, kv_cache, attn_metadata.slot_mapping, self.use_triton)
-        # out: [T, Hq, D]
+        # q: [T, Hq, D]; K/V of this step are now in kv_cache
+        q = qk_norm_rope_write_kv(
+            qkv, cos, sin, q_norm_weight, k_norm_weight, self.eps,
+            kv_cache, attn_metadata.slot_mapping, self.num_heads, self.use_triton,
+        )  # fmt: skip
         out = paged_attention(q, kv_cache, attn_metadata, self.scale, self.use_triton)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+def merge_weights(model: nn.Module) -> None:
+    """Make every merged QKV / gate-up weight in ``model`` alias its HF-named parameters again.
+
+    A no-op (a pointer check per module) while the views are intact."""
+    for module in model.modules():
+        if isinstance(module, (Attention, MLP)):
+            module.merge_weights()

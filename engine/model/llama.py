@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+from typing import cast
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.model.attention_metadata import AttentionMetadata
@@ -21,10 +25,10 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device, use_triton)
         self.self_attn = Attention(config, dtype, device, use_triton)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = MLP(config, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device, use_triton)
+        self.mlp = MLP(config, dtype, device, use_triton)
 
     # stepscope: hot
     def forward(
@@ -34,13 +38,35 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        """``hidden_states: [T, hidden] -> [T, hidden]``."""
-        attn_in = self.input_layernorm(hidden_states)
-        hidden_states = hidden_states + self.self_attn(
-            attn_in, rope_cos_sin, kv_cache, attn_metadata
+        """``hidden_states: [T, hidden] -> [T, hidden]`` (the layer output plus its residual)."""
+        out, residual = self.forward_residual(
+            hidden_states, None, rope_cos_sin, kv_cache, attn_metadata
         )
-        mlp_in = self.post_attention_layernorm(hidden_states)
-        return hidden_states + self.mlp(mlp_in)
+        return out + residual
+
+    # stepscope: hot
+    def forward_residual(
+        self,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope_cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream kept apart, so each add fuses into the next RMSNorm (vLLM-style).
+
+        The layer's input is ``hidden_states + residual`` (just ``hidden_states`` when
+        ``residual`` is None); returns ``(mlp_out, residual)`` whose sum is its output.
+        All tensors ``[T, hidden]``.
+        """
+        if residual is None:
+            residual = hidden_states
+            attn_in = self.input_layernorm(hidden_states)
+        else:
+            attn_in, residual = self.input_layernorm.forward_add(hidden_states, residual)
+        attn_out = self.self_attn(attn_in, rope_cos_sin, kv_cache, attn_metadata)
+        mlp_in, residual = self.post_attention_layernorm.forward_add(attn_out, residual)
+        return self.mlp(mlp_in), residual
 
 
 class LlamaModel(nn.Module):
@@ -56,7 +82,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, device, use_triton) for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, use_triton)
         self.rotary_emb = RotaryEmbedding(config, device)
 
 
@@ -118,14 +144,40 @@ class LlamaForCausalLM(nn.Module):
         """
         hidden_states = self.embed(input_ids)  # [T, hidden]
         rope_cos_sin = self.model.rotary_emb(positions, hidden_states.dtype)  # [T, 1, D] each
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden_states = layer(hidden_states, rope_cos_sin, kv_cache, attn_metadata)
-        return self.model.norm(hidden_states)
+            hidden_states, residual = cast(DecoderLayer, layer).forward_residual(
+                hidden_states, residual, rope_cos_sin, kv_cache, attn_metadata
+            )
+        if residual is None:
+            return self.model.norm(hidden_states)
+        return self.model.norm.forward_add(hidden_states, residual)[0]
 
     # stepscope: hot
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``hidden_states: [n, hidden]`` -> logits ``[n, vocab]`` float32."""
-        return self.lm_head(hidden_states).float()
+        """``hidden_states: [n, hidden]`` -> logits ``[n, vocab]`` float32.
+
+        On CUDA a bf16/fp16 model writes fp32 logits straight from the GEMM's fp32 accumulator
+        (one kernel, no half-precision logits written, read and widened)."""
+        weight = self.lm_head.weight  # [vocab, hidden]
+        if hidden_states.dtype != torch.float32 and _mm_fp32_out(
+            hidden_states.device, hidden_states.dtype
+        ):
+            return torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
+        return F.linear(hidden_states, weight).float()
+
+
+@functools.cache
+def _mm_fp32_out(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm(..., out_dtype=torch.float32)`` runs on ``device`` for ``dtype``."""
+    if device.type != "cuda":
+        return False
+    a = torch.ones(2, 2, dtype=dtype, device=device)
+    try:
+        torch.mm(a, a, out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
 
 
 def allocate_kv_caches(

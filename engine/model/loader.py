@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from engine.model.config import ModelConfig
+from engine.model.layers import merge_weights
 from engine.model.llama import LlamaForCausalLM
 
 __all__ = [
@@ -47,7 +48,10 @@ def load_model(
 
 
 def load_state_dict(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy ``tensors`` (HF names) into ``model``, casting to its dtype; strict by name and shape."""
+    """Copy ``tensors`` (HF names) into ``model``, casting to its dtype; strict by name and shape.
+
+    The merged QKV / gate-up weights alias the HF-named parameters, so they follow the copy."""
+    merge_weights(model)
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.config.tie_word_embeddings
     expected = {name for name in params if not (tied and name == "lm_head.weight")}
@@ -109,6 +113,7 @@ def build_random_model(
                 param.fill_(1.0)
                 continue
             param.normal_(0.0, 0.02, generator=generator)
+    merge_weights(model)
     model.eval()
     return model
 

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from engine.kernels.rope import apply_rotary_torch
 from engine.model.config import ModelConfig, RopeScaling
 
 __all__ = ["RotaryEmbedding", "apply_rotary", "rope_inv_freq"]
@@ -77,30 +78,30 @@ def _yarn_inv_freq(config: ModelConfig, s: RopeScaling) -> tuple[torch.Tensor, f
 # stepscope: hot
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x: [T, H, D]`` by ``cos, sin: [T, 1, D]`` (x's dtype), HF's rotate_half layout."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return apply_rotary_torch(x, cos, sin)
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed fp32 cos/sin table for every position up to ``max_position_embeddings``."""
+    """Precomputed fp32 ``[cos | sin]`` table for every position up to ``max_position_embeddings``."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
         super().__init__()
         inv_freq, attention_factor = rope_inv_freq(config)
+        self.head_dim = config.head_dim
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]  # [max_pos, D // 2]
         freqs = torch.cat((freqs, freqs), dim=-1)  # [max_pos, D]
-        self.cos_cache: torch.Tensor
-        self.sin_cache: torch.Tensor
-        self.register_buffer("cos_cache", (freqs.cos() * attention_factor).to(device), False)
-        self.register_buffer("sin_cache", (freqs.sin() * attention_factor).to(device), False)
+        cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * attention_factor
+        self.cos_sin_cache: torch.Tensor  # [max_pos, 2 * D] fp32
+        self.register_buffer("cos_sin_cache", cos_sin.to(device), False)
 
     # stepscope: hot
     def forward(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[T, 1, D]`` in ``dtype`` at ``positions: [T]`` int64; computed once a step."""
-        cos = self.cos_cache[positions].to(dtype)[:, None, :]
-        sin = self.sin_cache[positions].to(dtype)[:, None, :]
-        return cos, sin
+        """cos, sin ``[T, 1, D]`` in ``dtype`` at ``positions: [T]`` int64; computed once a step.
+
+        Two kernels (one gather, one cast); cos and sin are strided views of one ``[T, 2 * D]``
+        tensor."""
+        cos_sin = self.cos_sin_cache[positions].to(dtype)[:, None, :]  # [T, 1, 2 * D]
+        return cos_sin[..., : self.head_dim], cos_sin[..., self.head_dim :]
