@@ -4,29 +4,46 @@ Synchronous: schedule N -> launch N -> wait N -> update N. With the batch queue 
 vLLM's ``step_with_batch_queue``): schedule and launch N+1 before waiting on N, so the CPU's
 scheduling and input preparation of N+1 run while the device computes N.
 
+Structured output (DESIGN.md §1, deferred sampling): a grammar's mask for step N+1 exists only once
+output N is committed and the grammar has accepted t_N. With the batch queue, a step holding a
+structured request behind a step still in flight is split: its forward (and logits) is enqueued at
+once, its sampling after ``update_from_output(N)`` and the ``grammar_mask`` of N+1; the wait on
+output N is then ``wait_output(kind=grammar)``. Free-only steps keep the single enqueue. Without
+deferred sampling (async off, or turned off) a structured step is launched with its mask built
+first (async: only after the step before it is updated).
+
 Every CPU phase is a slice of DESIGN.md §3 on the ``engine-core`` thread; the runner adds
 ``prepare_inputs``/``launch`` and the device slices; counters are sampled after each update.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 from collections import deque
+from typing import Any
+
+import torch
 
 from engine.config import EngineConfig, ResolvedFeatures, resolve_features
 from engine.device import Device
 from engine.engine_parts import DTYPES, build_device, build_model, scheduler_config_for
-from engine.request import Request
+from engine.request import Request, RequestStatus
 from engine.request_timeline import RequestTimeline
-from engine.runner.async_output import AsyncOutput
+from engine.runner.async_output import AsyncOutput, PendingSample
 from engine.runner.model_runner import ModelRunner, RunnerConfig
 from engine.scheduler.async_scheduler import AsyncScheduler
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.scheduler.request_output import RequestOutput, StopStringChecker
+from engine.scheduler.request_output import (
+    FINISH_REASON_ERROR,
+    RequestOutput,
+    StopStringChecker,
+)
 from engine.scheduler.scheduler import Scheduler
 from engine.spec.proposer import Proposer, create_proposer
+from engine.structured.manager import StructuredOutputManager
 from instrument.schema import (
     ENGINE_THREAD,
     REQUESTED_AUTO,
@@ -52,6 +69,8 @@ class EngineCore:
         tracer: where slices go (default: the process-global tracer).
         stop_string_checker: finds stop strings in a request's text (needs a tokenizer).
         trace_requests: write one track per request (queued/prefill/decode).
+        tokenizer: the model's tokenizer; structured requests need it (grammars are compiled
+            against its vocabulary).
     """
 
     def __init__(
@@ -60,6 +79,7 @@ class EngineCore:
         tracer: Tracer | None = None,
         stop_string_checker: StopStringChecker | None = None,
         trace_requests: bool = True,
+        tokenizer: Any = None,
     ) -> None:
         self.config = config
         self.tracer = tracer if tracer is not None else get_tracer()
@@ -92,7 +112,11 @@ class EngineCore:
             proposer=self.proposer,
         )
         self.requests = RequestTimeline(self.tracer, write_tracks=trace_requests)
-        self._queue: deque[tuple[SchedulerOutput, AsyncOutput]] = deque()
+        self.structured = StructuredOutputManager(
+            tokenizer, self.model_config.vocab_size, self.eos_token_ids
+        )
+        # A PendingSample is a structured step whose sampling waits for the step before it.
+        self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample]] = deque()
         self._record_start()
 
     def _build_proposer(self) -> Proposer | None:
@@ -121,11 +145,29 @@ class EngineCore:
     def eos_token_ids(self) -> tuple[int, ...]:
         return tuple(self.model_config.eos_token_ids)
 
-    def add_request(self, request: Request) -> None:
-        self.scheduler.add_request(request)
+    def add_request(self, request: Request, structured: Any = None) -> RequestOutput | None:
+        """Queue a request; ``structured`` is a workload's ``{"json_schema"|"regex"|"choice": ...}``.
+
+        A grammar that cannot be compiled (or no xgrammar / tokenizer) fails only this request:
+        its final output (``finish_reason="error"``, ``error`` set) is returned at once.
+        """
+        if structured is not None:
+            error = self.structured.add(request.req_id, structured)
+            if error is not None:
+                _log.warning("request %s: %s", request.req_id, error)
+                self.requests.arrived(request.req_id)
+                self.requests.finished(request.req_id)
+                return RequestOutput(request.req_id, [], True, FINISH_REASON_ERROR, error=error)
+        try:
+            self.scheduler.add_request(request)
+        except ValueError:
+            self.structured.remove(request.req_id)
+            raise
         self.requests.arrived(request.req_id)
+        return None
 
     def abort_request(self, req_id: str) -> RequestOutput | None:
+        self.structured.remove(req_id)
         out = self.scheduler.abort_request(req_id)
         if out is not None:
             self.requests.finished(req_id)
@@ -142,36 +184,66 @@ class EngineCore:
         so = self._schedule()
         if so is None:
             return []
-        handle = self.runner.execute_model(so)
+        handle = self.runner.execute_model(so, self._grammar_bitmask(so))
         return self._update(so, self._wait(so, handle))
 
     def step_with_batch_queue(self) -> list[RequestOutput]:
         """Async: launch step N+1 before waiting on step N (queue depth 2)."""
-        if self.sync_accepted:
-            return self._step_after_accepted_counts()
+        if self.sync_accepted or (self.structured.active and not self.features.deferred_sampling):
+            return self._step_serial()
         scheduled = False
         if len(self._queue) < BATCH_QUEUE_DEPTH and self.scheduler.has_unfinished_requests():
             so = self._schedule()
             if so is not None:
-                self._queue.append((so, self.runner.execute_model(so)))
+                self._queue.append((so, self._launch(so)))
                 scheduled = True
         if not self._queue or (scheduled and len(self._queue) < BATCH_QUEUE_DEPTH):
             return []
-        so, handle = self._queue.popleft()
-        return self._update(so, self._wait(so, handle))
+        return self._retire_oldest()
 
-    def _step_after_accepted_counts(self) -> list[RequestOutput]:
-        """``--spec-sync-accepted``: wait for step N's accepted counts, update, only then
-        schedule and launch N+1 (the device idles meanwhile: the exposed wait to measure)."""
+    def _step_serial(self) -> list[RequestOutput]:
+        """Wait for step N and update it before scheduling N+1. ``--spec-sync-accepted``: the CPU
+        waits for accepted counts (the device idles meanwhile: the exposed wait to measure); also
+        structured output with deferred sampling off (N+1's mask needs t_N)."""
         outputs: list[RequestOutput] = []
         if self._queue:
-            so, handle = self._queue.popleft()
-            outputs = self._update(so, self._wait(so, handle))
+            outputs = self._retire_oldest()
         if self.scheduler.has_unfinished_requests():
             next_so = self._schedule()
             if next_so is not None:
-                self._queue.append((next_so, self.runner.execute_model(next_so)))
+                self._queue.append((next_so, self._launch(next_so)))
         return outputs
+
+    def _launch(self, so: SchedulerOutput) -> AsyncOutput | PendingSample:
+        """Enqueue a step whole, or -- a structured step behind one still in flight -- only its
+        forward; its sampling follows in :meth:`_sample_deferred`."""
+        if self._queue and self.structured.needs_mask(so):
+            return self.runner.execute_forward(so)
+        return self.runner.execute_model(so, self._grammar_bitmask(so))
+
+    def _retire_oldest(self) -> list[RequestOutput]:
+        """Wait for and update the oldest step, then sample the next one if it was deferred."""
+        so, handle = self._queue.popleft()
+        if not isinstance(handle, AsyncOutput):
+            raise RuntimeError(f"step {so.step} was never sampled")
+        outputs = self._update(so, self._wait(so, handle))
+        self._sample_deferred()
+        return outputs
+
+    def _sample_deferred(self) -> None:
+        """Output N is committed and the grammar has accepted t_N: build the bitmask of N+1 and
+        enqueue its sampling (its forward is already on the device)."""
+        if not self._queue or not isinstance(self._queue[0][1], PendingSample):
+            return
+        so, pending = self._queue[0]
+        self._queue[0] = (so, self.runner.execute_sample(pending, self._grammar_bitmask(so)))
+
+    def _grammar_bitmask(self, so: SchedulerOutput) -> torch.Tensor | None:
+        """The step's grammar mask (host), or None when no structured request runs in it."""
+        if not self.structured.needs_mask(so):
+            return None
+        with self.tracer.span(CpuSlice.GRAMMAR_MASK.value, step=so.step):
+            return self.structured.build_bitmask(so, self.device.host_empty)
 
     def run_step(self) -> list[RequestOutput]:
         """One iteration of whichever loop the resolved features chose."""
@@ -201,13 +273,21 @@ class EngineCore:
         return so
 
     def _wait(self, so: SchedulerOutput, handle: AsyncOutput) -> ModelRunnerOutput:
-        kind = (WaitKind.ACCEPTED_COUNT if self.sync_accepted else WaitKind.SAMPLED).value
-        with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind):
-            return handle.get()
+        if self.sync_accepted:
+            kind = WaitKind.ACCEPTED_COUNT
+        elif self._queue and isinstance(self._queue[0][1], PendingSample):
+            kind = WaitKind.GRAMMAR  # this output gates the sampling of the next step
+        else:
+            kind = WaitKind.SAMPLED
+        with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind.value):
+            out = handle.get()
+        if self.structured.active:
+            self.structured.note_drafts(handle.draft_token_ids())
+        return out
 
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         with self.tracer.span(CpuSlice.UPDATE_FROM_OUTPUT.value, step=so.step) as span:
-            outputs = self.scheduler.update_from_output(so, out)
+            outputs = self._advance_grammars(self.scheduler.update_from_output(so, out))
             num_accepted = sum(o.num_accepted for o in outputs)
             num_rejected = sum(o.num_draft_tokens - o.num_accepted for o in outputs)
             num_finished = 0
@@ -225,6 +305,25 @@ class EngineCore:
             )
         self._sample_counters()
         return outputs
+
+    def _advance_grammars(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Structured requests' grammars accept the committed tokens; finished ones are dropped.
+        A token the grammar refuses (a masking bug) fails that request with the reason."""
+        if not self.structured.active:
+            return outputs
+        result = []
+        for o in outputs:
+            if not self.structured.accept(o.req_id, o.new_token_ids):
+                self.scheduler.finish_request(o.req_id, RequestStatus.FINISHED_ABORTED)
+                error = f"grammar refused committed tokens {o.new_token_ids}"
+                _log.error("request %s: %s", o.req_id, error)
+                o = dataclasses.replace(
+                    o, finished=True, finish_reason=FINISH_REASON_ERROR, error=error
+                )
+            if o.finished:
+                self.structured.remove(o.req_id)
+            result.append(o)
+        return result
 
     def _sample_counters(self) -> None:
         if not self.tracer.enabled:
@@ -266,8 +365,7 @@ class EngineCore:
         """Wait for and apply every queued step (end of a run)."""
         outputs: list[RequestOutput] = []
         while self._queue:
-            so, handle = self._queue.popleft()
-            outputs.extend(self._update(so, self._wait(so, handle)))
+            outputs.extend(self._retire_oldest())
         return outputs
 
     def check_idle(self) -> None:

@@ -36,6 +36,7 @@ class CompletionOutput:
     text: str | None = None
     finish_reason: str | None = None
     logprobs: list[list[tuple[int, float]]] | None = None
+    error: str | None = None  # why the request failed (finish_reason "error")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -47,6 +48,8 @@ class CompletionOutput:
         }
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
+        if self.error is not None:
+            out["error"] = self.error
         return out
 
 
@@ -93,7 +96,9 @@ class LLM:
         self.config = config if config is not None else EngineConfig(**engine_kwargs)
         self.tokenizer = self._load_tokenizer()
         checker = _StopStrings(self.tokenizer) if self.tokenizer is not None else None
-        self.engine = EngineCore(self.config, tracer, checker, trace_requests)
+        self.engine = EngineCore(
+            self.config, tracer, checker, trace_requests, tokenizer=self.tokenizer
+        )
         self._next_id = 0
 
     def _load_tokenizer(self) -> Any:
@@ -147,20 +152,27 @@ class LLM:
         prompts: Sequence[str | Sequence[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         progress: Callable[[int], None] | None = None,
+        structured: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[CompletionOutput]:
-        """Generate for every prompt (all arrive at once); outputs in prompt order."""
+        """Generate for every prompt (all arrive at once); outputs in prompt order.
+
+        ``structured``: per prompt, None or ``{"json_schema": {...}}`` / ``{"regex": "..."}`` /
+        ``{"choice": [...]}`` (the output is constrained to it)."""
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError("one SamplingParams per prompt, or a single one for all")
+        specs = list(structured) if structured is not None else [None] * len(prompts)
+        if len(specs) != len(prompts):
+            raise ValueError("one structured spec (or None) per prompt")
         workload = []
-        for prompt, params in zip(prompts, params_list, strict=True):
+        for prompt, params, spec in zip(prompts, params_list, specs, strict=True):
             req_id = str(self._next_id)
             self._next_id += 1
             ids = tuple(self._encode(prompt))
-            workload.append(WorkloadRequest(req_id, None, ids, params))
+            workload.append(WorkloadRequest(req_id, None, ids, params, structured=spec))
         return self.run_workload(workload, progress=progress)
 
     def run_workload(
@@ -186,7 +198,12 @@ class LLM:
             now = time.monotonic() - start
             while pending and pending[0].arrival_time_s <= now:
                 w = pending.popleft()
-                engine.add_request(self._request(w.id, prompts[w.id], w.params))
+                failed = engine.add_request(
+                    self._request(w.id, prompts[w.id], w.params), w.structured
+                )
+                if failed is not None:  # its grammar did not compile: it ends here, alone
+                    self._collect([failed], results, progress)
+                    continue
                 if w.abort_after_s is not None:
                     aborts.append((w.arrival_time_s + w.abort_after_s, w.id))
             for deadline, req_id in [a for a in aborts if a[0] <= now]:
@@ -217,6 +234,7 @@ class LLM:
                 res.logprobs = (res.logprobs or []) + o.new_logprobs
             if o.finished:
                 res.finish_reason = o.finish_reason
+                res.error = o.error
                 if progress is not None:
                     progress(1)
 

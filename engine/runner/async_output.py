@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -10,7 +11,7 @@ from engine.device import DeviceEvent
 from engine.runner.input_batch import InputBatch
 from engine.scheduler.outputs import ModelRunnerOutput
 
-__all__ = ["AsyncOutput", "HostOutputBuffers"]
+__all__ = ["AsyncOutput", "HostOutputBuffers", "PendingSample"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,19 @@ class HostOutputBuffers:
     num_accepted: torch.Tensor | None  # [num_reqs] int64, speculative decoding only
     logprob_token_ids: torch.Tensor | None  # [num_logits, k + 1] int64
     logprobs: torch.Tensor | None  # [num_logits, k + 1] f32
+    # [num_reqs, num_spec_tokens] int64: the drafts the next step verifies (structured + spec:
+    # the grammar walks them to build the next step's per-draft-position bitmask rows)
+    draft_ids: torch.Tensor | None = None
+
+
+@dataclass
+class PendingSample:
+    """A step whose input prep, forward and logits are enqueued but whose sampling is not
+    (deferred sampling); ``ModelRunner.execute_sample`` completes it into an AsyncOutput."""
+
+    step: int
+    batch: InputBatch | None  # None: the step scheduled nothing
+    box: dict[str, Any] = field(default_factory=dict)  # device results handed between stages
 
 
 class AsyncOutput:
@@ -56,6 +70,23 @@ class AsyncOutput:
                 self._ready.synchronize()
             self._result = self._build()
         return self._result
+
+    def draft_token_ids(self) -> dict[str, list[int]]:
+        """Drafts (proposed this step, verified by the next one) per request that returned
+        tokens; empty unless the step copied them (structured + speculative). After :meth:`get`."""
+        if self._result is None:
+            raise RuntimeError("draft_token_ids() before get()")
+        batch, host = self.batch, self._host
+        if batch is None or host is None or host.draft_ids is None:
+            return {}
+        drafts = host.draft_ids.numpy()
+        return {
+            req_id: [int(t) for t in drafts[b]]
+            for b, (req_id, returns) in enumerate(
+                zip(batch.req_ids, batch.returns_tokens, strict=True)
+            )
+            if returns
+        }
 
     def _build(self) -> ModelRunnerOutput:
         batch, host = self.batch, self._host

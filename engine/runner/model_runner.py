@@ -14,6 +14,14 @@ reads it; the host only learns it from the d2h copy, in :meth:`AsyncOutput.get`.
 
 With a proposer (speculative decoding) the compute stream runs ``verify`` instead of ``sample``
 when the step has drafts, then ``draft``: see :mod:`engine.runner.spec_decode`.
+
+Structured output (DESIGN.md §1): a grammar bitmask ``[num_logits, ceil(V / 32)]`` int32 is
+uploaded on the h2d stream and applied to the logits before ``sample``/``verify``. When the mask is
+known at launch, ``execute_model(out, bitmask)`` enqueues the step at once as above. Under async
+scheduling it is not (it needs output N), so the step is split: ``execute_forward`` enqueues input
+prep, forward and logits at once, and ``execute_sample`` enqueues upload, sample (verify, draft)
+and the output copy later. With a proposer, a masked step also copies its drafts back (after
+``draft``), since the grammar must walk them to mask the next step's draft positions.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from engine.config import ConfigError
 from engine.device import Device
 from engine.kernels.input_prep import InputPrepArgs, prepare_inputs
 from engine.model.attention_metadata import AttentionMetadata
-from engine.runner.async_output import AsyncOutput, HostOutputBuffers
+from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
 from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
 from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metadata
@@ -37,6 +45,7 @@ from engine.runner.states import RequestStates
 from engine.sample.sampler import Sampler
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.proposer import Proposer
+from engine.structured.bitmask import apply_token_bitmask, num_bitmask_words
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
@@ -112,6 +121,7 @@ class ModelRunner:
             else SpecDecoder(proposer, self.states, self.sampler, config.use_triton)
         )
         self._alloc_buffers()
+        self._bitmask_gpu: torch.Tensor | None = None  # [rows, words] int32, on first use
         self.graphs = CudaGraphRunner(
             resolve_cuda_graphs(config.cuda_graphs, device),
             max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
@@ -148,8 +158,46 @@ class ModelRunner:
         self.attn_block_table = torch.zeros(r, c.max_blocks_per_req, dtype=torch.int32, device=dev)
 
     # stepscope: hot
-    def execute_model(self, out: SchedulerOutput) -> AsyncOutput:
-        """Enqueue step ``out.step`` and return at once; ``.get()`` on the result waits for it."""
+    def execute_model(
+        self, out: SchedulerOutput, bitmask: torch.Tensor | None = None
+    ) -> AsyncOutput:
+        """Enqueue step ``out.step`` and return at once; ``.get()`` on the result waits for it.
+
+        ``bitmask`` (``[num_logits, ceil(V / 32)]`` int32, host): the grammar mask, applied to the
+        logits on the device before sampling (structured requests whose mask is already known).
+        """
+        batch = self._prepare_step(out)
+        if batch is None:
+            return AsyncOutput.empty(out.step)
+        with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
+            box = self._launch_forward(batch, with_logits=bitmask is not None)
+            return self._launch_sample(batch, box, bitmask)
+
+    # stepscope: hot
+    def execute_forward(self, out: SchedulerOutput) -> PendingSample:
+        """Deferred sampling: enqueue input prep, forward and logits of step ``out.step`` only.
+
+        :meth:`execute_sample` enqueues the rest once the host has built the grammar bitmask.
+        """
+        batch = self._prepare_step(out)
+        if batch is None:
+            return PendingSample(out.step, None)
+        with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
+            return PendingSample(out.step, batch, self._launch_forward(batch, with_logits=True))
+
+    # stepscope: hot
+    def execute_sample(self, pending: PendingSample, bitmask: torch.Tensor | None) -> AsyncOutput:
+        """Enqueue a deferred step's bitmask upload, sample (or verify + draft) and output copy.
+
+        ``bitmask`` None: its structured requests finished meanwhile; sample unmasked."""
+        if pending.batch is None:
+            return AsyncOutput.empty(pending.step)
+        with self.tracer.span(CpuSlice.LAUNCH.value, step=pending.step):
+            return self._launch_sample(pending.batch, pending.box, bitmask)
+
+    # stepscope: hot
+    def _prepare_step(self, out: SchedulerOutput) -> InputBatch | None:
+        """Host side of a step: state-table diffs and the packed batch (None: nothing to run)."""
         self.timeline.poll()
         with self.tracer.span(CpuSlice.PREPARE_INPUTS.value, step=out.step):
             if out.scheduled_spec_decode_tokens and self.spec is None:
@@ -162,15 +210,15 @@ class ModelRunner:
             padded = self.graphs.padded_size(len(out.num_scheduled_tokens), uniform)
             batch, packed = build_input_batch(out, self.states, padded)
             if batch.num_reqs == 0:
-                return AsyncOutput.empty(out.step)
+                return None
             self.step_inputs.stage(0, 0, packed)
-        with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
-            return self._launch(batch)
+        return batch
 
     # stepscope: hot
-    def _launch(self, batch: InputBatch) -> AsyncOutput:
+    def _launch_forward(self, batch: InputBatch, with_logits: bool) -> dict[str, Any]:
+        """h2d inputs, input prep and forward (plus the sampled rows' logits when asked)."""
         dev, tl, step = self.device, self.timeline, batch.step
-        compute, h2d, d2h = dev.compute_stream, dev.h2d_stream, dev.d2h_stream
+        compute, h2d = dev.compute_stream, dev.h2d_stream
         with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
@@ -184,32 +232,74 @@ class ModelRunner:
             dev.submit(compute, lambda: self._prepare(batch))
         with tl.stage(DeviceSlice.FORWARD.value, step=step, stream=compute):
             dev.submit(compute, lambda: box.update(hidden=self._forward(batch)))
+            if with_logits:
+                dev.submit(compute, lambda: box.update(logits=self._logits(batch, box["hidden"])))
+        return box
+
+    # stepscope: hot
+    def _launch_sample(
+        self, batch: InputBatch, box: dict[str, Any], bitmask: torch.Tensor | None
+    ) -> AsyncOutput:
+        """(bitmask upload), sample or verify, draft, and the d2h output copy."""
+        dev, tl, step = self.device, self.timeline, batch.step
+        compute, d2h = dev.compute_stream, dev.d2h_stream
+        mask = None if bitmask is None else self._upload_bitmask(batch, bitmask)
         if self.spec is None:
             with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
-                dev.submit(compute, lambda: box.update(out=self._sample(batch, box.pop("hidden"))))
+                dev.submit(compute, lambda: box.update(out=self._sample(batch, box, mask)))
         else:
-            self._enqueue_verify(batch, box)
+            self._enqueue_verify(batch, box, mask)
+        # A grammar needs the drafts of the next step on the host: copy them with the output.
+        copy_drafts = self.spec is not None and mask is not None
+        if copy_drafts:
+            self._enqueue_draft(batch, box)
         sampled_ready = dev.new_event()
         sampled_ready.record(compute)
-        if self.spec is not None:  # the output copy overlaps the draft chain
+        if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
             self._enqueue_draft(batch, box)
         dev.wait_event(d2h, sampled_ready)
-        host = self._host_buffers(batch)
+        host = self._host_buffers(batch, copy_drafts)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
-            dev.submit(d2h, lambda: self._copy_out(box["out"], box.get("num_accepted"), host))
+            dev.submit(d2h, lambda: self._copy_out(box, host))
         ready = dev.new_event()
         ready.record(d2h)
         return AsyncOutput(batch, step, host, ready)
 
     # stepscope: hot
-    def _enqueue_verify(self, batch: InputBatch, box: dict[str, Any]) -> None:
+    def _upload_bitmask(self, batch: InputBatch, bitmask: torch.Tensor) -> torch.Tensor:
+        """h2d copy of the host bitmask into a persistent device buffer; compute waits on it.
+
+        One buffer suffices: a step's mask is uploaded only after the host waited on the output
+        of the step before it, whose sampling (the buffer's last reader) has then finished.
+        """
+        dev, n = self.device, batch.num_logits
+        if self._bitmask_gpu is None or self._bitmask_gpu.shape[0] < n:
+            k = 0 if self.spec is None else self.spec.num_spec_tokens
+            rows = max(n, self.config.max_num_reqs * (1 + k))
+            words = num_bitmask_words(self.vocab_size)
+            # [rows, words] int32; empty (no kernel): every use overwrites its rows first
+            self._bitmask_gpu = torch.empty(rows, words, dtype=torch.int32, device=dev.torch_device)
+        dst = self._bitmask_gpu[:n]  # [N, words]
+        with self.timeline.stage(
+            CopySlice.H2D_INPUTS.value, step=batch.step, lane=DEVICE_COPY, stream=dev.h2d_stream
+        ):
+            dev.submit(dev.h2d_stream, lambda: dst.copy_(bitmask, non_blocking=True))
+        mask_ready = dev.new_event()
+        mask_ready.record(dev.h2d_stream)
+        dev.wait_event(dev.compute_stream, mask_ready)
+        return dst
+
+    # stepscope: hot
+    def _enqueue_verify(
+        self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None
+    ) -> None:
         """``verify`` (``sample`` when no request has drafts): tokens + accepted counts."""
         assert self.spec is not None
-        spec, indices = self.spec, self.logits_indices[: batch.num_logits]
+        spec = self.spec
         name = DeviceSlice.VERIFY if batch.num_drafts else DeviceSlice.SAMPLE
 
         def verify() -> None:
-            logits = self.model.compute_logits(box["hidden"][indices])  # [N, V] f32
+            logits = self._masked_logits(batch, box, mask)  # [N, V] f32
             box["out"], box["num_accepted"] = spec.verify(batch, self._step_tensors(batch), logits)
 
         with self.timeline.stage(name.value, step=batch.step, stream=self.device.compute_stream):
@@ -227,7 +317,9 @@ class ModelRunner:
         def draft() -> None:
             tokens = box["out"].sampled_token_ids
             tensors = self._step_tensors(batch)
-            spec.propose(batch, tensors, box.pop("hidden"), md, tokens, box["num_accepted"])
+            box["draft_ids"] = spec.propose(
+                batch, tensors, box.pop("hidden"), md, tokens, box["num_accepted"]
+            )
 
         with self.timeline.stage(
             DeviceSlice.DRAFT.value, step=batch.step, stream=self.device.compute_stream
@@ -320,10 +412,29 @@ class ModelRunner:
         torch.arange(size + 1, dtype=torch.int32, device=qsl.device, out=qsl)
 
     # stepscope: hot
-    def _sample(self, batch: InputBatch, hidden: torch.Tensor) -> Any:
-        """Device: logits of the sampled rows, sample, commit to the state table."""
+    def _logits(self, batch: InputBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """Device: logits of the sampled rows, ``[N, V]`` f32."""
+        return self.model.compute_logits(hidden[self.logits_indices[: batch.num_logits]])
+
+    # stepscope: hot
+    def _masked_logits(
+        self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Device: the step's logits (computed after the forward, or now) with the grammar
+        bitmask applied: disallowed tokens at -inf. [N, V] f32."""
+        logits = box.pop("logits", None)
+        if logits is None:
+            logits = self._logits(batch, box["hidden"])
+        if mask is not None:
+            apply_token_bitmask(logits, mask, self.config.use_triton)
+        return logits
+
+    # stepscope: hot
+    def _sample(self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None) -> Any:
+        """Device: (masked) logits of the sampled rows, sample, commit to the state table."""
         logits_indices = self.logits_indices[: batch.num_logits]  # [N]
-        logits = self.model.compute_logits(hidden[logits_indices])  # [N, V] f32
+        logits = self._masked_logits(batch, box, mask)  # [N, V] f32
+        box.pop("hidden", None)
         logit_rows = self._packed(batch, "logit_rows").long()  # [N]
         commit_rows = self._packed(batch, "commit_rows").long()  # [N]
         # The noise key is the position the sampled token will occupy.
@@ -333,27 +444,36 @@ class ModelRunner:
         commit_sampled(self.states, batch, commit_rows, sample_positions, out.sampled_token_ids)
         return out
 
-    def _host_buffers(self, batch: InputBatch) -> HostOutputBuffers:
+    def _host_buffers(self, batch: InputBatch, with_drafts: bool) -> HostOutputBuffers:
         n, k = batch.num_logits, batch.max_num_logprobs
         he = self.device.host_empty
+        spec = self.spec
         return HostOutputBuffers(
             sampled=he((n,), torch.int64),
-            num_accepted=None if self.spec is None else he((batch.num_reqs,), torch.int64),
+            num_accepted=None if spec is None else he((batch.num_reqs,), torch.int64),
             logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
             logprobs=None if k is None else he((n, k + 1), torch.float32),
+            draft_ids=(
+                he((batch.num_reqs, spec.num_spec_tokens), torch.int64)
+                if with_drafts and spec is not None
+                else None
+            ),
         )
 
     # stepscope: hot
-    def _copy_out(self, out: Any, accepted: Any, host: HostOutputBuffers) -> None:
+    def _copy_out(self, box: dict[str, Any], host: HostOutputBuffers) -> None:
         """d2h stream: device results -> host buffers."""
+        out = box["out"]
         pairs = [(host.sampled, out.sampled_token_ids)]
         if host.num_accepted is not None:
-            pairs.append((host.num_accepted, accepted))
+            pairs.append((host.num_accepted, box["num_accepted"]))
         if host.logprobs is not None:
             pairs += [
                 (host.logprob_token_ids, out.logprob_token_ids),
                 (host.logprobs, out.logprobs),
             ]
+        if host.draft_ids is not None:
+            pairs.append((host.draft_ids, box["draft_ids"]))
         for dst, src in pairs:
             self.device.keep_alive(src, self.device.d2h_stream)
             dst.copy_(src, non_blocking=True)

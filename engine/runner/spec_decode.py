@@ -156,8 +156,10 @@ class SpecDecoder:
         attn_metadata: Any,
         tokens: torch.Tensor,  # [N] verify output
         num_accepted: torch.Tensor,  # [B]
-    ) -> None:
-        """Run the proposer; write drafts (and their law) where step N+1 reads them."""
+    ) -> torch.Tensor:
+        """Run the proposer; write drafts (and their law) where step N+1 reads them.
+
+        Returns the drafts ``[B, k]`` int64 (the host reads them only for grammar checks)."""
         s, b = self.states, batch.num_reqs
         cu = t.cu_num_logits.long()
         anchor = cu[:b] + num_accepted  # [B]
@@ -197,6 +199,7 @@ class SpecDecoder:
         s.token_ids.gpu[dest_k, pos.clamp(max=s.max_model_len - 1)] = out.draft_ids
         if self.draft_probs is not None and out.draft_probs is not None:
             self.draft_probs[dest] = out.draft_probs
+        return out.draft_ids
 
 
 def _no_logprobs(meta: SamplingMetadata) -> SamplingMetadata:

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 from engine.request import Request
 
-__all__ = ["RequestOutput", "SchedulerStats", "StopStringChecker"]
+__all__ = ["RequestOutput", "SchedulerStats", "StopStringChecker", "FINISH_REASON_ERROR"]
+
+# A request the engine could not serve (e.g. its grammar did not compile); ``error`` says why.
+FINISH_REASON_ERROR = "error"
 
 # Called by the scheduler after each committed token of a request that has stop strings (and
 # has reached min_tokens). Returns the matched stop string, or None to go on. The detokenizing
@@ -21,8 +24,9 @@ class RequestOutput:
 
     ``new_token_ids`` are committed tokens only: drafts rejected by the target, and tokens of a
     step that was in flight when the request finished, never appear. ``finish_reason`` is
-    ``"stop"``, ``"length"`` or ``"abort"`` when ``finished``; ``stop_reason`` is the stop token
-    id or stop string that ended it (None for EOS and length).
+    ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` when ``finished``; ``stop_reason`` is the
+    stop token id or stop string that ended it (None for EOS and length); ``error`` is the message
+    of an ``"error"`` finish.
     """
 
     req_id: str
@@ -34,6 +38,7 @@ class RequestOutput:
     num_accepted: int = 0  # drafts accepted this step
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     new_logprobs: list[list[tuple[int, float]]] | None = None  # per new token: (id, logprob)
+    error: str | None = None  # why the request failed (finish_reason "error")
 
 
 @dataclass(frozen=True)
