@@ -6,14 +6,23 @@ Device step time is the union of a decode step's compute slices (CUDA events).
 
 Usage (CUDA): python bench/bench_decode.py [--batches 1,32,256] [--prompt-len 128]
               [--output-len 64] [--json out.json]
+
+``--profile`` skips the engine and measures the model's decode step alone (``profile_main``
+below): kernels per step and per layer from torch.profiler, the top kernels by
+device time, and the CUDA-graph replay time of the forward against the same floor. On a machine
+without CUDA it counts the ops of a small ``--model-config`` (aten ops + Triton launches).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -38,6 +47,163 @@ def copy_bandwidth_bytes_per_s(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / times[len(times) // 2]
 
 
+# Ops that launch no kernel (views, allocations): not counted on the CPU.
+_NO_KERNEL_OPS = {
+    "view", "_unsafe_view", "reshape", "slice", "select", "unsqueeze", "squeeze", "expand",
+    "as_strided", "t", "transpose", "permute", "detach", "alias", "empty", "empty_like",
+    "empty_strided", "new_empty", "lift_fresh", "split", "split_with_sizes", "unbind", "narrow",
+}  # fmt: skip
+
+
+def count_kernels(fn: Callable[[], object], cuda: bool) -> tuple[Counter[str], dict[str, float]]:
+    """Kernels one call of ``fn`` launches: ``(count by name, device us by name)``.
+
+    CUDA: torch.profiler's device events (kernels, memsets, memcpys). CPU: aten ops below
+    autograd that are not views/allocations, plus Triton launches (interpreter)."""
+    counts: Counter[str] = Counter()
+    times: dict[str, float] = {}
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                counts[e.name] += 1
+                times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us()
+        return counts, times
+    import triton.runtime.interpreter as interp
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    class _Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func._schema.name.split("::")[1] not in _NO_KERNEL_OPS:
+                counts[func._schema.name] += 1
+            return func(*args, **(kwargs or {}))
+
+    run = interp.InterpretedFunction.run
+
+    def counted_run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        counts["triton:" + self.fn.__name__] += 1
+        with _disable_current_modes():  # the interpreter's own tensor ops are not kernels
+            return run(self, *args, **kwargs)
+
+    interp.InterpretedFunction.run = counted_run  # type: ignore[method-assign]
+    try:
+        with _Ops():
+            fn()
+    finally:
+        interp.InterpretedFunction.run = run  # type: ignore[method-assign]
+    return counts, times
+
+
+def _decode_inputs(model: Any, batch: int, ctx_len: int, device: str) -> tuple[Any, ...]:
+    """ids, positions, metadata, KV caches of one decode step at context ``ctx_len``."""
+    from engine.model.paged_batch import build_attention_metadata
+
+    block_size = 16
+    per_req = -(-ctx_len // block_size)
+    kv_caches = model.allocate_kv_caches(batch * per_req + 1, block_size)
+    tables = [[r * per_req + j for j in range(per_req)] for r in range(batch)]
+    md, positions = build_attention_metadata(
+        [ctx_len - 1] * batch, [1] * batch, tables, block_size, device
+    )
+    ids = torch.arange(batch, device=device) % model.config.vocab_size
+    return ids, positions, md, kv_caches
+
+
+def _graph_replay_us(fn: Callable[[], object], iters: int = 50) -> float:
+    """Median device time of one replay of ``fn`` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def _eager_us(fn: Callable[[], object], iters: int = 20) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def _profile_batch(model: Any, batch: int, ctx_len: int, cuda: bool, bw: float) -> dict:
+    """One batch size: kernel counts (printed with the top kernels), graph time vs floor."""
+    cfg = model.config
+    device = "cuda" if cuda else "cpu"
+    ids, positions, md, kv = _decode_inputs(model, batch, ctx_len, device)
+    forward = functools.partial(model, ids, positions, md, kv)
+    hidden = forward()
+    logits_fn = functools.partial(model.compute_logits, hidden)
+    fwd_counts, fwd_times = count_kernels(forward, cuda)
+    head_counts, _ = count_kernels(logits_fn, cuda)
+    num_kernels = sum(fwd_counts.values())
+    row: dict[str, Any] = {"batch": batch, "ctx_len": ctx_len, "forward_kernels": num_kernels,
+                           "kernels_per_layer": num_kernels / cfg.num_hidden_layers,
+                           "logits_kernels": sum(head_counts.values())}  # fmt: skip
+    print(f"batch {batch}: the forward launches {num_kernels} kernels "
+          f"({row['kernels_per_layer']:.1f} per layer, embedding and final norm included); "
+          f"compute_logits {row['logits_kernels']}. Top kernels (count, device us):")  # fmt: skip
+    for name, count in sorted(fwd_counts.items(), key=lambda kv: -fwd_times.get(kv[0], kv[1]))[:12]:
+        print(f"    {count:>4} x {fwd_times.get(name, float('nan')):>9.1f} us  {name[:100]}")
+    if cuda:
+        weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+        kv_bytes = batch * ctx_len * cfg.num_hidden_layers * 2 * cfg.kv_size * 2
+        row["floor_us"] = (weight_bytes + kv_bytes) / bw * 1e6
+        row["graph_forward_us"] = _graph_replay_us(forward)
+        row["eager_logits_us"] = _eager_us(logits_fn)
+        row["x_floor"] = (row["graph_forward_us"] + row["eager_logits_us"]) / row["floor_us"]
+    return row
+
+
+def profile_main(args: argparse.Namespace) -> None:
+    """Model-only decode step per batch: kernel counts, top kernels, graph replay vs floor.
+
+    floor as in the engine table; x floor = (graph forward + eager compute_logits) / floor (the
+    sampler is not included here; the engine table above includes it)."""
+    from engine.engine_parts import load_model_config
+    from engine.model.loader import build_random_model
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cfg = load_model_config(args.model_config)
+    model = build_random_model(cfg, dtype, device, seed=0, use_triton=True)
+    ctx_len = args.prompt_len + args.output_len // 2
+    bw = copy_bandwidth_bytes_per_s() if cuda else float("nan")
+    with torch.no_grad():
+        rows = [_profile_batch(model, int(b), ctx_len, cuda, bw) for b in args.batches.split(",")]
+    if cuda:
+        print(f"copy bandwidth (read+write): {bw / 1e12:.2f} TB/s")
+        print(f"{'batch':>5} {'ctx':>4} {'kernels':>7} {'graph fwd us':>12} {'logits us':>9} "
+              f"{'floor us':>9} {'x floor':>7}")  # fmt: skip
+        for r in rows:
+            print(f"{r['batch']:>5} {r['ctx_len']:>4} {r['forward_kernels']:>7} "
+                  f"{r['graph_forward_us']:>12.1f} {r['eager_logits_us']:>9.1f} "
+                  f"{r['floor_us']:>9.1f} {r['x_floor']:>7.2f}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth_Bps": bw, "profile_rows": rows}, f, indent=2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--batches", default="1,32,256")
@@ -46,7 +212,11 @@ def main() -> None:
     p.add_argument("--model-config", default="qwen3-0.6b")
     p.add_argument("--cuda-graphs", choices=["on", "off"], default="on")
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true", help="model-only step: kernels and graph time")
     args = p.parse_args()
+    if args.profile:
+        profile_main(args)
+        return
     bw = copy_bandwidth_bytes_per_s()
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
