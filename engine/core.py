@@ -233,17 +233,19 @@ class EngineCore:
     def _sample_deferred(self) -> None:
         """Output N is committed and the grammar has accepted t_N: build the bitmask of N+1 and
         enqueue its sampling (its forward is already on the device)."""
-        if not self._queue or not isinstance(self._queue[0][1], PendingSample):
+        if not self._queue:
             return
         so, pending = self._queue[0]
-        self._queue[0] = (so, self.runner.execute_sample(pending, self._grammar_bitmask(so)))
+        if isinstance(pending, PendingSample):
+            self._queue[0] = (so, self.runner.execute_sample(pending, self._grammar_bitmask(so)))
 
     def _grammar_bitmask(self, so: SchedulerOutput) -> torch.Tensor | None:
         """The step's grammar mask (host), or None when no structured request runs in it."""
         if not self.structured.needs_mask(so):
             return None
         with self.tracer.span(CpuSlice.GRAMMAR_MASK.value, step=so.step):
-            return self.structured.build_bitmask(so, self.device.host_empty)
+            bitmask = self.structured.build_bitmask(so, self.device.host_empty)
+        return bitmask
 
     def run_step(self) -> list[RequestOutput]:
         """One iteration of whichever loop the resolved features chose."""

@@ -217,8 +217,8 @@ class LLM:
             self._collect(engine.run_step(), results, progress)
         self._collect(engine.drain(), results, progress)
         if self.tokenizer is not None:
-            for out in results.values():
-                out.text = self.tokenizer.decode(out.output_token_ids)
+            for result in results.values():
+                result.text = self.tokenizer.decode(result.output_token_ids)
         return [results[w.id] for w in workload]
 
     @staticmethod

@@ -37,6 +37,7 @@ from engine.kernels.input_prep import InputPrepArgs, prepare_inputs
 from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
 from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
+from engine.runner.grammar_bitmask import DeviceBitmask
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
 from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metadata
 from engine.runner.spec_decode import SpecDecoder, StepTensors
@@ -45,7 +46,7 @@ from engine.runner.states import RequestStates
 from engine.sample.sampler import Sampler
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.proposer import Proposer
-from engine.structured.bitmask import apply_token_bitmask, num_bitmask_words
+from engine.structured.bitmask import apply_token_bitmask
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
@@ -121,7 +122,10 @@ class ModelRunner:
             else SpecDecoder(proposer, self.states, self.sampler, config.use_triton)
         )
         self._alloc_buffers()
-        self._bitmask_gpu: torch.Tensor | None = None  # [rows, words] int32, on first use
+        num_rows = config.max_num_reqs * (
+            1 + (0 if self.spec is None else self.spec.num_spec_tokens)
+        )
+        self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
         self.graphs = CudaGraphRunner(
             resolve_cuda_graphs(config.cuda_graphs, device),
             max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
@@ -171,7 +175,8 @@ class ModelRunner:
             return AsyncOutput.empty(out.step)
         with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
             box = self._launch_forward(batch, with_logits=bitmask is not None)
-            return self._launch_sample(batch, box, bitmask)
+            handle = self._launch_sample(batch, box, bitmask)
+        return handle
 
     # stepscope: hot
     def execute_forward(self, out: SchedulerOutput) -> PendingSample:
@@ -183,7 +188,8 @@ class ModelRunner:
         if batch is None:
             return PendingSample(out.step, None)
         with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
-            return PendingSample(out.step, batch, self._launch_forward(batch, with_logits=True))
+            box = self._launch_forward(batch, with_logits=True)
+        return PendingSample(out.step, batch, box)
 
     # stepscope: hot
     def execute_sample(self, pending: PendingSample, bitmask: torch.Tensor | None) -> AsyncOutput:
@@ -193,7 +199,8 @@ class ModelRunner:
         if pending.batch is None:
             return AsyncOutput.empty(pending.step)
         with self.tracer.span(CpuSlice.LAUNCH.value, step=pending.step):
-            return self._launch_sample(pending.batch, pending.box, bitmask)
+            handle = self._launch_sample(pending.batch, pending.box, bitmask)
+        return handle
 
     # stepscope: hot
     def _prepare_step(self, out: SchedulerOutput) -> InputBatch | None:
@@ -243,7 +250,7 @@ class ModelRunner:
         """(bitmask upload), sample or verify, draft, and the d2h output copy."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, d2h = dev.compute_stream, dev.d2h_stream
-        mask = None if bitmask is None else self._upload_bitmask(batch, bitmask)
+        mask = None if bitmask is None else self.bitmask.upload(step, bitmask)
         if self.spec is None:
             with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
                 dev.submit(compute, lambda: box.update(out=self._sample(batch, box, mask)))
@@ -264,30 +271,6 @@ class ModelRunner:
         ready = dev.new_event()
         ready.record(d2h)
         return AsyncOutput(batch, step, host, ready)
-
-    # stepscope: hot
-    def _upload_bitmask(self, batch: InputBatch, bitmask: torch.Tensor) -> torch.Tensor:
-        """h2d copy of the host bitmask into a persistent device buffer; compute waits on it.
-
-        One buffer suffices: a step's mask is uploaded only after the host waited on the output
-        of the step before it, whose sampling (the buffer's last reader) has then finished.
-        """
-        dev, n = self.device, batch.num_logits
-        if self._bitmask_gpu is None or self._bitmask_gpu.shape[0] < n:
-            k = 0 if self.spec is None else self.spec.num_spec_tokens
-            rows = max(n, self.config.max_num_reqs * (1 + k))
-            words = num_bitmask_words(self.vocab_size)
-            # [rows, words] int32; empty (no kernel): every use overwrites its rows first
-            self._bitmask_gpu = torch.empty(rows, words, dtype=torch.int32, device=dev.torch_device)
-        dst = self._bitmask_gpu[:n]  # [N, words]
-        with self.timeline.stage(
-            CopySlice.H2D_INPUTS.value, step=batch.step, lane=DEVICE_COPY, stream=dev.h2d_stream
-        ):
-            dev.submit(dev.h2d_stream, lambda: dst.copy_(bitmask, non_blocking=True))
-        mask_ready = dev.new_event()
-        mask_ready.record(dev.h2d_stream)
-        dev.wait_event(dev.compute_stream, mask_ready)
-        return dst
 
     # stepscope: hot
     def _enqueue_verify(
@@ -464,7 +447,7 @@ class ModelRunner:
     def _copy_out(self, box: dict[str, Any], host: HostOutputBuffers) -> None:
         """d2h stream: device results -> host buffers."""
         out = box["out"]
-        pairs = [(host.sampled, out.sampled_token_ids)]
+        pairs: list[tuple[Any, Any]] = [(host.sampled, out.sampled_token_ids)]
         if host.num_accepted is not None:
             pairs.append((host.num_accepted, box["num_accepted"]))
         if host.logprobs is not None:

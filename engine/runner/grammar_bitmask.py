@@ -1,0 +1,55 @@
+"""The grammar bitmask on the device: one persistent buffer, filled by an h2d copy per step."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.device import Device
+from engine.structured.bitmask import num_bitmask_words
+from instrument.device_timeline import DeviceTimeline
+from instrument.schema import DEVICE_COPY, CopySlice
+
+__all__ = ["DeviceBitmask"]
+
+
+class DeviceBitmask:
+    """Owns the device copy of structured steps' bitmasks ``[rows, ceil(V / 32)]`` int32.
+
+    One buffer suffices: a step's mask is uploaded only once the host has waited on the output of
+    the step before it, whose sampling (the buffer's last reader) has then finished. The buffer is
+    allocated on the first structured step, so free-only engines never pay for it.
+    """
+
+    def __init__(
+        self, device: Device, timeline: DeviceTimeline, max_rows: int, vocab_size: int
+    ) -> None:
+        self.device = device
+        self.timeline = timeline
+        self.max_rows = max_rows
+        self.num_words = num_bitmask_words(vocab_size)
+        self._gpu: torch.Tensor | None = None
+
+    # stepscope: hot
+    def upload(self, step: int, bitmask: torch.Tensor) -> torch.Tensor:
+        """Enqueue the h2d copy of ``bitmask`` ([N, words] int32, host) and make the compute
+        stream wait for it; returns the device rows ``[N, words]``."""
+        dev, n = self.device, bitmask.shape[0]
+        if self._gpu is None or self._gpu.shape[0] < n:
+            # empty (no kernel): every use overwrites its rows first
+            rows = max(n, self.max_rows)
+            self._gpu = torch.empty(
+                rows, self.num_words, dtype=torch.int32, device=dev.torch_device
+            )
+        dst = self._gpu[:n]
+
+        def copy() -> None:
+            dst.copy_(bitmask, non_blocking=True)
+
+        with self.timeline.stage(
+            CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=dev.h2d_stream
+        ):
+            dev.submit(dev.h2d_stream, copy)
+        ready = dev.new_event()
+        ready.record(dev.h2d_stream)
+        dev.wait_event(dev.compute_stream, ready)
+        return dst
