@@ -163,7 +163,9 @@ def _profile_batch(model: Any, batch: int, ctx_len: int, cuda: bool, bw: float) 
     print(f"batch {batch}: the forward launches {num_kernels} kernels "
           f"({row['kernels_per_layer']:.1f} per layer, embedding and final norm included); "
           f"compute_logits {row['logits_kernels']}. Top kernels (count, device us):")  # fmt: skip
-    for name, count in sorted(fwd_counts.items(), key=lambda kv: -fwd_times.get(kv[0], kv[1]))[:12]:
+    for name, count in sorted(
+        fwd_counts.items(), key=lambda item: -fwd_times.get(item[0], item[1])
+    )[:12]:
         print(f"    {count:>4} x {fwd_times.get(name, float('nan')):>9.1f} us  {name[:100]}")
     if cuda:
         weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
@@ -172,6 +174,12 @@ def _profile_batch(model: Any, batch: int, ctx_len: int, cuda: bool, bw: float) 
         row["graph_forward_us"] = _graph_replay_us(forward)
         row["eager_logits_us"] = _eager_us(logits_fn)
         row["x_floor"] = (row["graph_forward_us"] + row["eager_logits_us"]) / row["floor_us"]
+        # the KV read is most of the floor at large batch: how close does attention get?
+        attn_us = sum(t for n, t in fwd_times.items() if "attention" in n)
+        row["attention_us"] = attn_us
+        row["attention_TBps"] = kv_bytes / (attn_us * 1e-6) / 1e12 if attn_us else float("nan")
+        print(f"    attention: {attn_us:.0f} us for {kv_bytes / 1e6:.0f} MB of KV "
+              f"({row['attention_TBps']:.2f} TB/s read; copy bandwidth {bw / 1e12:.2f} TB/s)")  # fmt: skip
     return row
 
 

@@ -78,20 +78,19 @@ def _qk_norm_rope_kernel_src(
     qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out_ptr, cache_ptr, slot_ptr,
     qkv_stride, cos_stride, sin_stride, q_out_stride, cache_kv_stride, eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HALF: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_KV: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
-    half: tl.constexpr = HEAD_DIM // 2
     # One [heads, D/2] tile per half: rows 0..Hq-1 are query heads, Hq..Hq+Hkv-1 key heads.
     heads = tl.arange(0, BLOCK_H)
     is_q = heads < NUM_HEADS
     d = tl.arange(0, BLOCK_HALF)
-    d_ok = d < half
+    d_ok = d < HALF
     mask = (heads < NUM_HEADS + NUM_KV_HEADS)[:, None] & d_ok[None, :]
     src = qkv_ptr + t * qkv_stride + heads[:, None] * HEAD_DIM + d[None, :]
     x1 = tl.load(src, mask=mask, other=0.0)
-    x2 = tl.load(src + half, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0)
     dtype = x1.dtype
     x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
     if HAS_NORM:
@@ -104,31 +103,31 @@ def _qk_norm_rope_kernel_src(
         ).to(tl.float32)
         w2 = tl.where(
             is_q[:, None],
-            tl.load(qw_ptr + half + d, mask=d_ok, other=0.0)[None, :],
-            tl.load(kw_ptr + half + d, mask=d_ok, other=0.0)[None, :],
+            tl.load(qw_ptr + HALF + d, mask=d_ok, other=0.0)[None, :],
+            tl.load(kw_ptr + HALF + d, mask=d_ok, other=0.0)[None, :],
         ).to(tl.float32)
         x1f = ((x1f * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
         x2f = ((x2f * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
     c1 = tl.load(cos_ptr + t * cos_stride + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * cos_stride + half + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * cos_stride + HALF + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     s1 = tl.load(sin_ptr + t * sin_stride + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + t * sin_stride + half + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + t * sin_stride + HALF + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     # out = x * cos + rotate_half(x) * sin, each product and the sum rounded like HF's dtype ops
     out1 = (x1f * c1).to(dtype).to(tl.float32) - (x2f * s1).to(dtype).to(tl.float32)
     out2 = (x2f * c2).to(dtype).to(tl.float32) + (x1f * s2).to(dtype).to(tl.float32)
     q_dst = q_out_ptr + t * q_out_stride + heads[:, None] * HEAD_DIM + d[None, :]
     q_mask = mask & is_q[:, None]
     tl.store(q_dst, out1.to(dtype), mask=q_mask)
-    tl.store(q_dst + half, out2.to(dtype), mask=q_mask)
+    tl.store(q_dst + HALF, out2.to(dtype), mask=q_mask)
     # keys and values into the cache; padding tokens (slot -1) write nothing
     slot = tl.load(slot_ptr + t)
-    kv_row: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    kv_row = NUM_KV_HEADS * HEAD_DIM
     k_dst = cache_ptr + slot * kv_row + (heads - NUM_HEADS)[:, None] * HEAD_DIM + d[None, :]
     k_end = tl.where(slot >= 0, NUM_HEADS + NUM_KV_HEADS, NUM_HEADS)  # no key rows for padding
     k_mask = mask & ((heads >= NUM_HEADS) & (heads < k_end))[:, None]
     cache_dtype = cache_ptr.dtype.element_ty
     tl.store(k_dst, out1.to(dtype).to(cache_dtype), mask=k_mask)
-    tl.store(k_dst + half, out2.to(dtype).to(cache_dtype), mask=k_mask)
+    tl.store(k_dst + HALF, out2.to(dtype).to(cache_dtype), mask=k_mask)
     offs_v = tl.arange(0, BLOCK_KV)
     v_mask = offs_v < tl.where(slot >= 0, kv_row, 0)
     v_src = qkv_ptr + t * qkv_stride + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + offs_v
@@ -170,7 +169,8 @@ def qk_norm_rope_write_kv_triton(
         qkv, cos, sin, q_norm_weight if has_norm else qkv, k_norm_weight if has_norm else qkv,
         q, kv_cache, slot_mapping,
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), kv_cache.stride(0), eps,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HALF=head_dim // 2,
+        HAS_NORM=has_norm,
         BLOCK_H=block_h, BLOCK_HALF=block_half,
         BLOCK_KV=triton.next_power_of_2(num_kv_heads * head_dim),
         num_warps=4 if block_h * block_half <= 2048 else 8,

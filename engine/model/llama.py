@@ -160,9 +160,8 @@ class LlamaForCausalLM(nn.Module):
         On CUDA a bf16/fp16 model writes fp32 logits straight from the GEMM's fp32 accumulator
         (one kernel, no half-precision logits written, read and widened)."""
         weight = self.lm_head.weight  # [vocab, hidden]
-        if hidden_states.dtype != torch.float32 and _mm_fp32_out(
-            hidden_states.device, hidden_states.dtype
-        ):
+        narrow = hidden_states.dtype != torch.float32 and hidden_states.dim() == 2
+        if narrow and _mm_fp32_out(hidden_states.device, hidden_states.dtype):
             return torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
         return F.linear(hidden_states, weight).float()
 
