@@ -34,7 +34,7 @@ from analysis.frames import (
 )
 from analysis.perfetto_events import PacketEvents, decode_events
 from analysis.profiles import Profile, get_profile
-from analysis.wire import WireError, split_outer_packets
+from analysis.wire import WireError, padded, split_outer_packets
 from instrument.schema import (
     ENGINE_THREAD,
     Instant,
@@ -200,9 +200,9 @@ def load_perfetto(data: bytes, profile: Profile | str | None = None) -> TraceFra
     prof = get_profile(profile or "stepscope")
     if not data:
         raise TraceError("the file is empty")
-    buf = np.frombuffer(data, dtype=np.uint8)
+    buf = padded(data)
     try:
-        starts, ends, dropped = split_outer_packets(buf)
+        starts, ends, dropped = split_outer_packets(data)
         if starts.size == 0:
             raise TraceError(f"no complete TracePacket: the file ({len(data)} bytes) is truncated")
         ev = decode_events(data, buf, starts, ends)

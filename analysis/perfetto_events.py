@@ -16,7 +16,7 @@ import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from analysis.build import VT_BOOL, VT_DOUBLE, VT_INT, VT_STR, ArgTable, grouped_cumsum
-from analysis.wire import WIRE_I64, WIRE_LEN, WIRE_VARINT, FieldTable, decode_strings, scan_fields
+from analysis.wire import WIRE_I64, WIRE_LEN, WIRE_VARINT, Scan, decode_strings, scan_fields
 
 __all__ = ["PacketEvents", "decode_events"]
 
@@ -57,23 +57,17 @@ class PacketEvents:
     num_packets: int
 
 
-def _scalar(
-    table: FieldTable, n: int, field: int, wire: int, dtype: str, fill: int = 0
-) -> np.ndarray:
-    out = np.full(n, fill, dtype=dtype)
-    mask = table.select(field, wire)
-    out[table.msg[mask]] = table.value[mask].astype(dtype)
+def _scalar(scan: Scan, field: int, dtype: str, fill: int = 0) -> np.ndarray:
+    out = scan.value[field].astype(dtype)
+    if fill:
+        out[~scan.present[field]] = fill
     return out
 
 
-def _ranges(table: FieldTable, field: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    mask = table.select(field, WIRE_LEN)
-    order = np.argsort(table.pos[mask], kind="stable")
-    return (
-        table.msg[mask][order],
-        table.value[mask][order].astype(np.int64),
-        table.length[mask][order],
-    )
+def _len_rows(scan: Scan, field: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(message, payload offset, length) of every occurrence of a length-delimited field."""
+    rows = scan.rows[(field, WIRE_LEN)]
+    return rows.msg, rows.value.astype(np.int64), rows.length
 
 
 def _parse_each(data: bytes, starts: np.ndarray, lengths: np.ndarray, cls: Any) -> list[Any]:
@@ -111,75 +105,120 @@ class _Interning:
         known = pd.DataFrame(rows, columns=["seq", "gen", "iid", "text"])
         known = known.drop_duplicates(["seq", "gen", "iid"], keep="last")
         codes, texts = pd.factorize(known["text"])
-        known["code"] = codes + len(uniques)
+        uniques_before = len(uniques)
         uniques.extend(str(t) for t in texts)
-        query = pd.DataFrame({"seq": seq, "gen": gen, "iid": iid.astype(np.int64)})
-        merged = query.merge(
+        k_seq, k_gen = known["seq"].to_numpy(np.int64), known["gen"].to_numpy(np.int64)
+        k_iid = known["iid"].to_numpy(np.uint64)
+        limits = (1 << 24, 1 << 19, 1 << 20)  # packs (seq, gen, iid) into one int64 key
+        if (
+            max(int(k_seq.max()), int(seq.max())) < limits[0]
+            and max(int(k_gen.max()), int(gen.max())) < limits[1]
+            and int(iid.max()) < limits[2]
+            and int(k_iid.max()) < limits[2]
+        ):
+
+            def pack(s: np.ndarray, g: np.ndarray, i: np.ndarray) -> np.ndarray:
+                return (s.astype(np.int64) << 39) | (g.astype(np.int64) << 20) | i.astype(np.int64)
+
+            keys = pack(k_seq, k_gen, k_iid)
+            order = np.argsort(keys)
+            keys, k_codes = keys[order], codes[order] + uniques_before
+            query = pack(seq, gen, iid)
+            at = np.minimum(np.searchsorted(keys, query), keys.shape[0] - 1)
+            return np.where(keys[at] == query, k_codes[at], -1).astype(np.int64)
+        known["code"] = codes + uniques_before
+        query_df = pd.DataFrame({"seq": seq, "gen": gen, "iid": iid.astype(np.uint64)})
+        known["iid"] = k_iid
+        merged = query_df.merge(
             known[["seq", "gen", "iid", "code"]], how="left", on=["seq", "gen", "iid"]
         )
         return merged["code"].fillna(-1).to_numpy(np.int64)
 
 
-def decode_events(
-    data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> PacketEvents:
-    """Decode all packets ``buf[starts[i]:ends[i]]`` (payloads of the outer framing)."""
-    n = starts.shape[0]
-    top = scan_fields(buf, starts, ends)
-    ts = _scalar(top, n, _P_TIMESTAMP, WIRE_VARINT, "int64")
-    seq = _scalar(top, n, _P_SEQ_ID, WIRE_VARINT, "int64")
-    flags = _scalar(top, n, _P_SEQ_FLAGS, WIRE_VARINT, "int64")
-    cleared = (_scalar(top, n, _P_STATE_CLEARED, WIRE_VARINT, "int64") != 0) | (
-        (flags & _SEQ_CLEARED) != 0
-    )
-    gen = grouped_cumsum(seq, cleared.astype(np.int64))
+_PACKET_LAST = (_P_TIMESTAMP, _P_SEQ_ID, _P_SEQ_FLAGS, _P_STATE_CLEARED, _P_TRACK_EVENT)
+_PACKET_ROWS = ((_P_INTERNED, WIRE_LEN), (_P_DEFAULTS, WIRE_LEN), (_P_TRACK_DESC, WIRE_LEN))
+_FLOW_FIELDS = (
+    (_E_FLOWS, False),
+    (_E_TERM_FLOWS, True),
+    (_E_FLOWS_OLD, False),
+    (_E_TERM_FLOWS_OLD, True),
+)
+_EVENT_LAST = (_E_TYPE, _E_TRACK, _E_NAME, _E_NAME_IID, _E_COUNTER_INT, _E_COUNTER_DOUBLE)
+_EVENT_ROWS = ((_E_ANNOT, WIRE_LEN),) + tuple(
+    (f, w) for f, _ in _FLOW_FIELDS for w in (WIRE_I64, WIRE_VARINT, WIRE_LEN)
+)
+_ANNOT_LAST = (_A_NAME_IID, _A_NAME, _A_BOOL, _A_UINT, _A_INT, _A_DOUBLE, _A_STRING)
+_ANNOT_LAST += (_A_STRING_IID, _A_POINTER)
 
+
+def _interning_and_defaults(
+    data: bytes, top: Scan, seq: np.ndarray, gen: np.ndarray
+) -> tuple[_Interning, dict[tuple[int, int], int], list[Any]]:
     interning = _Interning()
-    msg, st, ln = _ranges(top, _P_INTERNED)
+    msg, st, ln = _len_rows(top, _P_INTERNED)
     for pkt, parsed in zip(msg.tolist(), _parse_each(data, st, ln, pb.InternedData), strict=False):
         interning.add(int(seq[pkt]), int(gen[pkt]), parsed)
     defaults: dict[tuple[int, int], int] = {}
-    msg, st, ln = _ranges(top, _P_DEFAULTS)
+    msg, st, ln = _len_rows(top, _P_DEFAULTS)
     for pkt, parsed in zip(
         msg.tolist(), _parse_each(data, st, ln, pb.TracePacketDefaults), strict=False
     ):
         if parsed.track_event_defaults.HasField("track_uuid"):
             defaults[(int(seq[pkt]), int(gen[pkt]))] = parsed.track_event_defaults.track_uuid
-    _, st, ln = _ranges(top, _P_TRACK_DESC)
-    descriptors = _parse_each(data, st, ln, pb.TrackDescriptor)
+    _, st, ln = _len_rows(top, _P_TRACK_DESC)
+    return interning, defaults, _parse_each(data, st, ln, pb.TrackDescriptor)
 
-    ev_pkt, ev_start, ev_len = _ranges(top, _P_TRACK_EVENT)
+
+def decode_events(
+    data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> PacketEvents:
+    """Decode all packets ``buf[starts[i]:ends[i]]`` (payloads of the outer framing) of a
+    :func:`~analysis.wire.padded` buffer."""
+    n = starts.shape[0]
+    top = scan_fields(buf, starts, ends, _PACKET_LAST, _PACKET_ROWS, (_P_TRACK_EVENT,))
+    ts = _scalar(top, _P_TIMESTAMP, "int64")
+    seq = _scalar(top, _P_SEQ_ID, "int64")
+    flags = _scalar(top, _P_SEQ_FLAGS, "int64")
+    cleared = (_scalar(top, _P_STATE_CLEARED, "int64") != 0) | ((flags & _SEQ_CLEARED) != 0)
+    gen = grouped_cumsum(seq, cleared.astype(np.int64))
+    interning, defaults, descriptors = _interning_and_defaults(data, top, seq, gen)
+
+    ev_pkt = np.flatnonzero(top.present[_P_TRACK_EVENT])
+    ev_start = top.value[_P_TRACK_EVENT][ev_pkt].astype(np.int64)
     m = ev_pkt.shape[0]
-    te = scan_fields(buf, ev_start, ev_start + ev_len)
+    ev_end = ev_start + top.length[_P_TRACK_EVENT][ev_pkt]
+    del top  # its per-packet columns are no longer needed
+    te = scan_fields(buf, ev_start, ev_end, _EVENT_LAST, _EVENT_ROWS, (_E_NAME,))
     ev_seq, ev_gen = seq[ev_pkt], gen[ev_pkt]
 
-    track_uuid = _scalar(te, m, _E_TRACK, WIRE_VARINT, "uint64")
-    has_track = np.zeros(m, dtype=bool)
-    has_track[te.msg[te.select(_E_TRACK, WIRE_VARINT)]] = True
+    track_uuid = te.value[_E_TRACK].copy()
+    has_track = te.present[_E_TRACK]
     if defaults and not has_track.all():
         key = pd.MultiIndex.from_arrays([ev_seq[~has_track], ev_gen[~has_track]])
         table = pd.Series(list(defaults.values()), index=pd.MultiIndex.from_tuples(list(defaults)))
         track_uuid[~has_track] = table.reindex(key).fillna(0).to_numpy(np.uint64)
 
-    names: list[str] = []
     name = np.full(m, -1, dtype=np.int64)
-    sel = te.select(_E_NAME, WIRE_LEN)
-    codes, names = decode_strings(data, te.value[sel].astype(np.int64), te.length[sel])
-    name[te.msg[sel]] = codes
-    sel = te.select(_E_NAME_IID, WIRE_VARINT)
-    rows = te.msg[sel]
-    name[rows] = interning.resolve("event", ev_seq[rows], ev_gen[rows], te.value[sel], names)
+    rows = np.flatnonzero(te.present[_E_NAME])
+    codes, names = decode_strings(
+        data, te.value[_E_NAME][rows].astype(np.int64), te.length[_E_NAME][rows]
+    )
+    name[rows] = codes
+    rows = np.flatnonzero(te.present[_E_NAME_IID])
+    name[rows] = interning.resolve(
+        "event", ev_seq[rows], ev_gen[rows], te.value[_E_NAME_IID][rows], names
+    )
 
     counter = np.full(m, np.nan)
-    sel = te.select(_E_COUNTER_INT, WIRE_VARINT)
-    counter[te.msg[sel]] = te.value[sel].view(np.int64).astype(np.float64)
-    sel = te.select(_E_COUNTER_DOUBLE, WIRE_I64)
-    counter[te.msg[sel]] = te.value[sel].view(np.float64)
+    rows = np.flatnonzero(te.present[_E_COUNTER_INT])
+    counter[rows] = te.value[_E_COUNTER_INT][rows].view(np.int64).astype(np.float64)
+    rows = np.flatnonzero(te.present[_E_COUNTER_DOUBLE])
+    counter[rows] = te.value[_E_COUNTER_DOUBLE][rows].view(np.float64)
 
     flow_event, flow_id, flow_term = _flows(buf, te)
     args = _annotations(data, buf, te, ev_seq, ev_gen, interning)
     return PacketEvents(
-        type=_scalar(te, m, _E_TYPE, WIRE_VARINT, "int64"),
+        type=_scalar(te, _E_TYPE, "int64"),
         track_uuid=track_uuid,
         ts_ns=ts[ev_pkt],
         name=name,
@@ -194,25 +233,17 @@ def decode_events(
     )
 
 
-def _flows(buf: np.ndarray, te: FieldTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    events, ids, term = [], [], []
-    for field, terminating in (
-        (_E_FLOWS, False),
-        (_E_TERM_FLOWS, True),
-        (_E_FLOWS_OLD, False),
-        (_E_TERM_FLOWS_OLD, True),
-    ):
+def _flows(buf: np.ndarray, te: Scan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    events, ids, term = [np.zeros(0, np.int64)], [np.zeros(0, np.uint64)], [np.zeros(0, bool)]
+    for field, terminating in _FLOW_FIELDS:
         for wire in (WIRE_I64, WIRE_VARINT):
-            sel = te.select(field, wire)
-            events.append(te.msg[sel])
-            ids.append(te.value[sel])
-            term.append(np.full(int(sel.sum()), terminating))
-        sel = te.select(field, WIRE_LEN)  # packed fixed64
+            r = te.rows[(field, wire)]
+            events.append(r.msg)
+            ids.append(r.value)
+            term.append(np.full(r.msg.shape[0], terminating))
+        r = te.rows[(field, WIRE_LEN)]  # packed fixed64
         for row, start, length in zip(
-            te.msg[sel].tolist(),
-            te.value[sel].astype(np.int64).tolist(),
-            te.length[sel].tolist(),
-            strict=False,
+            r.msg.tolist(), r.value.astype(np.int64).tolist(), r.length.tolist(), strict=False
         ):
             packed = np.ascontiguousarray(buf[start : start + length]).view("<u8")
             events.append(np.full(packed.shape[0], row))
@@ -228,23 +259,23 @@ def _flows(buf: np.ndarray, te: FieldTable) -> tuple[np.ndarray, np.ndarray, np.
 def _annotations(
     data: bytes,
     buf: np.ndarray,
-    te: FieldTable,
+    te: Scan,
     ev_seq: np.ndarray,
     ev_gen: np.ndarray,
     interning: _Interning,
 ) -> ArgTable:
-    owner, start, length = _ranges(te, _E_ANNOT)
+    owner, start, length = _len_rows(te, _E_ANNOT)
     k = owner.shape[0]
-    da = scan_fields(buf, start, start + length)
-    keys: list[str] = []
+    da = scan_fields(buf, start, start + length, _ANNOT_LAST, (), (_A_NAME, _A_STRING))
     key = np.full(k, -1, dtype=np.int64)
-    sel = da.select(_A_NAME, WIRE_LEN)
-    codes, keys = decode_strings(data, da.value[sel].astype(np.int64), da.length[sel])
-    key[da.msg[sel]] = codes
-    sel = da.select(_A_NAME_IID, WIRE_VARINT)
-    rows = da.msg[sel]
+    rows = np.flatnonzero(da.present[_A_NAME])
+    codes, keys = decode_strings(
+        data, da.value[_A_NAME][rows].astype(np.int64), da.length[_A_NAME][rows]
+    )
+    key[rows] = codes
+    rows = np.flatnonzero(da.present[_A_NAME_IID])
     key[rows] = interning.resolve(
-        "annot", ev_seq[owner[rows]], ev_gen[owner[rows]], da.value[sel], keys
+        "annot", ev_seq[owner[rows]], ev_gen[owner[rows]], da.value[_A_NAME_IID][rows], keys
     )
 
     vtype = np.full(k, -1, dtype=np.int64)
@@ -257,21 +288,22 @@ def _annotations(
         (_A_INT, VT_INT),
         (_A_POINTER, VT_INT),
     ):
-        sel = da.select(field, WIRE_VARINT)
-        vtype[da.msg[sel]] = vt
-        ival[da.msg[sel]] = da.value[sel].view(np.int64)
-    sel = da.select(_A_DOUBLE, WIRE_I64)
-    vtype[da.msg[sel]] = VT_DOUBLE
-    dval[da.msg[sel]] = da.value[sel].view(np.float64)
-    sel = da.select(_A_STRING, WIRE_LEN)
-    codes, strings = decode_strings(data, da.value[sel].astype(np.int64), da.length[sel])
-    vtype[da.msg[sel]] = VT_STR
-    sval[da.msg[sel]] = codes
-    sel = da.select(_A_STRING_IID, WIRE_VARINT)
-    rows = da.msg[sel]
+        rows = np.flatnonzero(da.present[field])
+        vtype[rows] = vt
+        ival[rows] = da.value[field][rows].view(np.int64)
+    rows = np.flatnonzero(da.present[_A_DOUBLE])
+    vtype[rows] = VT_DOUBLE
+    dval[rows] = da.value[_A_DOUBLE][rows].view(np.float64)
+    rows = np.flatnonzero(da.present[_A_STRING])
+    codes, strings = decode_strings(
+        data, da.value[_A_STRING][rows].astype(np.int64), da.length[_A_STRING][rows]
+    )
+    vtype[rows] = VT_STR
+    sval[rows] = codes
+    rows = np.flatnonzero(da.present[_A_STRING_IID])
     vtype[rows] = VT_STR
     sval[rows] = interning.resolve(
-        "str", ev_seq[owner[rows]], ev_gen[owner[rows]], da.value[sel], strings
+        "str", ev_seq[owner[rows]], ev_gen[owner[rows]], da.value[_A_STRING_IID][rows], strings
     )
     keep = (vtype >= 0) & (key >= 0) & ~((vtype == VT_STR) & (sval < 0))
     return ArgTable(

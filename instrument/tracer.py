@@ -223,6 +223,14 @@ class Tracer:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
         self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
 
+    def thread_slice(self, name: str, start_ns: int, end_ns: int, **args: object) -> None:
+        """A slice with explicit times on the current thread's track (like a finished span)."""
+        if not self.enabled:
+            return
+        if end_ns < start_ns:
+            raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
+        self._append((EV_SLICE_AT, _thread_key(), name, start_ns, end_ns, args))
+
     # ---- metadata -------------------------------------------------------------------------
     def metadata(self, **args: object) -> None:
         """A ``trace_metadata`` instant on the process track."""
