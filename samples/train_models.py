@@ -22,12 +22,13 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from samples.model_shapes import FULL_SHAPES, TINY_SHAPES, draft_config, head_config, target_config
 from samples.phases import evaluate, format_table, save_hf, train_students, train_target
-from samples.spec_heads import EAGLE_ARCH, MTP_ARCH, create_head, save_head
+from samples.spec_heads import EAGLE_ARCH, MTP_ARCH, EagleHead, MTPModule, save_head
 from samples.training import TokenData, tokenize_corpus, val_windows
 
 __all__ = ["TrainConfig", "main"]
@@ -89,7 +90,15 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(cfg: TrainConfig, out_dir: Path, tokenizer_dir: Path, device: torch.device) -> dict:
+Row = dict[str, float]
+# role in the report -> folder under --out
+FOLDERS = {"target": TARGET_NAME, "draft": DRAFT_NAME, "eagle": EAGLE_NAME,
+           "mtp": f"{TARGET_NAME}/mtp"}  # fmt: skip
+
+
+def run(
+    cfg: TrainConfig, out_dir: Path, tokenizer_dir: Path, device: torch.device
+) -> dict[str, Any]:
     """Train, save and score all four models; returns the report (also ``train_report.json``)."""
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
@@ -108,21 +117,25 @@ def run(cfg: TrainConfig, out_dir: Path, tokenizer_dir: Path, device: torch.devi
 
     target = AutoModelForCausalLM.from_config(target_config(target_shape, vocab_size)).to(device)
     monitor = val_windows(data.val, cfg.seq_len, cfg.monitor_windows).to(device)
-    target_stats = train_target(target, train_stream, monitor, cfg, device)
+    stats = {"target": train_target(target, train_stream, monitor, cfg, device)}
     target = target.to(torch.bfloat16).eval().requires_grad_(False)
     save_hf(target, out_dir / TARGET_NAME, tokenizer_dir)
 
     draft = AutoModelForCausalLM.from_config(draft_config(draft_shape, vocab_size)).to(device)
-    eagle = create_head(head_config(EAGLE_ARCH, target_shape, vocab_size, TARGET_NAME)).to(device)
-    mtp = create_head(head_config(MTP_ARCH, target_shape, vocab_size, TARGET_NAME)).to(device)
-    student_stats = train_students(target, draft, eagle, mtp, train_stream, cfg, device)
-    save_hf(draft.to(torch.bfloat16), out_dir / DRAFT_NAME, tokenizer_dir)
+    eagle = EagleHead(head_config(EAGLE_ARCH, target_shape, vocab_size, TARGET_NAME)).to(device)
+    mtp = MTPModule(head_config(MTP_ARCH, target_shape, vocab_size, TARGET_NAME)).to(device)
+    stats.update(train_students(target, draft, eagle, mtp, train_stream, cfg, device))
+    draft, eagle, mtp = draft.to(torch.bfloat16), eagle.to(torch.bfloat16), mtp.to(torch.bfloat16)
+    save_hf(draft, out_dir / DRAFT_NAME, tokenizer_dir)
     save_head(eagle, out_dir / EAGLE_NAME)
-    save_head(mtp, out_dir / TARGET_NAME / "mtp")
+    save_head(mtp, out_dir / FOLDERS["mtp"])
 
     windows = val_windows(data.val, cfg.seq_len, cfg.max_val_windows)
-    scores = evaluate(target, draft.to(torch.bfloat16), eagle.to(torch.bfloat16),
-                      mtp.to(torch.bfloat16), windows, cfg.batch_size, device)  # fmt: skip
+    scores = evaluate(target, draft, eagle, mtp, windows, cfg.batch_size, device)
+    modules = {"target": target, "draft": draft, "eagle": eagle, "mtp": mtp}
+    rows = {FOLDERS[role]: {"params": float(sum(p.numel() for p in module.parameters())),
+                            **stats[role], **scores[role]}
+            for role, module in modules.items()}  # fmt: skip
     report = {
         "config": asdict(cfg),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -132,26 +145,12 @@ def run(cfg: TrainConfig, out_dir: Path, tokenizer_dir: Path, device: torch.devi
             "val_tokens": data.val.numel(),
             "val_windows": int(windows.shape[0]),
         },  # fmt: skip
-        "models": _merge(target_stats, student_stats, scores, target, draft, eagle, mtp),
+        "models": rows,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     (out_dir / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(format_table(report["models"]), flush=True)
+    print(format_table(rows), flush=True)
     return report
-
-
-def _merge(target_stats, student_stats, scores, target, draft, eagle, mtp) -> dict:  # type: ignore[no-untyped-def]
-    params = {
-        TARGET_NAME: sum(p.numel() for p in target.parameters()),
-        DRAFT_NAME: sum(p.numel() for p in draft.parameters()),
-        EAGLE_NAME: sum(p.numel() for p in eagle.parameters()),
-        f"{TARGET_NAME}/mtp": sum(p.numel() for p in mtp.parameters()),
-    }
-    stats = {TARGET_NAME: target_stats, DRAFT_NAME: student_stats["draft"],
-             EAGLE_NAME: student_stats["eagle"], f"{TARGET_NAME}/mtp": student_stats["mtp"]}  # fmt: skip
-    keys = {TARGET_NAME: "target", DRAFT_NAME: "draft", EAGLE_NAME: "eagle",
-            f"{TARGET_NAME}/mtp": "mtp"}  # fmt: skip
-    return {name: {"params": params[name], **stats[name], **scores[keys[name]]} for name in params}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -68,7 +69,7 @@ def save_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int = 
     _write_json(out_dir / "special_tokens_map.json", special)
 
 
-def _write_json(path: Path, obj: dict[str, object]) -> None:
+def _write_json(path: Path, obj: Mapping[str, object]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

@@ -163,7 +163,7 @@ def test_cache_style_second_step_agrees_too(
     target's h) at positions <= t plus itself, fed ``g1_t``; teacher token ``x_{t+2}``, so that
     the target's greedy ``a_{t+2}`` is the right reference."""
     head = load_head(folder, dtype=torch.float32).eval()
-    ids = held_out_ids[:, 96:160]  # past the licence-style header
+    ids = held_out_ids[:, 96:144]  # past the licence-style header
     with torch.no_grad():
         hidden = target.model(input_ids=ids).last_hidden_state  # [1, T, H]
         greedy = target.lm_head(hidden).argmax(-1)  # [1, T]
