@@ -40,7 +40,7 @@ def run_one(method: str | None, sync_accepted: bool, args: argparse.Namespace, t
         dataclasses.replace(
             w, arrival_time_s=0.0, params=dataclasses.replace(w.params, temperature=0.0)
         )
-        for w in load_workload(args.workload)
+        for w in load_workload(args.workload)[: args.limit]
     ]
     spec = {}
     if method is not None:
@@ -95,6 +95,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--methods", default="ngram,draft,eagle,mtp")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="stepscope-spec-")
