@@ -38,23 +38,32 @@ __all__ = [
 
 
 def analyze_frames(
-    frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1
+    frames: TraceFrames,
+    profile: Profile | str | None = None,
+    skip_steps: int = 1,
+    window: str = "steady",
 ) -> Report:
-    """The report of already-loaded frames (``skip_steps`` warm-up steps left out)."""
-    return build_report(frames, profile, skip_steps)
+    """The report of already-loaded frames over ``window``: ``steady`` (the steady-state rule of
+    ``analysis.steady``, falling back to ``all``), ``all`` (``skip_steps`` warm-up steps left
+    out) or ``A:B`` (steps A..B-1)."""
+    return build_report(frames, profile, skip_steps, window)
 
 
 def analyze_trace(
-    path: str | os.PathLike[str], profile: Profile | str | None = None, skip_steps: int = 1
+    path: str | os.PathLike[str],
+    profile: Profile | str | None = None,
+    skip_steps: int = 1,
+    window: str = "steady",
 ) -> Report:
     """Load ``path`` (format detected from its bytes) and compute every §4 metric.
 
     ``profile``: a built-in name (``stepscope``, ``vllm``, ``sglang``), a ``.json``/``.toml``
     profile file, or a :class:`Profile`; default ``stepscope`` for Perfetto, ``vllm`` for Kineto.
-    Raises :class:`TraceError` (plain message) for unreadable traces.
+    ``window``: see :func:`analyze_frames`. Raises :class:`TraceError` (plain message) for
+    unreadable traces.
     """
     frames = load_trace(path, profile)
-    return build_report(frames, profile, skip_steps)
+    return build_report(frames, profile, skip_steps, window)
 
 
 def compare_traces(
@@ -63,8 +72,9 @@ def compare_traces(
     profile: Profile | str | None = None,
     vary: tuple[str, ...] = (),
     skip_steps: int = 1,
+    window: str = "steady",
 ) -> tuple[Report, Report, Comparison]:
     """Analyse both traces and compare them (contract check, deltas, output agreement)."""
-    a = analyze_trace(path_a, profile, skip_steps)
-    b = analyze_trace(path_b, profile, skip_steps)
+    a = analyze_trace(path_a, profile, skip_steps, window)
+    b = analyze_trace(path_b, profile, skip_steps, window)
     return a, b, compare_reports(a, b, vary)

@@ -13,7 +13,16 @@ from analysis import Report, TraceError, analyze_trace, compare_reports
 
 __all__ = ["analyze_main", "compare_main"]
 
-_SHOWN_TABLES = ("blame", "overlap", "waits", "syncs", "silent_fallbacks", "decisions", "steps")
+_SHOWN_TABLES = (
+    "phases",
+    "blame",
+    "overlap",
+    "waits",
+    "syncs",
+    "silent_fallbacks",
+    "decisions",
+    "steps",
+)
 _MAX_ROWS = 15
 
 
@@ -22,7 +31,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--profile", default=None, help="stepscope, vllm, sglang, or a .json/.toml mapping file"
     )
     parser.add_argument(
-        "--skip-steps", type=int, default=1, help="warm-up steps left out (default 1)"
+        "--window",
+        default="steady",
+        metavar="all|steady|A:B",
+        help="steps measured: steady (default: first to last step with stable batch size and "
+        "step time, see README), all, or A:B (steps A..B-1)",
+    )
+    parser.add_argument(
+        "--skip-steps", type=int, default=1, help="with --window all: warm-up steps left out"
     )
     parser.add_argument("--json", action="store_true", help="print every number as JSON")
 
@@ -44,9 +60,17 @@ def _print_report(report: Report) -> None:
         print(f"* {line}")
     w = report.headline["window"]
     print(
-        f"\nwindow: steps {w['first_step']}..{w['last_step']} ({w['num_steps']} steps, "
+        f"\nwindow ({w['rule']}): steps {w['first_step']}..{w['last_step']} "
+        f"({w['num_steps']} steps, {w['skipped_steps']} before it; "
         f"{w['duration_ms']:.2f} ms of device span)"
     )
+    if w["note"]:
+        print(f"  note: {w['note']}")
+    capture = report.extra.get("capture", {})
+    dropped = {k: v for k, v in capture.items() if k.startswith("dropped_steps_") and v}
+    if capture.get("sampled") or dropped:
+        every = capture.get("capture_every", 1)
+        print(f"  capture: one step in {every} kept; dropped steps {dropped or 'none'}")
     for name in _SHOWN_TABLES:
         df = report.tables[name]
         if len(df):
@@ -57,13 +81,14 @@ def _print_report(report: Report) -> None:
 
 
 def analyze_main(argv: list[str]) -> int:
-    """``stepscope analyze TRACE [--profile P|FILE] [--skip-steps N] [--json]``; returns the exit code."""
+    """``stepscope analyze TRACE [--profile P|FILE] [--window all|steady|A:B] [--json]``; returns
+    the exit code."""
     parser = argparse.ArgumentParser(prog="stepscope analyze", description=__doc__)
     parser.add_argument("trace", help="a .pftrace (stepscope/Perfetto) or Kineto .json[.gz] file")
     _common(parser)
     args = parser.parse_args(argv)
     try:
-        report = analyze_trace(args.trace, args.profile, args.skip_steps)
+        report = analyze_trace(args.trace, args.profile, args.skip_steps, args.window)
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
@@ -89,8 +114,8 @@ def compare_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     try:
-        a = analyze_trace(args.a, args.profile, args.skip_steps)
-        b = analyze_trace(args.b, args.profile, args.skip_steps)
+        a = analyze_trace(args.a, args.profile, args.skip_steps, args.window)
+        b = analyze_trace(args.b, args.profile, args.skip_steps, args.window)
     except TraceError as exc:
         print(f"stepscope compare: {exc}", file=sys.stderr)
         return 2

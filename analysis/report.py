@@ -15,12 +15,14 @@ from analysis.frames import TraceFrames
 from analysis.intervals import complement
 from analysis.latency import percentiles, request_latency
 from analysis.overlap import overall_overlap, overlap_by_step
+from analysis.phases import phase_table
 from analysis.profiles import Profile, get_profile
 from analysis.steps import step_table
 from analysis.syncs import hot_sync_count, sync_summary
 from analysis.verdicts import verdicts
 from analysis.waits import accepted_wait_by_step
-from analysis.window import device_busy, select_window
+from analysis.window import WINDOW_STEADY, device_busy, select_window
+from instrument.schema import CaptureArg
 
 __all__ = ["Report", "build_report", "HEADLINE_KEYS"]
 
@@ -40,6 +42,13 @@ HEADLINE_KEYS = (
     "window",
 )
 MAX_HEADLINE_BUBBLES = 20
+_CAPTURE_PREFIXES = (
+    "capture_",
+    "dropped_",
+    CaptureArg.STEPS_SEEN.value,
+    CaptureArg.STEPS_KEPT.value,
+    "ring_",
+)
 
 
 @dataclass
@@ -91,20 +100,27 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def build_report(
-    frames: TraceFrames, profile: Profile | str | None = None, skip_steps: int = 1
+    frames: TraceFrames,
+    profile: Profile | str | None = None,
+    skip_steps: int = 1,
+    window: str = WINDOW_STEADY,
 ) -> Report:
-    """Compute every metric of DESIGN.md §4 on loaded frames."""
+    """Compute every metric of DESIGN.md §4 on loaded frames, over ``window`` (``steady``,
+    ``all`` or ``A:B``; see ``analysis.win.select_window``)."""
     prof = get_profile(profile or frames.metadata.get("profile", "stepscope"))
-    sl, window = select_window(frames.slices, skip_steps)
+    if int(frames.metadata.get(CaptureArg.WARMUP_STEPS.value, 0) or 0) > 0:
+        skip_steps = 0  # the tracer already left the warm-up steps out
+    all_steps = step_table(frames.slices)
+    sl, win = select_window(frames.slices, skip_steps, window, all_steps)
     busy = device_busy(frames.slices)
     idle = (
-        complement(busy, window.start_ns, window.end_ns)
-        if window.duration_ns
+        complement(busy, win.start_ns, win.end_ns)
+        if win.duration_ns
         else (np.zeros(0, np.int64),) * 2
     )
     overlap, _, _ = overall_overlap(sl, busy)
     bubbles, pieces = blame_bubbles(
-        find_bubbles(busy, window.start_ns, window.end_ns), sl, prof.envelopes
+        find_bubbles(busy, win.start_ns, win.end_ns), sl, prof.envelopes
     )
     blame = blame_table(pieces)
     waits = accepted_wait_by_step(sl, busy, idle)
@@ -134,7 +150,7 @@ def build_report(
     largest = bubbles.sort_values("dur_ns", ascending=False).head(MAX_HEADLINE_BUBBLES)
     headline: dict[str, Any] = {
         "overlap": _clean(overlap),
-        "bubble_ratio": idle_ns / window.duration_ns if window.duration_ns else None,
+        "bubble_ratio": idle_ns / win.duration_ns if win.duration_ns else None,
         "bubbles": {
             "count": len(bubbles),
             "idle_ms": idle_ns / 1e6,
@@ -157,13 +173,21 @@ def build_report(
         "hot_syncs": hot_sync_count(syncs),
         "ttft_ms": percentiles(latency["ttft_ms"]),
         "tpot_ms": percentiles(latency["tpot_ms"]),
-        "window": window.to_dict(),
+        "window": win.to_dict(),
     }
-    steps = step_table(sl)
-    extra = _extra(steps, latency, window.duration_ns)
+    in_window = (all_steps["step"] >= win.first_step) & (all_steps["step"] <= win.last_step)
+    steps = all_steps[in_window].reset_index(drop=True)
+    overlap_steps = overlap_by_step(sl, busy)
+    phases = phase_table(steps, overlap_steps, waits, bubbles, sl)
+    extra = _extra(steps, latency, win.duration_ns)
+    extra["phases"] = {
+        r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in _records(phases)
+    }
+    extra["capture"] = _capture(frames.metadata)
     tables = {
         "steps": steps,
-        "overlap": overlap_by_step(sl, busy),
+        "phases": phases,
+        "overlap": overlap_steps,
         "bubbles": bubbles,
         "blame": blame,
         "waits": waits,
@@ -174,6 +198,13 @@ def build_report(
         "latency": latency,
     }
     return Report(headline, verdicts(headline, frames, extra), tables, frames, extra)
+
+
+def _capture(metadata: dict[str, Any]) -> dict[str, Any]:
+    """What capture control left out of the trace (``trace_metadata``; absent counts are 0)."""
+    out = {k: _clean(v) for k, v in metadata.items() if str(k).startswith(_CAPTURE_PREFIXES)}
+    out["sampled"] = int(metadata.get(CaptureArg.EVERY.value, 1) or 1) > 1
+    return out
 
 
 def _extra(steps: pd.DataFrame, latency: pd.DataFrame, window_ns: int) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import pandas as pd
 
 from analysis.frames import ROLE_COMPUTE, ROLE_CPU, require_columns
 from analysis.intervals import union_grouped
+from analysis.phases import step_phase
 from instrument.schema import Arg, CpuSlice
 
 __all__ = ["step_table", "STEP_BASE_COLUMNS"]
@@ -24,6 +25,8 @@ _SUMS = [
     Arg.NUM_REQS.value,
     Arg.NUM_ACCEPTED.value,
     Arg.NUM_SPEC_TOKENS.value,
+    Arg.NUM_PREFILL.value,
+    Arg.NUM_DECODE.value,
 ]
 
 
@@ -31,16 +34,18 @@ def step_table(slices: pd.DataFrame) -> pd.DataFrame:
     """One row per step.
 
     Columns: ``step``; ``start_ns``/``end_ns`` (first start / last end of the step's slices);
-    ``step_ns`` (cadence: next step's start minus this one's, NaN for the last); one
+    ``step_ns`` (cadence: next step's start minus this one's, divided by the step-number gap
+    so a sampled trace still gives per-step time; NaN for the last); one
     ``<phase>_ns`` column per CPU phase (summed ``schedule``, ``prepare_inputs``, ``launch``,
     ``wait_output``, ``update_from_output``, ``grammar_mask``); ``device_busy_ns`` (union of the
     step's compute slices); and ``num_tokens``, ``num_reqs``, ``num_accepted``,
-    ``num_spec_tokens`` when the trace carries them (summed over the step's slices).
+    ``num_spec_tokens``, ``num_prefill``, ``num_decode`` when the trace carries them (summed
+    over the step's slices); ``phase`` (``analysis.phases.step_phase``).
     """
     require_columns(slices, ["step", "name", "role", "ts_ns", "end_ns", "dur_ns"], "step_table")
     stepped = slices[slices["step"] >= 0]
     if stepped.empty:
-        cols = {**STEP_BASE_COLUMNS, **{f"{p}_ns": "int64" for p in _PHASES}}
+        cols = {**STEP_BASE_COLUMNS, **{f"{p}_ns": "int64" for p in _PHASES}, "phase": "object"}
         return pd.DataFrame({k: pd.Series(dtype=v) for k, v in cols.items()})
     span = stepped.groupby("step").agg(start_ns=("ts_ns", "min"), end_ns=("end_ns", "max"))
     cpu = stepped[(stepped["role"] == ROLE_CPU) & stepped["name"].isin(_PHASES)]
@@ -58,11 +63,13 @@ def step_table(slices: pd.DataFrame) -> pd.DataFrame:
         if col in stepped.columns:
             table[col] = stepped[stepped["role"] == ROLE_CPU].groupby("step")[col].sum(min_count=1)
     table = table.reset_index().sort_values("step").reset_index(drop=True)
-    table["step_ns"] = (table["start_ns"].shift(-1) - table["start_ns"]).astype("float64")
+    gap = (table["step"].shift(-1) - table["step"]).astype("float64")
+    table["step_ns"] = (table["start_ns"].shift(-1) - table["start_ns"]).astype("float64") / gap
     fill = {c: 0 for c in table.columns if c.endswith("_ns") and c != "step_ns"}
     table = table.fillna(fill)
     ordered = ["step", "start_ns", "end_ns", "step_ns", *phases.columns, "device_busy_ns"]
     ordered += [c for c in table.columns if c not in ordered]
-    return table[ordered].astype(
+    table["phase"] = step_phase(table)
+    return table[[*ordered, "phase"]].astype(
         {k: v for k, v in STEP_BASE_COLUMNS.items()} | {c: "int64" for c in phases.columns}
     )

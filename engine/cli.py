@@ -12,6 +12,7 @@ from typing import Any
 from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
 from engine.llm import LLM, CompletionOutput, outputs_digest
 from engine.workload import WorkloadError, load_workload
+from instrument.capture import CaptureConfig, parse_step_range
 from instrument.schema import Arg
 
 __all__ = ["run_main", "build_parser"]
@@ -46,7 +47,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="write a Perfetto trace here (.pftrace)")
     p.add_argument("--nvtx", action="store_true", help="also emit NVTX ranges (Nsight Systems)")
     p.add_argument(
-        "--no-request-tracks", action="store_true", help="do not write one trace track per request"
+        "--trace-requests",
+        action="store_true",
+        help="also write one trace track per request (queued/prefill/decode; TTFT/TPOT in "
+        "`stepscope analyze` come from these)",
+    )
+    p.add_argument(
+        "--trace-steps",
+        default=None,
+        metavar="A:B",
+        help="trace only engine steps A..B-1 ('A:' = from A on)",
+    )
+    p.add_argument(
+        "--trace-every", type=int, default=1, metavar="N", help="trace one step in N (sampled)"
+    )
+    p.add_argument(
+        "--trace-max-mb", type=float, default=None, metavar="M", help="trace file size budget"
+    )
+    p.add_argument(
+        "--trace-mode",
+        choices=("stop", "ring"),
+        default="stop",
+        help="at --trace-max-mb: stop tracing steps, or keep the most recent ones (ring)",
+    )
+    p.add_argument(
+        "--trace-warmup",
+        action="store_true",
+        help="also trace the warm-up steps (left out by default)",
+    )
+    p.add_argument(
+        "--trace-warmup-steps",
+        type=int,
+        default=2,
+        metavar="K",
+        help="how many first steps are warm-up (default 2)",
     )
     p.add_argument(
         "--detect-syncs",
@@ -120,6 +154,20 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def capture_from_args(args: argparse.Namespace) -> CaptureConfig:
+    """The trace capture settings of ``--trace-*`` (raises ValueError with the reason)."""
+    first, end = parse_step_range(args.trace_steps) if args.trace_steps else (0, None)
+    return CaptureConfig(
+        first_step=first,
+        end_step=end,
+        every=args.trace_every,
+        max_bytes=int(args.trace_max_mb * 2**20) if args.trace_max_mb is not None else None,
+        mode=args.trace_mode,
+        warmup_steps=args.trace_warmup_steps,
+        include_warmup=args.trace_warmup,
+    )
+
+
 def _fmt_pcts(d: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:8.2f}" for k, v in d.items()) if d else "n/a"
 
@@ -142,7 +190,9 @@ def print_summary(
     print(f"output digest     {outputs_digest(outputs)}")
     print("feature decisions:")
     for d in llm.engine.features.decisions:
-        requested = "auto" if d.requested is None else d.requested
+        requested = d.requested
+        if requested is None:  # auto, except for the spec method where None means "none asked"
+            requested = "none" if d.feature == "spec_method" else "auto"
         print(f"  {d.feature:<18} requested={requested!s:<6} resolved={d.resolved!s:<6} {d.reason}")
     if trace:
         print(
@@ -167,17 +217,18 @@ def run_main(argv: list[str]) -> int:
     try:
         config = config_from_args(args)
         workload = load_workload(args.workload)
-    except (ConfigError, WorkloadError) as err:
+        capture = capture_from_args(args)
+    except (ConfigError, WorkloadError, ValueError) as err:
         print(f"stepscope run: error: {err}", file=sys.stderr)
         return 2
     tracer = None
     if args.trace:
         os.makedirs(os.path.dirname(os.path.abspath(args.trace)), exist_ok=True)
-        tracer = Tracer(args.trace, nvtx=args.nvtx, install_signal_handlers=True)
+        tracer = Tracer(args.trace, nvtx=args.nvtx, install_signal_handlers=True, capture=capture)
         set_tracer(tracer)
     detector = SyncDetector(tracer) if (tracer and args.detect_syncs) else None
     try:
-        llm = LLM(config, tracer=tracer, trace_requests=not args.no_request_tracks)
+        llm = LLM(config, tracer=tracer, trace_requests=args.trace_requests)
         bar, update = _progress(len(workload), not args.no_progress)
         if detector is not None:
             detector.install()
