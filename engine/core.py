@@ -42,7 +42,7 @@ from engine.scheduler.request_output import (
     StopStringChecker,
 )
 from engine.scheduler.scheduler import Scheduler
-from engine.spec.proposer import Proposer, create_proposer
+from engine.spec.proposer import Proposer, ProposerContext, create_proposer
 from engine.structured.manager import StructuredOutputManager
 from instrument.schema import (
     ENGINE_THREAD,
@@ -127,8 +127,7 @@ class EngineCore:
         spec_model = config.spec_model
         if method == "mtp" and spec_model is None and config.model is not None:
             spec_model = os.path.join(config.model, "mtp")
-        return create_proposer(
-            method,
+        ctx = ProposerContext(
             target=self.model,
             spec_model=spec_model,
             num_spec_tokens=config.num_spec_tokens,
@@ -139,6 +138,7 @@ class EngineCore:
             device=self.device.torch_device,
             use_triton=self.features.triton_kernels,
         )
+        return create_proposer(method, ctx)
 
     # ---- requests -------------------------------------------------------------------------
     @property

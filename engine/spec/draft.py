@@ -19,6 +19,7 @@ from engine.spec.proposer import (
     DraftOutput,
     ProposeInputs,
     Proposer,
+    ProposerContext,
     register_proposer,
     sample_drafts,
 )
@@ -64,29 +65,17 @@ class DraftModelProposer(Proposer):
         return DraftOutput(draft_ids=torch.stack(ids, dim=1), draft_probs=stacked)
 
 
-def build_draft_proposer(
-    *,
-    target: Any,
-    spec_model: str | None,
-    num_spec_tokens: int,
-    num_blocks: int,
-    block_size: int,
-    max_num_reqs: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    use_triton: bool = False,
-) -> DraftModelProposer:
-    """Load the draft checkpoint in ``spec_model``; its vocabulary must be the target's."""
-    if spec_model is None:
-        raise ConfigError("spec_method='draft' needs spec_model (the draft model's folder)")
-    model, config = load_model(spec_model, dtype, device, use_triton=use_triton)
-    if config.vocab_size != target.config.vocab_size:
+def build_draft_proposer(ctx: ProposerContext) -> DraftModelProposer:
+    """Load the draft checkpoint in ``ctx.spec_model``; its vocabulary must be the target's."""
+    folder = ctx.require_spec_model("draft", "the draft model's folder")
+    model, config = load_model(folder, ctx.dtype, ctx.device, use_triton=ctx.use_triton)
+    if config.vocab_size != ctx.target.config.vocab_size:
         raise ConfigError(
-            f"draft vocab_size {config.vocab_size} != target's {target.config.vocab_size}:"
+            f"draft vocab_size {config.vocab_size} != target's {ctx.target.config.vocab_size}:"
             " the draft model must share the target's tokenizer"
         )
-    kv = LookaheadKV(num_blocks, block_size, max_num_reqs, num_spec_tokens)
-    return DraftModelProposer(model, num_spec_tokens, kv, use_triton)
+    kv = LookaheadKV(ctx.num_blocks, ctx.block_size, ctx.max_num_reqs, ctx.num_spec_tokens)
+    return DraftModelProposer(model, ctx.num_spec_tokens, kv, ctx.use_triton)
 
 
 register_proposer("draft", build_draft_proposer)

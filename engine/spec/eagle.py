@@ -10,23 +10,12 @@ Folder format (``samples/models/README.md``): ``config.json`` with ``"architectu
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import torch
 from torch import nn
 
-from engine.config import ConfigError
 from engine.model.config import ModelConfig
-from engine.spec.draft_kv import LookaheadKV
-from engine.spec.hidden_head import (
-    HeadProposer,
-    HiddenStateHead,
-    head_model_config,
-    load_head_weights,
-    read_head_config,
-)
-from engine.spec.proposer import register_proposer
+from engine.spec.hidden_head import HeadProposer, HiddenStateHead, build_head_proposer
+from engine.spec.proposer import ProposerContext, register_proposer
 
 __all__ = ["EAGLE_ARCHITECTURE", "EagleHead", "build_eagle_proposer"]
 
@@ -48,27 +37,9 @@ class EagleHead(HiddenStateHead):
         return self.fc(torch.cat((embeds, hidden), dim=-1))
 
 
-def build_eagle_proposer(
-    *,
-    target: Any,
-    spec_model: str | None,
-    num_spec_tokens: int,
-    num_blocks: int,
-    block_size: int,
-    max_num_reqs: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    use_triton: bool = False,
-) -> HeadProposer:
-    """Load the head in ``spec_model`` for ``target`` (a LlamaForCausalLM)."""
-    if spec_model is None:
-        raise ConfigError("spec_method='eagle' needs spec_model (the head's folder)")
-    folder = Path(spec_model)
-    config = head_model_config(read_head_config(folder), target.config)
-    head = EagleHead(config, dtype, device, use_triton)
-    load_head_weights(head, folder, EAGLE_ARCHITECTURE)
-    kv = LookaheadKV(num_blocks, block_size, max_num_reqs, num_spec_tokens)
-    return HeadProposer(head, target, num_spec_tokens, kv, use_triton)
+def build_eagle_proposer(ctx: ProposerContext) -> HeadProposer:
+    """Load the eagle head in ``ctx.spec_model``."""
+    return build_head_proposer(ctx, EagleHead, EAGLE_ARCHITECTURE, "eagle")
 
 
 register_proposer("eagle", build_eagle_proposer)

@@ -34,7 +34,13 @@ from engine.model.layers import RMSNorm
 from engine.model.llama import DecoderLayer
 from engine.model.rope import RotaryEmbedding
 from engine.spec.draft_kv import LookaheadKV
-from engine.spec.proposer import DraftOutput, ProposeInputs, Proposer, sample_drafts
+from engine.spec.proposer import (
+    DraftOutput,
+    ProposeInputs,
+    Proposer,
+    ProposerContext,
+    sample_drafts,
+)
 
 __all__ = [
     "HiddenStateHead",
@@ -189,3 +195,15 @@ def _stack(ids: list[torch.Tensor], probs: list[torch.Tensor | None]) -> DraftOu
     """``k`` per-step results -> ``[B, k]`` ids and ``[B, k, V]`` probs (None if greedy)."""
     stacked = None if probs[0] is None else torch.stack([p for p in probs if p is not None], 1)
     return DraftOutput(draft_ids=torch.stack(ids, dim=1), draft_probs=stacked)
+
+
+def build_head_proposer(
+    ctx: ProposerContext, head_cls: type[HiddenStateHead], architecture: str, method: str
+) -> HeadProposer:
+    """Load the head of ``architecture`` from ``ctx.spec_model`` for ``ctx.target``."""
+    folder = Path(ctx.require_spec_model(method, "the head's folder"))
+    config = head_model_config(read_head_config(folder), ctx.target.config)
+    head = head_cls(config, ctx.dtype, ctx.device, ctx.use_triton)
+    load_head_weights(head, folder, architecture)
+    kv = LookaheadKV(ctx.num_blocks, ctx.block_size, ctx.max_num_reqs, ctx.num_spec_tokens)
+    return HeadProposer(head, ctx.target, ctx.num_spec_tokens, kv, ctx.use_triton)

@@ -8,24 +8,13 @@ Folder format (default ``<target>/mtp``): ``config.json`` with ``"architecture":
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import torch
 from torch import nn
 
-from engine.config import ConfigError
 from engine.model.config import ModelConfig
 from engine.model.layers import RMSNorm
-from engine.spec.draft_kv import LookaheadKV
-from engine.spec.hidden_head import (
-    HeadProposer,
-    HiddenStateHead,
-    head_model_config,
-    load_head_weights,
-    read_head_config,
-)
-from engine.spec.proposer import register_proposer
+from engine.spec.hidden_head import HeadProposer, HiddenStateHead, build_head_proposer
+from engine.spec.proposer import ProposerContext, register_proposer
 
 __all__ = ["MTP_ARCHITECTURE", "MTPModule", "build_mtp_proposer"]
 
@@ -49,27 +38,9 @@ class MTPModule(HiddenStateHead):
         return self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(hidden)), dim=-1))
 
 
-def build_mtp_proposer(
-    *,
-    target: Any,
-    spec_model: str | None,
-    num_spec_tokens: int,
-    num_blocks: int,
-    block_size: int,
-    max_num_reqs: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    use_triton: bool = False,
-) -> HeadProposer:
-    """Load the MTP module in ``spec_model`` (the caller defaults it to ``<target>/mtp``)."""
-    if spec_model is None:
-        raise ConfigError("spec_method='mtp' needs the module's folder (default <target>/mtp)")
-    folder = Path(spec_model)
-    config = head_model_config(read_head_config(folder), target.config)
-    module = MTPModule(config, dtype, device, use_triton)
-    load_head_weights(module, folder, MTP_ARCHITECTURE)
-    kv = LookaheadKV(num_blocks, block_size, max_num_reqs, num_spec_tokens)
-    return HeadProposer(module, target, num_spec_tokens, kv, use_triton)
+def build_mtp_proposer(ctx: ProposerContext) -> HeadProposer:
+    """Load the mtp head in ``ctx.spec_model``."""
+    return build_head_proposer(ctx, MTPModule, MTP_ARCHITECTURE, "mtp")
 
 
 register_proposer("mtp", build_mtp_proposer)

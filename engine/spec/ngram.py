@@ -10,11 +10,15 @@ context), so nothing is read back to the host.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from engine.spec.proposer import DraftOutput, ProposeInputs, Proposer, register_proposer
+from engine.spec.proposer import (
+    DraftOutput,
+    ProposeInputs,
+    Proposer,
+    ProposerContext,
+    register_proposer,
+)
 
 __all__ = ["NgramProposer"]
 
@@ -71,8 +75,8 @@ class NgramProposer(Proposer):
         return torch.where(best >= 0, best + n, best)
 
 
-def _build(*, num_spec_tokens: int, **_: Any) -> NgramProposer:
-    return NgramProposer(num_spec_tokens)
+def _build(ctx: ProposerContext) -> NgramProposer:
+    return NgramProposer(ctx.num_spec_tokens)
 
 
 register_proposer("ngram", _build)

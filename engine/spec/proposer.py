@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from engine.config import ConfigError
 from engine.kernels import sampling as sampling_kernels
 from engine.model.attention_metadata import AttentionMetadata
 from engine.sample.noise import NoiseStream
@@ -27,6 +28,7 @@ __all__ = [
     "DraftOutput",
     "ProposeInputs",
     "Proposer",
+    "ProposerContext",
     "ProposerFactory",
     "create_proposer",
     "register_proposer",
@@ -115,47 +117,43 @@ def sample_drafts(
     return ids, torch.where(greedy[:, None], one_hot, probs)
 
 
-ProposerFactory = Callable[..., Proposer]
+@dataclass(frozen=True)
+class ProposerContext:
+    """What every proposer is built from: the target, the head/draft folder, and KV sizes that
+    mirror the target's paged cache (``spec_model`` for MTP defaults to ``<target>/mtp``,
+    resolved by the caller)."""
+
+    target: Any  # the target LlamaForCausalLM
+    spec_model: str | None
+    num_spec_tokens: int
+    num_blocks: int
+    block_size: int
+    max_num_reqs: int
+    dtype: torch.dtype
+    device: torch.device
+    use_triton: bool = False
+
+    def require_spec_model(self, method: str, what: str) -> str:
+        if self.spec_model is None:
+            raise ConfigError(f"spec_method={method!r} needs spec_model ({what})")
+        return self.spec_model
+
+
+ProposerFactory = Callable[[ProposerContext], Proposer]
 _REGISTRY: dict[str, ProposerFactory] = {}
 
 
 def register_proposer(method: str, factory: ProposerFactory) -> None:
-    """Make ``create_proposer(method, ...)`` call ``factory`` with the same keywords."""
+    """Make ``create_proposer(method, ctx)`` call ``factory(ctx)``."""
     _REGISTRY[method] = factory
 
 
-def create_proposer(
-    method: str,
-    *,
-    target: Any,
-    spec_model: str | None,
-    num_spec_tokens: int,
-    num_blocks: int,
-    block_size: int,
-    max_num_reqs: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    use_triton: bool = False,
-) -> Proposer:
-    """Build the proposer ``method`` for ``target`` (a LlamaForCausalLM).
-
-    ``spec_model`` is the draft model / EAGLE head / MTP folder (MTP defaults to
-    ``<target>/mtp``, resolved by the caller); KV sizes mirror the target's paged cache.
-    """
+def create_proposer(method: str, ctx: ProposerContext) -> Proposer:
+    """Build the proposer ``method`` (``draft``, ``eagle``, ``mtp``, ``ngram``, or a registered one)."""
     _load_builtin_methods()
     if method not in _REGISTRY:
         raise ValueError(f"unknown spec method {method!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[method](
-        target=target,
-        spec_model=spec_model,
-        num_spec_tokens=num_spec_tokens,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        max_num_reqs=max_num_reqs,
-        dtype=dtype,
-        device=device,
-        use_triton=use_triton,
-    )
+    return _REGISTRY[method](ctx)
 
 
 def _load_builtin_methods() -> None:

@@ -15,7 +15,7 @@ from engine.spec.eagle import EAGLE_ARCHITECTURE, EagleHead
 from engine.spec.hidden_head import head_model_config, load_head_weights
 from engine.spec.mtp import MTP_ARCHITECTURE
 from engine.spec.ngram import NgramProposer
-from engine.spec.proposer import ProposeInputs, create_proposer, sample_drafts
+from engine.spec.proposer import ProposeInputs, ProposerContext, create_proposer, sample_drafts
 from tests.engine.spec_fixtures import HEAD_DIMS, target_model_config, write_head
 
 
@@ -132,13 +132,13 @@ def test_sample_drafts_greedy_and_seeded():
 
 
 def test_registry_rejects_unknown_and_missing_models():
-    common = dict(
-        target=None, num_spec_tokens=2, num_blocks=4, block_size=4, max_num_reqs=2,
-        dtype=torch.float32, device=torch.device("cpu"),
+    ctx = ProposerContext(
+        target=None, spec_model=None, num_spec_tokens=2, num_blocks=4, block_size=4,
+        max_num_reqs=2, dtype=torch.float32, device=torch.device("cpu"),
     )  # fmt: skip
     with pytest.raises(ValueError, match="unknown spec method"):
-        create_proposer("medusa", spec_model=None, **common)
+        create_proposer("medusa", ctx)
     for method in ("draft", "eagle", "mtp"):
-        with pytest.raises(ConfigError):
-            create_proposer(method, spec_model=None, **common)
-    assert create_proposer("ngram", spec_model=None, **common).num_spec_tokens == 2
+        with pytest.raises(ConfigError, match="needs spec_model"):
+            create_proposer(method, ctx)
+    assert create_proposer("ngram", ctx).num_spec_tokens == 2
