@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode async spec
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode async spec structured
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -22,6 +22,7 @@ for stage in $stages; do
     decode) timeout 200 python3 bench/bench_decode.py --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | tail -8 ;;
     async) timeout 240 python3 bench/bench_async.py --json "$OUT/async.json" 2>&1 | tee "$OUT/async.log" | tail -10 ;;
     spec) timeout 300 python3 bench/bench_spec.py --json "$OUT/spec.json" 2>&1 | tee "$OUT/spec.log" | tail -12 ;;
+    structured) timeout 200 python3 bench/bench_structured.py --json "$OUT/structured.json" 2>&1 | tee "$OUT/structured.log" | tail -12 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
