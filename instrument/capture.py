@@ -109,12 +109,12 @@ class CaptureGate:
     """Applies a :class:`CaptureConfig` step by step and counts what it drops (exactly).
 
     Used by the writer only (one thread). ``static(step)`` applies rules 1–3; ``admit(step,
-    size)`` applies rule 4 at encode time.
+    size)`` applies rule 4 at encode time; ``admitted`` holds the steps written so far.
     """
 
     config: CaptureConfig = field(default_factory=CaptureConfig)
     _static: dict[int, str | None] = field(default_factory=dict)
-    _admitted: set[int] = field(default_factory=set)
+    admitted: set[int] = field(default_factory=set)
     _first_kept: int | None = None
     _stopped: bool = False
     dropped_steps: dict[str, set[int]] = field(default_factory=lambda: {r: set() for r in REASONS})
@@ -157,14 +157,14 @@ class CaptureGate:
 
     def admit(self, step: int, size: int) -> bool:
         """Rule 4 for a statically kept step, with the file at ``size`` bytes."""
-        if step in self._admitted:
+        if step in self.admitted:
             return True
         c = self.config
         if self._stopped or (c.mode == "stop" and c.max_bytes is not None and size >= c.max_bytes):
             self._stopped = True
             self.dropped_steps["size"].add(step)
             return False
-        self._admitted.add(step)
+        self.admitted.add(step)
         return True
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -179,7 +179,7 @@ class CaptureGate:
         """``trace_metadata`` args: steps seen/kept and dropped steps/events per reason."""
         out: dict[str, int] = {
             CaptureArg.STEPS_SEEN.value: self.steps_seen,
-            CaptureArg.STEPS_KEPT.value: len(self._admitted),
+            CaptureArg.STEPS_KEPT.value: len(self.admitted),
         }
         for reason in REASONS:
             out[f"{CaptureArg.DROPPED_STEPS_PREFIX.value}{reason}"] = len(

@@ -243,7 +243,7 @@ class PerfettoWriter:
                 ts = event[2] if kind == EV_COUNTER else event[3]
                 keyed.append((ts, 2, 0, seq, event, step))
         self._cur_step = cur
-        keyed.sort(key=lambda k: k[:4])
+        keyed.sort()  # (ts, order, -dur, ±seq) is unique: the event itself is never compared
         return sticky, keyed
 
     def _encode_batch(
@@ -254,23 +254,25 @@ class PerfettoWriter:
         chunks: list[bytes] = []
         steps: set[int] = set()
         size = self._out.size
-        gate = self.gate
+        gate, admitted = self.gate, self.gate.admitted
+        encode = self._encode_one
+        num_events = 0
         for _, order, _, _, event, step in keyed:
             if step is not None:
-                if not gate.admit(step, size):
+                if step not in admitted and not gate.admit(step, size):
                     if order:  # count a slice once, at its begin
                         gate.drop("size")
                     continue
                 steps.add(step)
-            self._pending_desc = []
-            packet = self._encode_one(event, order == 0, names)
-            for desc in self._pending_desc:
-                chunks.append(desc)
-                size += len(desc)
+            packet = encode(event, order == 0, names)
+            if self._pending_desc:
+                for desc in self._pending_desc:
+                    chunks.append(desc)
+                    size += len(desc)
+                self._pending_desc = []
             chunks.append(packet)
             size += len(packet)
-        self._pending_desc = []
-        num_events = sum(1 for k in keyed if k[1])
+            num_events += order != 0
         return chunks, steps, num_events
 
     def write(self, events: Iterable[RawEvent], thread_names: dict[int, tuple[str, int]]) -> None:

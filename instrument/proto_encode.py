@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 _U64 = (1 << 64) - 1
-_SMALL = [bytes((i,)) for i in range(128)]
 _pack_double = struct.Struct("<d").pack
 _pack_u64 = struct.Struct("<Q").pack
 
@@ -40,17 +39,31 @@ SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE = 1, 2
 _A_NAME_IID, _A_BOOL, _A_INT, _A_DOUBLE, _A_NAME, _A_STRING_IID, _A_STRING = 1, 2, 4, 5, 10, 17, 6
 
 
-def varint(value: int) -> bytes:
-    """Base-128 varint; negative ints as 64-bit two's complement (10 bytes), like int64."""
-    if 0 <= value < 128:
-        return _SMALL[value]
-    value &= _U64
+def _varint_slow(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+# Varints of 14-bit chunks: whole (last chunk) and with both continuation bits set (others).
+_VAR14 = [_varint_slow(i) for i in range(1 << 14)]
+_CONT14 = [bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(1 << 14)]
+
+
+def varint(value: int) -> bytes:
+    """Base-128 varint; negative ints as 64-bit two's complement (10 bytes), like int64."""
+    if 0 <= value < 16384:
+        return _VAR14[value]
+    value &= _U64
+    out = _CONT14[value & 0x3FFF]
+    value >>= 14
+    while value >= 16384:
+        out += _CONT14[value & 0x3FFF]
+        value >>= 14
+    return out + _VAR14[value]
 
 
 def _tag(field: int, wire: int) -> bytes:
