@@ -31,16 +31,14 @@ from typing import Any
 
 import torch
 
-from engine.config import ConfigError
 from engine.device import Device
-from engine.kernels.input_prep import InputPrepArgs, prepare_inputs
-from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
 from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
+from engine.runner.forward_pass import ForwardPass
 from engine.runner.grammar_bitmask import DeviceBitmask
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
 from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metadata
-from engine.runner.spec_decode import SpecDecoder, StepTensors
+from engine.runner.spec_decode import SpecDecoder
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 from engine.sample.sampler import Sampler
@@ -48,7 +46,7 @@ from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.proposer import Proposer
 from engine.structured.bitmask import apply_token_bitmask
 from instrument.device_timeline import DeviceTimeline
-from instrument.schema import DEVICE_COPY, CopySlice, CpuSlice, DeviceSlice
+from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
 
 __all__ = ["ModelRunner", "RunnerConfig"]
@@ -101,7 +99,6 @@ class ModelRunner:
         self.config = config
         self.tracer = tracer if tracer is not None else get_tracer()
         self.timeline = DeviceTimeline(self.tracer, device.index, device.timed_event_factory())
-        self.kv_caches = model.allocate_kv_caches(config.num_blocks, config.block_size)
         self.vocab_size = int(model.config.vocab_size)
         self.states = RequestStates(
             device,
@@ -121,45 +118,23 @@ class ModelRunner:
             if proposer is None
             else SpecDecoder(proposer, self.states, self.sampler, config.use_triton)
         )
-        self._alloc_buffers()
         num_rows = config.max_num_reqs * (
             1 + (0 if self.spec is None else self.spec.num_spec_tokens)
         )
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
-        self.graphs = CudaGraphRunner(
+        graphs = CudaGraphRunner(
             resolve_cuda_graphs(config.cuda_graphs, device),
             max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
         )
-        if self.graphs.enabled:
-            self._capture_graphs()
+        self.fwd = ForwardPass(model, device, config, self.states, self.step_inputs, graphs)
 
     @property
     def cuda_graph_decision(self) -> FeatureDecision:
-        return self.graphs.decision
+        return self.fwd.cuda_graph_decision
 
-    def _capture_graphs(self) -> None:
-        """Capture at start-up; explicit True that fails is an error, auto falls back with why."""
-        try:
-            self.graphs.capture(self.device, self._forward_padded_graph, self._fill_graph_inputs)
-        except Exception as exc:  # noqa: BLE001 -- any capture failure decides the feature
-            if self.config.cuda_graphs is True:
-                raise ConfigError(f"cuda_graphs=True but capture failed: {exc}") from exc
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            self.graphs.disable(
-                f"capture failed, running eagerly: {type(exc).__name__}: {first_line}"
-            )
-
-    def _alloc_buffers(self) -> None:
-        dev, c = self.device.torch_device, self.config
-        t, r = c.max_num_tokens, c.max_num_reqs
-        # Persistent: CUDA graphs replay against these addresses.
-        self.input_ids = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
-        self.positions = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
-        self.slot_mapping = torch.full((t,), -1, dtype=torch.int64, device=dev)  # [T]
-        self.seq_lens = torch.zeros(r, dtype=torch.int32, device=dev)  # [R]
-        self.logits_indices = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
-        # attn_block_table: [R, max_blocks] int32, rows gathered through idx_mapping
-        self.attn_block_table = torch.zeros(r, c.max_blocks_per_req, dtype=torch.int32, device=dev)
+    @property
+    def graphs(self) -> CudaGraphRunner:
+        return self.fwd.graphs
 
     # stepscope: hot
     def execute_model(
@@ -173,7 +148,9 @@ class ModelRunner:
         batch = self._prepare_step(out)
         if batch is None:
             return AsyncOutput.empty(out.step)
-        with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
+        with self.tracer.span(
+            CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
+        ):
             box = self._launch_forward(batch, with_logits=bitmask is not None)
             handle = self._launch_sample(batch, box, bitmask)
         return handle
@@ -187,7 +164,9 @@ class ModelRunner:
         batch = self._prepare_step(out)
         if batch is None:
             return PendingSample(out.step, None)
-        with self.tracer.span(CpuSlice.LAUNCH.value, step=out.step):
+        with self.tracer.span(
+            CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
+        ):
             box = self._launch_forward(batch, with_logits=True)
         return PendingSample(out.step, batch, box)
 
@@ -214,7 +193,7 @@ class ModelRunner:
                 self.states.add(new)
             self.states.update_cached(out.scheduled_cached_reqs)
             uniform = all(q == 1 for q in out.num_scheduled_tokens.values())
-            padded = self.graphs.padded_size(len(out.num_scheduled_tokens), uniform)
+            padded = self.fwd.graphs.padded_size(len(out.num_scheduled_tokens), uniform)
             batch, packed = build_input_batch(out, self.states, padded)
             if batch.num_reqs == 0:
                 return None
@@ -236,11 +215,15 @@ class ModelRunner:
         with tl.stage(DeviceSlice.INPUT_PREP.value, step=step, stream=compute):
             self.states.apply(flushes)
             self.step_inputs.apply(step_flush)
-            dev.submit(compute, lambda: self._prepare(batch))
-        with tl.stage(DeviceSlice.FORWARD.value, step=step, stream=compute):
-            dev.submit(compute, lambda: box.update(hidden=self._forward(batch)))
+            dev.submit(compute, lambda: self.fwd.prepare(batch))
+        with tl.stage(
+            DeviceSlice.FORWARD.value, step=step, stream=compute, flow_in=FLOW_ID_BASE + step
+        ):
+            dev.submit(compute, lambda: box.update(hidden=self.fwd.forward(batch)))
             if with_logits:
-                dev.submit(compute, lambda: box.update(logits=self._logits(batch, box["hidden"])))
+                dev.submit(
+                    compute, lambda: box.update(logits=self.fwd.logits(batch, box["hidden"]))
+                )
         return box
 
     # stepscope: hot
@@ -283,7 +266,9 @@ class ModelRunner:
 
         def verify() -> None:
             logits = self._masked_logits(batch, box, mask)  # [N, V] f32
-            box["out"], box["num_accepted"] = spec.verify(batch, self._step_tensors(batch), logits)
+            box["out"], box["num_accepted"] = spec.verify(
+                batch, self.fwd.step_tensors(batch), logits
+            )
 
         with self.timeline.stage(name.value, step=batch.step, stream=self.device.compute_stream):
             self.device.submit(self.device.compute_stream, verify)
@@ -293,13 +278,13 @@ class ModelRunner:
         """``draft``: the proposer writes step N+1's drafts into the state table."""
         assert self.spec is not None
         spec = self.spec
-        md = self._attn_metadata(
+        md = self.fwd.attn_metadata(
             batch.num_padded_reqs, batch.num_padded_tokens, batch.max_query_len, batch.max_seq_len
         )
 
         def draft() -> None:
             tokens = box["out"].sampled_token_ids
-            tensors = self._step_tensors(batch)
+            tensors = self.fwd.step_tensors(batch)
             box["draft_ids"] = spec.propose(
                 batch, tensors, box.pop("hidden"), md, tokens, box["num_accepted"]
             )
@@ -309,96 +294,6 @@ class ModelRunner:
         ):
             self.device.submit(self.device.compute_stream, draft)
 
-    def _step_tensors(self, batch: InputBatch) -> StepTensors:
-        return StepTensors(
-            input_ids=self.input_ids,
-            positions=self.positions,
-            logits_indices=self.logits_indices[: batch.num_logits],
-            idx_mapping=self._packed(batch, "idx_mapping"),
-            query_start_loc=self._packed(batch, "query_start_loc"),
-            cu_num_logits=self._packed(batch, "cu_num_logits"),
-            logit_rows=self._packed(batch, "logit_rows").long(),
-            commit_rows=self._packed(batch, "commit_rows").long(),
-            num_blocks=self._packed(batch, "num_blocks"),
-            block_table=self.attn_block_table,
-        )
-
-    def _packed(self, batch: InputBatch, name: str) -> torch.Tensor:
-        start, end = batch.offsets[name]
-        return self.step_inputs.gpu[0, start:end]
-
-    # stepscope: hot
-    def _prepare(self, batch: InputBatch) -> None:
-        """Device: gather this step's inputs from the state table into the persistent buffers."""
-        s = self.states
-        idx_mapping = self._packed(batch, "idx_mapping")  # [num_padded_reqs] int32
-        args = InputPrepArgs(
-            idx_mapping=idx_mapping,
-            query_start_loc=self._packed(batch, "query_start_loc"),
-            cu_num_logits=self._packed(batch, "cu_num_logits"),
-            num_computed=s.num_computed.gpu[:, 0],
-            prefill_len=s.prefill_len.gpu[:, 0],
-            token_ids=s.token_ids.gpu,
-            last_sampled=s.last_sampled,
-            block_table=s.block_table.gpu,
-            input_ids=self.input_ids,
-            positions=self.positions,
-            slot_mapping=self.slot_mapping,
-            seq_lens=self.seq_lens,
-            logits_indices=self.logits_indices,
-            block_size=self.config.block_size,
-            num_reqs=batch.num_reqs,
-            num_tokens=batch.num_tokens,
-            num_logits=batch.num_logits,
-            max_query_len=batch.max_query_len,
-            num_padded_tokens=batch.num_padded_tokens,
-            num_padded_reqs=batch.num_padded_reqs,
-        )
-        prepare_inputs(args, self.config.use_triton)
-        bp = batch.num_padded_reqs
-        torch.index_select(s.block_table.gpu, 0, idx_mapping.long(), out=self.attn_block_table[:bp])
-
-    def _attn_metadata(self, num_reqs: int, num_tokens: int, max_q: int, max_s: int) -> Any:
-        return AttentionMetadata(
-            query_start_loc=self.step_inputs.gpu[0, num_reqs : 2 * num_reqs + 1],
-            seq_lens=self.seq_lens[:num_reqs],
-            block_table=self.attn_block_table[:num_reqs],
-            slot_mapping=self.slot_mapping[:num_tokens],
-            num_reqs=num_reqs,
-            num_tokens=num_tokens,
-            max_query_len=max_q,
-            max_seq_len=max_s,
-        )
-
-    # stepscope: hot
-    def _forward(self, batch: InputBatch) -> torch.Tensor:
-        """Device: hidden states ``[num_padded_tokens, hidden]`` (graph replay when captured)."""
-        if self.graphs.has(batch.num_padded_reqs) and batch.is_uniform_decode:
-            return self.graphs.replay(batch.num_padded_reqs)
-        bp, tp = batch.num_padded_reqs, batch.num_padded_tokens
-        md = self._attn_metadata(bp, tp, batch.max_query_len, batch.max_seq_len)
-        return self.model(self.input_ids[:tp], self.positions[:tp], md, self.kv_caches)
-
-    def _forward_padded_graph(self, size: int) -> torch.Tensor:
-        """The captured body: a uniform decode batch of ``size`` against persistent buffers."""
-        md = self._attn_metadata(size, size, 1, self.config.max_model_len)
-        return self.model(self.input_ids[:size], self.positions[:size], md, self.kv_caches)
-
-    def _fill_graph_inputs(self, size: int) -> None:
-        """A harmless decode batch of ``size`` for warm-up and capture (writes no KV)."""
-        self.input_ids[:size].zero_()
-        self.positions[:size].zero_()
-        self.slot_mapping[:size].fill_(-1)
-        self.seq_lens[:size].fill_(1)
-        self.attn_block_table[:size].zero_()
-        qsl = self.step_inputs.gpu[0, size : 2 * size + 1]
-        torch.arange(size + 1, dtype=torch.int32, device=qsl.device, out=qsl)
-
-    # stepscope: hot
-    def _logits(self, batch: InputBatch, hidden: torch.Tensor) -> torch.Tensor:
-        """Device: logits of the sampled rows, ``[N, V]`` f32."""
-        return self.model.compute_logits(hidden[self.logits_indices[: batch.num_logits]])
-
     # stepscope: hot
     def _masked_logits(
         self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None
@@ -407,7 +302,7 @@ class ModelRunner:
         bitmask applied: disallowed tokens at -inf. [N, V] f32."""
         logits = box.pop("logits", None)
         if logits is None:
-            logits = self._logits(batch, box["hidden"])
+            logits = self.fwd.logits(batch, box["hidden"])
         if mask is not None:
             apply_token_bitmask(logits, mask, self.config.use_triton)
         return logits
@@ -415,13 +310,13 @@ class ModelRunner:
     # stepscope: hot
     def _sample(self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None) -> Any:
         """Device: (masked) logits of the sampled rows, sample, commit to the state table."""
-        logits_indices = self.logits_indices[: batch.num_logits]  # [N]
+        logits_indices = self.fwd.logits_indices[: batch.num_logits]  # [N]
         logits = self._masked_logits(batch, box, mask)  # [N, V] f32
         box.pop("hidden", None)
-        logit_rows = self._packed(batch, "logit_rows").long()  # [N]
-        commit_rows = self._packed(batch, "commit_rows").long()  # [N]
+        logit_rows = self.fwd.packed(batch, "logit_rows").long()  # [N]
+        commit_rows = self.fwd.packed(batch, "commit_rows").long()  # [N]
         # The noise key is the position the sampled token will occupy.
-        sample_positions = self.positions[logits_indices] + 1  # [N]
+        sample_positions = self.fwd.positions[logits_indices] + 1  # [N]
         meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
         out = self.sampler.sample(logits, meta)
         commit_sampled(self.states, batch, commit_rows, sample_positions, out.sampled_token_ids)

@@ -52,8 +52,13 @@ def test_trace_has_the_contract(tmp_path, tiny_model_config):
     assert Instant.ENGINE_CONFIG.value in set(frames.instants["name"])
     steps = frames.slices[frames.slices["name"] == CpuSlice.SCHEDULE.value]["step"]
     assert (steps >= 0).all() and steps.is_unique
-    if len(frames.flows):
-        assert (frames.flows["flow_id"].astype("int64") >= FLOW_ID_BASE).all()
+    flows = frames.flows
+    launches = frames.slices[frames.slices["name"] == CpuSlice.LAUNCH.value]
+    assert len(flows) == len(launches) > 0  # one flow per launched step
+    names = frames.slices.set_index("slice_id")["name"]
+    assert set(names.loc[flows["src_slice_id"]]) == {CpuSlice.LAUNCH.value}
+    assert set(names.loc[flows["dst_slice_id"]]) == {DeviceSlice.FORWARD.value}
+    assert (flows["flow_id"].astype("int64") >= FLOW_ID_BASE).all()
 
 
 def test_async_overlap_is_real_on_cpu(tmp_path, tiny_model_config):

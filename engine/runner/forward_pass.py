@@ -1,0 +1,173 @@
+"""The forward half of a step: persistent input buffers, input prep, the model, CUDA graphs.
+
+``ForwardPass`` owns the model, its paged KV caches and every device buffer a CUDA graph replays
+against (``input_ids``, ``positions``, ``slot_mapping``, ``seq_lens``, ``logits_indices``, the
+gathered block table). The runner (``ModelRunner``) owns the request state table and the staged
+packed batch and decides what to enqueue; this class computes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.config import ConfigError
+from engine.device import Device
+from engine.kernels.input_prep import InputPrepArgs, prepare_inputs
+from engine.model.attention_metadata import AttentionMetadata
+from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision
+from engine.runner.input_batch import InputBatch
+from engine.runner.spec_decode import StepTensors
+from engine.runner.staged_write import StagedWriteTensor
+from engine.runner.states import RequestStates
+
+__all__ = ["ForwardPass"]
+
+
+class ForwardPass:
+    """Model + KV caches + graph-stable input buffers for one runner.
+
+    Args:
+        states: the runner's state table (read on the device by input prep).
+        step_inputs: the runner's staged packed batch (``[1, capacity]`` int32 on the device).
+        graphs: the resolved CUDA-graph runner; captured here at construction.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        device: Device,
+        config: Any,  # RunnerConfig
+        states: RequestStates,
+        step_inputs: StagedWriteTensor,
+        graphs: CudaGraphRunner,
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.config = config
+        self.states = states
+        self.step_inputs = step_inputs
+        self.graphs = graphs
+        self.kv_caches = model.allocate_kv_caches(config.num_blocks, config.block_size)
+        self._alloc_buffers()
+        if self.graphs.enabled:
+            self._capture_graphs()
+
+    @property
+    def cuda_graph_decision(self) -> FeatureDecision:
+        return self.graphs.decision
+
+    def _capture_graphs(self) -> None:
+        """Capture at start-up; explicit True that fails is an error, auto falls back with why."""
+        try:
+            self.graphs.capture(self.device, self._forward_padded_graph, self._fill_graph_inputs)
+        except Exception as exc:  # noqa: BLE001 -- any capture failure decides the feature
+            if self.config.cuda_graphs is True:
+                raise ConfigError(f"cuda_graphs=True but capture failed: {exc}") from exc
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            self.graphs.disable(
+                f"capture failed, running eagerly: {type(exc).__name__}: {first_line}"
+            )
+
+    def _alloc_buffers(self) -> None:
+        dev, c = self.device.torch_device, self.config
+        t, r = c.max_num_tokens, c.max_num_reqs
+        # Persistent: CUDA graphs replay against these addresses.
+        self.input_ids = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
+        self.positions = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
+        self.slot_mapping = torch.full((t,), -1, dtype=torch.int64, device=dev)  # [T]
+        self.seq_lens = torch.zeros(r, dtype=torch.int32, device=dev)  # [R]
+        self.logits_indices = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
+        # attn_block_table: [R, max_blocks] int32, rows gathered through idx_mapping
+        self.attn_block_table = torch.zeros(r, c.max_blocks_per_req, dtype=torch.int32, device=dev)
+
+    def step_tensors(self, batch: InputBatch) -> StepTensors:
+        return StepTensors(
+            input_ids=self.input_ids,
+            positions=self.positions,
+            logits_indices=self.logits_indices[: batch.num_logits],
+            idx_mapping=self.packed(batch, "idx_mapping"),
+            query_start_loc=self.packed(batch, "query_start_loc"),
+            cu_num_logits=self.packed(batch, "cu_num_logits"),
+            logit_rows=self.packed(batch, "logit_rows").long(),
+            commit_rows=self.packed(batch, "commit_rows").long(),
+            num_blocks=self.packed(batch, "num_blocks"),
+            block_table=self.attn_block_table,
+        )
+
+    def packed(self, batch: InputBatch, name: str) -> torch.Tensor:
+        start, end = batch.offsets[name]
+        return self.step_inputs.gpu[0, start:end]
+
+    # stepscope: hot
+    def prepare(self, batch: InputBatch) -> None:
+        """Device: gather this step's inputs from the state table into the persistent buffers."""
+        s = self.states
+        idx_mapping = self.packed(batch, "idx_mapping")  # [num_padded_reqs] int32
+        args = InputPrepArgs(
+            idx_mapping=idx_mapping,
+            query_start_loc=self.packed(batch, "query_start_loc"),
+            cu_num_logits=self.packed(batch, "cu_num_logits"),
+            num_computed=s.num_computed.gpu[:, 0],
+            prefill_len=s.prefill_len.gpu[:, 0],
+            token_ids=s.token_ids.gpu,
+            last_sampled=s.last_sampled,
+            block_table=s.block_table.gpu,
+            input_ids=self.input_ids,
+            positions=self.positions,
+            slot_mapping=self.slot_mapping,
+            seq_lens=self.seq_lens,
+            logits_indices=self.logits_indices,
+            block_size=self.config.block_size,
+            num_reqs=batch.num_reqs,
+            num_tokens=batch.num_tokens,
+            num_logits=batch.num_logits,
+            max_query_len=batch.max_query_len,
+            num_padded_tokens=batch.num_padded_tokens,
+            num_padded_reqs=batch.num_padded_reqs,
+        )
+        prepare_inputs(args, self.config.use_triton)
+        bp = batch.num_padded_reqs
+        torch.index_select(s.block_table.gpu, 0, idx_mapping.long(), out=self.attn_block_table[:bp])
+
+    def attn_metadata(self, num_reqs: int, num_tokens: int, max_q: int, max_s: int) -> Any:
+        return AttentionMetadata(
+            query_start_loc=self.step_inputs.gpu[0, num_reqs : 2 * num_reqs + 1],
+            seq_lens=self.seq_lens[:num_reqs],
+            block_table=self.attn_block_table[:num_reqs],
+            slot_mapping=self.slot_mapping[:num_tokens],
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            max_query_len=max_q,
+            max_seq_len=max_s,
+        )
+
+    # stepscope: hot
+    def forward(self, batch: InputBatch) -> torch.Tensor:
+        """Device: hidden states ``[num_padded_tokens, hidden]`` (graph replay when captured)."""
+        if self.graphs.has(batch.num_padded_reqs) and batch.is_uniform_decode:
+            return self.graphs.replay(batch.num_padded_reqs)
+        bp, tp = batch.num_padded_reqs, batch.num_padded_tokens
+        md = self.attn_metadata(bp, tp, batch.max_query_len, batch.max_seq_len)
+        return self.model(self.input_ids[:tp], self.positions[:tp], md, self.kv_caches)
+
+    def _forward_padded_graph(self, size: int) -> torch.Tensor:
+        """The captured body: a uniform decode batch of ``size`` against persistent buffers."""
+        md = self.attn_metadata(size, size, 1, self.config.max_model_len)
+        return self.model(self.input_ids[:size], self.positions[:size], md, self.kv_caches)
+
+    def _fill_graph_inputs(self, size: int) -> None:
+        """A harmless decode batch of ``size`` for warm-up and capture (writes no KV)."""
+        self.input_ids[:size].zero_()
+        self.positions[:size].zero_()
+        self.slot_mapping[:size].fill_(-1)
+        self.seq_lens[:size].fill_(1)
+        self.attn_block_table[:size].zero_()
+        qsl = self.step_inputs.gpu[0, size : 2 * size + 1]
+        torch.arange(size + 1, dtype=torch.int32, device=qsl.device, out=qsl)
+
+    # stepscope: hot
+    def logits(self, batch: InputBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """Device: logits of the sampled rows, ``[N, V]`` f32."""
+        return self.model.compute_logits(hidden[self.logits_indices[: batch.num_logits]])
