@@ -141,7 +141,7 @@ def build_report(
         frames.decisions,
         frames.config,
         overlap,
-        top_blame["label"] if top_blame else "",
+        str(top_blame["label"]) if top_blame else "",
         prof.ineffective_overlap,
         prof.async_features,
     )

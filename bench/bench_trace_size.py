@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,16 +54,16 @@ def load_times(path: Path) -> dict[str, float]:
     }
 
 
-def measure(steps: int, tmp: str) -> list[dict[str, object]]:
+def measure(steps: int, tmp: str) -> list[dict[str, Any]]:
     empty = Path(tmp) / "empty.pftrace"
     header = write_trace(empty, 0, StepPattern(batch=1))["bytes"]
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for requests in (False, True):
         for batch in BATCHES:
             pattern = StepPattern(batch=batch, request_tracks=requests)
             path = Path(tmp) / f"b{batch}_r{int(requests)}.pftrace"
             w = write_trace(path, steps, pattern)
-            row: dict[str, object] = {
+            row: dict[str, Any] = {
                 "batch": batch,
                 "request_tracks": requests,
                 "steps": steps,

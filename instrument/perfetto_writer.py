@@ -72,6 +72,7 @@ class PerfettoWriter:
         self._closed = False
         self._pid = os.getpid()
         self._next_uuid = (self._pid << 20) + 1
+        self._process_uuid = self._next_uuid  # set by the first _describe
         self._tracks: dict[tuple[str, object], bytes] = {}  # key -> encoded track_uuid field
         self._descriptors: list[bytes] = []  # framed descriptor packets, in order
         self._sticky: list[bytes] = []  # framed process-scoped instants

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from instrument import nvtx as _nvtx
 from instrument.capture import CaptureConfig
@@ -63,7 +63,7 @@ class _NullSpan:
     def __enter__(self) -> _NullSpan:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
     def set_args(self, **args: object) -> None:
@@ -87,18 +87,26 @@ class _Span:
         self._name = name
         self._args = args
 
-    def __enter__(self) -> _Span:
-        self._start_ns = now_ns()
+    # The clock and the thread-local are default arguments: local lookups on the hot path.
+    def __enter__(self, _now: Callable[[], int] = time.monotonic_ns) -> _Span:
+        self._start_ns = _now()
         return self
 
     def set_args(self, **args: object) -> None:
         """Add args known only inside the span (written when the span ends)."""
         self._args.update(args)
 
-    def __exit__(self, *exc: object) -> bool:
-        end_ns = now_ns()
+    def __exit__(
+        self,
+        exc_type: object,
+        exc: object,
+        tb: object,
+        _now: Callable[[], int] = time.monotonic_ns,
+        _local: threading.local = _tls,
+    ) -> Literal[False]:
+        end_ns = _now()
         try:
-            key = _tls.key
+            key = _local.key
         except AttributeError:
             key = _register_thread()
         self._append((EV_SLICE_AT, key, self._name, self._start_ns, end_ns, self._args))
@@ -111,13 +119,13 @@ class _NvtxSpan(_Span):
     __slots__ = ()
     _nvtx: _nvtx.NvtxRanges
 
-    def __enter__(self) -> _Span:
+    def __enter__(self, _now: Callable[[], int] = time.monotonic_ns) -> _Span:
         self._nvtx.push(self._name)
-        self._start_ns = now_ns()
+        self._start_ns = _now()
         return self
 
-    def __exit__(self, *exc: object) -> bool:
-        super().__exit__(*exc)
+    def __exit__(self, *exc: object) -> Literal[False]:  # type: ignore[override]
+        super().__exit__(*exc)  # type: ignore[arg-type]
         self._nvtx.pop()
         return False
 
