@@ -53,6 +53,7 @@ from instrument.schema import (
     Instant,
     WaitKind,
 )
+from instrument.sync_detect import cold_region, hot_region
 from instrument.tracer import Tracer, get_tracer
 
 __all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
@@ -248,10 +249,15 @@ class EngineCore:
         return bitmask
 
     def run_step(self) -> list[RequestOutput]:
-        """One iteration of whichever loop the resolved features chose."""
-        if self.features.async_scheduling:
-            return self.step_with_batch_queue()
-        return self.step()
+        """One iteration of whichever loop the resolved features chose.
+
+        The whole iteration is a hot region for the sync detector, except the one intended wait
+        for a step's output (``_wait``): any other host<-device sync in it is a defect.
+        """
+        with hot_region():
+            if self.features.async_scheduling:
+                return self.step_with_batch_queue()
+            return self.step()
 
     # ---- phases ---------------------------------------------------------------------------
     def _schedule(self) -> SchedulerOutput | None:
@@ -282,7 +288,8 @@ class EngineCore:
         else:
             kind = WaitKind.SAMPLED
         with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind.value):
-            out = handle.get()
+            with cold_region():  # the intended wait
+                out = handle.get()
         if self.structured.active:
             self.structured.note_drafts(handle.draft_token_ids())
         return out

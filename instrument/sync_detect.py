@@ -2,7 +2,7 @@
 
 Two sources, both active while a :class:`SyncDetector` is installed:
 
-* interception of the Python entry points that synchronise: ``Tensor.item/.tolist/.cpu/.numpy``,
+* interception of the Python entry points that synchronise: ``Tensor.item/.tolist/.cpu``,
   ``Tensor.to(<cpu>)``, ``bool(tensor)`` (so ``if t:``), ``torch.cuda.synchronize``,
   ``torch.cuda.Event.synchronize``, ``torch.cuda.Stream.synchronize``, and ``non_blocking=True``
   host->device copies from pageable memory (torch's own debug mode misses those: they silently
@@ -30,7 +30,7 @@ from typing import Any
 from instrument.schema import Arg, Instant
 from instrument.tracer import Tracer
 
-__all__ = ["SyncDetector", "SyncHit", "hot_region", "in_hot_region"]
+__all__ = ["SyncDetector", "SyncHit", "cold_region", "hot_region", "in_hot_region"]
 
 _local = threading.local()
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -51,6 +51,17 @@ def hot_region() -> Iterator[None]:
         yield
     finally:
         _local.hot -= 1
+
+
+@contextmanager
+def cold_region() -> Iterator[None]:
+    """Inside a hot region, code that is allowed to wait (the one intended wait for output)."""
+    saved = getattr(_local, "hot", 0)
+    _local.hot = 0
+    try:
+        yield
+    finally:
+        _local.hot = saved
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,9 @@ class SyncDetector:
         if SyncDetector._active is not None:
             raise RuntimeError("a SyncDetector is already installed")
         SyncDetector._active = self
-        for method in ("item", "tolist", "cpu", "numpy"):
+        # .numpy() is absent on purpose: it only works on host tensors, so it never syncs (the
+        # .cpu() before it does, and is caught).
+        for method in ("item", "tolist", "cpu"):
             self._patch(torch.Tensor, method, self._wrap_tensor_method(method))
         self._patch(torch.Tensor, "__bool__", self._wrap_tensor_method("bool"))
         self._patch(torch.Tensor, "to", self._wrap_to)
