@@ -69,8 +69,10 @@ def _print_report(report: Report) -> None:
     capture = report.extra.get("capture", {})
     dropped = {k: v for k, v in capture.items() if k.startswith("dropped_steps_") and v}
     if capture.get("sampled") or dropped:
-        every = capture.get("capture_every", 1)
-        print(f"  capture: one step in {every} kept; dropped steps {dropped or 'none'}")
+        sampled = (
+            f"one step in {capture.get('capture_every', 1)} kept; " if capture["sampled"] else ""
+        )
+        print(f"  capture: {sampled}steps left out of the trace {dropped or 'none'}")
     for name in _SHOWN_TABLES:
         df = report.tables[name]
         if len(df):
