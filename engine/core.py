@@ -79,7 +79,7 @@ class EngineCore:
         config: EngineConfig,
         tracer: Tracer | None = None,
         stop_string_checker: StopStringChecker | None = None,
-        trace_requests: bool = True,
+        trace_requests: bool = False,
         tokenizer: Any = None,
     ) -> None:
         self.config = config

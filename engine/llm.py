@@ -88,7 +88,7 @@ class LLM:
         self,
         config: EngineConfig | None = None,
         tracer: Tracer | None = None,
-        trace_requests: bool = True,
+        trace_requests: bool = False,
         **engine_kwargs: Any,
     ) -> None:
         if config is not None and engine_kwargs:

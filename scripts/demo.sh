@@ -10,7 +10,7 @@ WORKLOAD=samples/workloads/pycode_prompts.jsonl
 # The sample target with EAGLE speculation (3 drafts per step), async scheduling on (auto).
 .venv/bin/stepscope run --model "$MODEL" --workload "$WORKLOAD" \
   --spec-method eagle --spec-model samples/models/pycoder-14m-eagle --num-spec-tokens 3 \
-  --trace out/demo.pftrace --output out/demo.jsonl "$@"
+  --trace out/demo.pftrace --trace-requests --output out/demo.jsonl "$@"
 .venv/bin/stepscope analyze out/demo.pftrace
 cat <<MSG
 

@@ -14,6 +14,7 @@ def _run(tmp_path, tiny_model_config, async_on: bool) -> str:
     tracer = Tracer(path)
     llm = LLM(
         tracer=tracer,
+        trace_requests=True,
         model_config=tiny_model_config,
         random_weights=True,
         async_scheduling=async_on,
