@@ -75,6 +75,8 @@ class EngineConfig:
     spec_sync_accepted: bool = False
     cuda_graph_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     debug_invariants: bool = False
+    # Ranks of tensor parallelism (engine.distributed): one process per rank, rank 0 here.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.model_config is None):
@@ -109,6 +111,10 @@ class EngineConfig:
                     f"({self.max_model_len}) must fit max_num_batched_tokens "
                     f"({self.max_num_batched_tokens})"
                 )
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(
+                f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
+            )
         sizes = tuple(sorted(set(self.cuda_graph_sizes)))
         if not sizes or sizes[0] < 1:
             raise ConfigError(f"cuda_graph_sizes must be positive, got {self.cuda_graph_sizes}")

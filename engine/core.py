@@ -29,6 +29,7 @@ import torch
 
 from engine.config import EngineConfig, ResolvedFeatures, resolve_features
 from engine.device import Device
+from engine.distributed.rank_context import RankContext
 from engine.engine_parts import DTYPES, build_device, build_model, scheduler_config_for
 from engine.request import Request, RequestStatus
 from engine.request_timeline import RequestTimeline
@@ -72,6 +73,8 @@ class EngineCore:
         trace_requests: write one track per request (queued/prefill/decode).
         tokenizer: the model's tokenizer; structured requests need it (grammars are compiled
             against its vocabulary).
+        tp: this rank's tensor-parallel context (``engine.distributed``); None with
+            ``tensor_parallel_size > 1`` starts the other ranks here (this is rank 0).
     """
 
     def __init__(
@@ -81,14 +84,25 @@ class EngineCore:
         stop_string_checker: StopStringChecker | None = None,
         trace_requests: bool = False,
         tokenizer: Any = None,
+        tp: RankContext | None = None,
     ) -> None:
         self.config = config
         self.tracer = tracer if tracer is not None else get_tracer()
         # The thread that drives the engine is the trace's ``engine-core`` CPU track.
         threading.current_thread().name = ENGINE_THREAD
         self.features: ResolvedFeatures = resolve_features(config)
-        self.device: Device = build_device(config)
-        self.model, self.model_config = build_model(config, self.features, self.device)
+        # Tensor parallel: every rank builds its device and model shard through its context.
+        if tp is None and config.tensor_parallel_size > 1:
+            from engine.distributed.executor import TPDriver
+
+            tp = TPDriver.start(config, self.tracer)
+        self.tp = tp
+        if tp is None:
+            self.device: Device = build_device(config)
+            self.model, self.model_config = build_model(config, self.features, self.device)
+        else:
+            self.device = tp.build_device(config)
+            self.model, self.model_config = tp.build_model(config, self.features, self.device)
         sched_config = scheduler_config_for(config, self.model_config)
         self.max_model_len = sched_config.max_model_len
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
@@ -112,6 +126,8 @@ class EngineCore:
             self.tracer,
             proposer=self.proposer,
         )
+        if tp is not None:  # rank 0: each runner call is first sent to the other ranks
+            self.runner = tp.attach(self.runner, self.tracer)
         self.requests = RequestTimeline(self.tracer, write_tracks=trace_requests)
         self.structured = StructuredOutputManager(
             tokenizer, self.model_config.vocab_size, self.eos_token_ids
@@ -398,6 +414,10 @@ class EngineCore:
             raise AssertionError("engine not idle: " + "; ".join(problems))
 
     def close(self) -> None:
-        self.drain()
-        self.runner.close()
-        self.device.close()
+        try:
+            self.drain()
+            self.runner.close()
+            self.device.close()
+        finally:
+            if self.tp is not None:  # stop the other ranks even when draining failed
+                self.tp.close()

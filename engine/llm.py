@@ -89,6 +89,7 @@ class LLM:
         config: EngineConfig | None = None,
         tracer: Tracer | None = None,
         trace_requests: bool = False,
+        tp: Any = None,
         **engine_kwargs: Any,
     ) -> None:
         if config is not None and engine_kwargs:
@@ -96,8 +97,10 @@ class LLM:
         self.config = config if config is not None else EngineConfig(**engine_kwargs)
         self.tokenizer = self._load_tokenizer()
         checker = _StopStrings(self.tokenizer) if self.tokenizer is not None else None
+        # tp: a started ``engine.distributed.executor.TPDriver`` (for its options); None with
+        # tensor_parallel_size > 1 starts one with the defaults.
         self.engine = EngineCore(
-            self.config, tracer, checker, trace_requests, tokenizer=self.tokenizer
+            self.config, tracer, checker, trace_requests, tokenizer=self.tokenizer, tp=tp
         )
         self._next_id = 0
 

@@ -36,6 +36,9 @@ __all__ = [
     "WaitKind",
     "Arg",
     "CaptureArg",
+    "ParallelSlice",
+    "rank_trace_path",
+    "parse_rank_trace_path",
     "SliceSpec",
     "CPU_SLICES",
     "DEVICE_SLICES",
@@ -114,6 +117,20 @@ class Instant(str, Enum):
     TRACE_METADATA = "trace_metadata"  # process scoped; schema version, host, dropped counts
 
 
+class ParallelSlice(str, Enum):
+    """Tensor-parallel slices (``engine.distributed``); each rank writes its own trace.
+
+    ``broadcast_step``: CPU, engine thread, arg ``step``: rank 0 sends a step's runner call to the
+    other ranks / another rank waits for and receives it. ``all_reduce`` / ``all_gather``: on the
+    rank's ``gpu:<rank> compute`` track, nested in ``forward`` (or ``draft``), no args; written
+    only where the collective is host-timed (the CPU device), its duration = wait + transfer.
+    """
+
+    BROADCAST_STEP = "broadcast_step"
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+
+
 class WaitKind(str, Enum):
     """Values of the ``kind`` arg of ``wait_output``."""
 
@@ -151,6 +168,12 @@ class Arg(str, Enum):
     NUM_PROMPT_TOKENS = "num_prompt_tokens"  # on a request's prefill slice
     OUTPUT_DIGEST = "output_digest"  # trace_metadata: digest of every request's output tokens
     SCHEMA_VERSION = "schema_version"
+    # trace_metadata of a tensor-parallel rank: its rank, the world size, and its clock minus
+    # rank 0's (measured at start-up; error within clock_rtt_ns / 2).
+    RANK = "rank"
+    WORLD_SIZE = "world_size"
+    CLOCK_OFFSET_NS = "clock_offset_ns"
+    CLOCK_RTT_NS = "clock_rtt_ns"
 
 
 class CaptureArg(str, Enum):
@@ -249,3 +272,28 @@ def request_track_name(request_id: str) -> str:
 
 def parse_request_track_name(name: str) -> str | None:
     return name[len("request ") :] if name.startswith("request ") else None
+
+
+def rank_trace_path(path: str, rank: int) -> str:
+    """Rank ``rank``'s trace file beside ``path``: ``run.pftrace`` -> ``run.rank1.pftrace``
+    (a ``run.rank0.pftrace`` given for rank 0 becomes ``run.rank1.pftrace`` for rank 1)."""
+    parsed = parse_rank_trace_path(path)
+    stem, ext = (parsed[0], parsed[2]) if parsed else _split_ext(path)
+    return f"{stem}.rank{rank}{ext}"
+
+
+def parse_rank_trace_path(path: str) -> tuple[str, int, str] | None:
+    """``run.rank1.pftrace`` -> ``("run", 1, ".pftrace")``; None for other names."""
+    stem, ext = _split_ext(path)
+    head, dot, tail = stem.rpartition(".rank")
+    if not dot or not tail.isdigit():
+        return None
+    return head, int(tail), ext
+
+
+def _split_ext(path: str) -> tuple[str, str]:
+    base = path.rsplit("/", 1)[-1]
+    if "." not in base:
+        return path, ""
+    cut = len(path) - len(base) + base.rindex(".")
+    return path[:cut], path[cut:]

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.distributed.parallel_linear import column_linear, row_linear
+from engine.distributed.parallel_state import TPGroup
 from engine.kernels.activation import silu_and_mul
 from engine.kernels.attention import paged_attention
 from engine.kernels.norm import add_rms_norm, rms_norm
@@ -104,13 +106,15 @@ class MLP(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         use_triton: bool = False,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
         self.use_triton = use_triton
-        self.gate_proj = nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device)
-        self.up_proj = nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device)
-        self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=dtype, device=device)
+        # Tensor parallel (tp): gate/up split by output rows, down by input columns + all-reduce.
+        self.gate_proj = column_linear(hidden, inter, False, tp, dtype, device)
+        self.up_proj = column_linear(hidden, inter, False, tp, dtype, device)
+        self.down_proj = row_linear(inter, hidden, False, tp, dtype, device)
         self.gate_up_weight: torch.Tensor  # [2 * inter, hidden]
         self.merge_weights()
 
@@ -143,19 +147,27 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         use_triton: bool,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        # Tensor parallel (tp): this rank's heads only (q, k, v split by heads; o_proj by input
+        # columns + all-reduce). Every rank needs whole KV heads: kv heads % tp == 0.
+        world = 1 if tp is None else tp.world_size
+        if config.num_attention_heads % world or config.num_key_value_heads % world:
+            raise ValueError(
+                f"{config.num_attention_heads} query / {config.num_key_value_heads} KV heads do "
+                f"not split over tensor_parallel_size={world}"
+            )
+        self.num_heads = config.num_attention_heads // world
+        self.num_kv_heads = config.num_key_value_heads // world
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         self.use_triton = use_triton
         hidden, bias = config.hidden_size, config.attention_bias
-        kw = {"dtype": dtype, "device": device}
-        self.q_proj = nn.Linear(hidden, config.q_size, bias=bias, **kw)
-        self.k_proj = nn.Linear(hidden, config.kv_size, bias=bias, **kw)
-        self.v_proj = nn.Linear(hidden, config.kv_size, bias=bias, **kw)
-        self.o_proj = nn.Linear(config.q_size, hidden, bias=False, **kw)
+        self.q_proj = column_linear(hidden, config.q_size, bias, tp, dtype, device)
+        self.k_proj = column_linear(hidden, config.kv_size, bias, tp, dtype, device)
+        self.v_proj = column_linear(hidden, config.kv_size, bias, tp, dtype, device)
+        self.o_proj = row_linear(config.q_size, hidden, False, tp, dtype, device)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.distributed.parallel_linear import ParallelLMHead, lm_head_linear, vocab_embedding
+from engine.distributed.parallel_state import TPGroup
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.layers import MLP, Attention, RMSNorm
@@ -21,14 +23,19 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
 
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str, use_triton: bool
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        use_triton: bool,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device, use_triton)
-        self.self_attn = Attention(config, dtype, device, use_triton)
+        self.self_attn = Attention(config, dtype, device, use_triton, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device, use_triton)
-        self.mlp = MLP(config, dtype, device, use_triton)
+        self.mlp = MLP(config, dtype, device, use_triton, tp)
 
     # stepscope: hot
     def forward(
@@ -73,14 +80,18 @@ class LlamaModel(nn.Module):
     """Embedding, decoder layers and the final norm (HF's ``model.*``)."""
 
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str, use_triton: bool
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        use_triton: bool,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(
-            config.vocab_size, config.hidden_size, dtype=dtype, device=device
-        )
+        self.embed_tokens = vocab_embedding(config.vocab_size, config.hidden_size, tp, dtype, device)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device, use_triton) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, dtype, device, use_triton, tp)
+            for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, use_triton)
         self.rotary_emb = RotaryEmbedding(config, device)
@@ -92,6 +103,10 @@ class LlamaForCausalLM(nn.Module):
     ``use_triton`` picks the Triton kernels (fused add + RMSNorm, q/k norm + RoPE + KV write,
     attention, SiLU-and-mul) over their torch references; it is fixed at construction. A decode
     step on the Triton path launches 10 kernels per layer (4 of them GEMMs) plus 4 per step.
+
+    ``tp``: tensor parallelism (``engine.distributed``): this rank holds its shard of every
+    layer (heads, MLP columns, vocab rows); activations between layers are whole on every rank
+    (all-reduce after ``o_proj``, ``down_proj`` and the embedding), and logits are all-gathered.
     """
 
     def __init__(
@@ -100,15 +115,15 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         use_triton: bool = False,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.use_triton = use_triton
-        self.model = LlamaModel(config, dtype, device, use_triton)
-        self.lm_head = nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device
-        )
+        self.tp = tp
+        self.model = LlamaModel(config, dtype, device, use_triton, tp)
+        self.lm_head = lm_head_linear(config.hidden_size, config.vocab_size, tp, dtype, device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -121,8 +136,14 @@ class LlamaForCausalLM(nn.Module):
     ) -> list[torch.Tensor]:
         """Per-layer KV caches for this model (dtype/device default to the model's)."""
         weight = self.model.embed_tokens.weight
+        attn = cast(DecoderLayer, self.model.layers[0]).self_attn
         return allocate_kv_caches(
-            self.config, num_blocks, block_size, dtype or weight.dtype, device or weight.device
+            self.config,
+            num_blocks,
+            block_size,
+            dtype or weight.dtype,
+            device or weight.device,
+            num_kv_heads=attn.num_kv_heads,  # this rank's heads under tensor parallelism
         )
 
     # stepscope: hot
@@ -160,11 +181,15 @@ class LlamaForCausalLM(nn.Module):
 
         On CUDA a bf16/fp16 model writes fp32 logits straight from the GEMM's fp32 accumulator
         (one kernel, no half-precision logits written, read and widened)."""
-        weight = self.lm_head.weight  # [vocab, hidden]
+        weight = self.lm_head.weight  # [vocab, hidden] ([ceil(vocab / tp), hidden] under tp)
         narrow = hidden_states.dtype != torch.float32 and hidden_states.dim() == 2
         if narrow and _mm_fp32_out(hidden_states.device, hidden_states.dtype):
-            return torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
-        return F.linear(hidden_states, weight).float()
+            logits = torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
+        else:
+            logits = F.linear(hidden_states, weight).float()
+        if self.tp is None:
+            return logits
+        return cast(ParallelLMHead, self.lm_head).gather_logits(logits)  # [n, vocab]
 
 
 @functools.cache
@@ -186,9 +211,12 @@ def allocate_kv_caches(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device | str,
+    num_kv_heads: int | None = None,
 ) -> list[torch.Tensor]:
-    """One zeroed ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` tensor per layer."""
+    """One zeroed ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` tensor per layer
+    (``num_kv_heads`` defaults to the config's; a tensor-parallel rank passes its share)."""
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
-    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    heads = config.num_key_value_heads if num_kv_heads is None else num_kv_heads
+    shape = (2, num_blocks, block_size, heads, config.head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]

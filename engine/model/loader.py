@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from engine.distributed.parallel_linear import shard_specs
+from engine.distributed.parallel_state import TPGroup
 from engine.model.config import ModelConfig
 from engine.model.layers import merge_weights
 from engine.model.llama import LlamaForCausalLM
@@ -30,8 +32,10 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device | str,
     use_triton: bool = False,
+    tp: TPGroup | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Load ``config.json`` and the ``*.safetensors`` weights of a HF checkpoint folder.
+    """Load ``config.json`` and the ``*.safetensors`` weights of a HF checkpoint folder
+    (``tp``: this tensor-parallel rank's shard of every weight).
 
     Raises ``ValueError`` for an unsupported architecture and for any missing or unexpected
     tensor (named in the message), and ``FileNotFoundError`` when no weights are found.
@@ -41,7 +45,7 @@ def load_model(
     folder = Path(path)
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
     config = ModelConfig.from_hf_config(hf_config)
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton)
+    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
     load_state_dict(model, _read_safetensors(folder))
     model.eval()
     return model, config
@@ -50,9 +54,11 @@ def load_model(
 def load_state_dict(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
     """Copy ``tensors`` (HF names) into ``model``, casting to its dtype; strict by name and shape.
 
-    The merged QKV / gate-up weights alias the HF-named parameters, so they follow the copy."""
+    The merged QKV / gate-up weights alias the HF-named parameters, so they follow the copy.
+    A tensor-parallel model takes its rank's slice of each full checkpoint tensor."""
     merge_weights(model)
     params = dict(model.named_parameters(remove_duplicate=False))
+    specs = shard_specs(model)  # empty unless tensor parallel
     tied = model.config.tie_word_embeddings
     expected = {name for name in params if not (tied and name == "lm_head.weight")}
     given = {name for name in tensors if not name.endswith(_IGNORED_SUFFIXES)}
@@ -67,6 +73,8 @@ def load_state_dict(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor]) -
     with torch.no_grad():
         for name in sorted(expected):
             param, tensor = params[name], tensors[name]
+            if name in specs:
+                tensor = specs[name].shard(tensor)
             if tuple(param.shape) != tuple(tensor.shape):
                 raise ValueError(
                     f"tensor {name}: checkpoint shape {tuple(tensor.shape)}, "
@@ -99,20 +107,29 @@ def build_random_model(
     device: torch.device | str,
     seed: int,
     use_triton: bool = False,
+    tp: TPGroup | None = None,
 ) -> LlamaForCausalLM:
     """A model of ``config``'s shape with seeded weights (for real-shape benchmarks).
 
     Matrices ~ N(0, 0.02) (HF's initializer_range), norms = 1, biases ~ N(0, 0.02); with the
     final norm this gives logits of std ~ 0.02 * sqrt(hidden), neither flat nor one-hot.
+    With ``tp`` each rank draws every full tensor in the same order and keeps its shard, so the
+    weights equal the single-rank model's (one full tensor at a time in memory).
     """
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton)
+    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
     generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
+    specs = shard_specs(model)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
                 continue
-            param.normal_(0.0, 0.02, generator=generator)
+            spec = specs.get(name)
+            if spec is None:
+                param.normal_(0.0, 0.02, generator=generator)
+                continue
+            full = param.new_empty(spec.full_shape(param.shape))
+            param.copy_(spec.shard(full.normal_(0.0, 0.02, generator=generator)))
     merge_weights(model)
     model.eval()
     return model

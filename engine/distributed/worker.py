@@ -1,0 +1,130 @@
+"""Ranks 1..N-1 of tensor parallelism: one spawned process each, running rank 0's steps.
+
+A worker joins the group, aligns its clock with rank 0, opens its own trace
+(``<trace>.rank<i>.pftrace``: ``rank``/``world_size``/clock offset in the metadata, device tracks
+``gpu:<rank> ...``), and builds an ``EngineCore`` with this rank's context: the same device, model
+shard, proposer and runner code as rank 0 (its scheduler stays unused). Then :class:`WorkerLoop`
+receives each :class:`~engine.distributed.messages.StepMessage` and makes the same runner call.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.distributed.messages import MessageKind, StepMessage
+from engine.distributed.parallel_state import TPGroup, init_tp_group, measure_clock_offset
+from engine.distributed.rank_context import RankContext, cuda_index_for_rank
+from engine.runner.async_output import AsyncOutput, PendingSample
+from instrument.capture import CaptureConfig
+from instrument.schema import ParallelSlice, rank_trace_path
+from instrument.tracer import Tracer, set_tracer
+
+__all__ = ["WorkerSpec", "WorkerLoop", "worker_main"]
+
+# Outputs a worker keeps in flight before waiting on the oldest (rank 0's batch queue depth).
+_MAX_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a spawned rank needs (pickled to the child).
+
+    ``trace_path``: rank 0's trace file (each worker writes ``rank_trace_path(it, rank)``), or
+    None for no trace; ``fail_at``: ``(rank, step)`` test hook, see ``TPOptions``.
+    """
+
+    config: EngineConfig
+    init_method: str
+    trace_path: str | None
+    capture: CaptureConfig | None
+    timeout_s: float
+    fail_at: tuple[int, int] | None = None
+
+
+class WorkerLoop:
+    """Mirrors rank 0's runner calls on this rank's runner until the stop message."""
+
+    def __init__(self, runner: Any, group: TPGroup, tracer: Tracer, fail_step: int | None) -> None:
+        self.runner = runner
+        self.group = group
+        self.tracer = tracer
+        self.fail_step = fail_step
+        self._in_flight: deque[AsyncOutput] = deque()
+        self._pending: dict[int, PendingSample] = {}
+
+    def run(self) -> None:
+        """Receive and execute steps; returns after ``STOP`` with every output retired."""
+        while True:
+            message = self._receive()
+            if message.kind is MessageKind.STOP:
+                break
+            if message.step == self.fail_step:
+                raise RuntimeError(
+                    f"injected failure on rank {self.group.rank} at step {message.step}"
+                )
+            handle = self._execute(message)
+            if handle is not None:
+                self._in_flight.append(handle)
+            self._retire(_MAX_IN_FLIGHT)
+        self._retire(0)
+
+    def _receive(self) -> StepMessage:
+        with self.tracer.span(ParallelSlice.BROADCAST_STEP.value) as span:
+            message: StepMessage = self.group.broadcast_object()
+            span.set_args(step=message.step)
+        return message
+
+    def _execute(self, message: StepMessage) -> AsyncOutput | None:
+        so, kind = message.scheduler_output, message.kind
+        if kind is MessageKind.MODEL:
+            assert so is not None
+            return self.runner.execute_model(so, message.bitmask)  # type: ignore[no-any-return]
+        if kind is MessageKind.FORWARD:
+            assert so is not None
+            self._pending[message.step] = self.runner.execute_forward(so)
+            return None
+        if kind is MessageKind.SAMPLE:
+            pending = self._pending.pop(message.step)
+            return self.runner.execute_sample(pending, message.bitmask)  # type: ignore[no-any-return]
+        raise ValueError(f"unexpected message {kind}")
+
+    def _retire(self, keep: int) -> None:
+        """Wait on outputs (surfacing device errors) until at most ``keep`` are in flight;
+        finished ones are retired whatever ``keep`` is."""
+        while self._in_flight and (len(self._in_flight) > keep or self._in_flight[0].is_ready()):
+            self._in_flight.popleft().get()
+
+
+def worker_main(index: int, spec: WorkerSpec) -> None:
+    """Entry point of rank ``index + 1`` (``torch.multiprocessing`` passes ``index``)."""
+    from engine.core import EngineCore  # the child imports the engine here, not at unpickling
+
+    rank = index + 1
+    config = spec.config
+    tracer = (
+        Tracer(rank_trace_path(spec.trace_path, rank), capture=spec.capture)
+        if spec.trace_path
+        else Tracer(enabled=False)
+    )
+    set_tracer(tracer)
+    try:
+        group = init_tp_group(
+            rank,
+            config.tensor_parallel_size,
+            spec.init_method,
+            cuda_index_for_rank(config, rank),
+            spec.timeout_s,
+        )
+        ctx = RankContext(group, measure_clock_offset(group))
+        ctx.record_metadata(tracer)
+        fail_step = spec.fail_at[1] if spec.fail_at and spec.fail_at[0] == rank else None
+        core = EngineCore(config, tracer, trace_requests=False, tp=ctx)
+        try:
+            WorkerLoop(core.runner, group, tracer, fail_step).run()
+        finally:
+            core.close()
+    finally:
+        tracer.close()
