@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from analysis import Report, TraceError, analyze_trace, compare_reports
+from analysis.rank_cli import is_rank_set, rank_analyze_main
 
 __all__ = ["analyze_main", "compare_main"]
 
@@ -86,9 +87,17 @@ def analyze_main(argv: list[str]) -> int:
     """``stepscope analyze TRACE [--profile P|FILE] [--window all|steady|A:B] [--json]``; returns
     the exit code."""
     parser = argparse.ArgumentParser(prog="stepscope analyze", description=__doc__)
-    parser.add_argument("trace", help="a .pftrace (stepscope/Perfetto) or Kineto .json[.gz] file")
+    parser.add_argument(
+        "trace",
+        nargs="+",
+        help="a .pftrace (stepscope/Perfetto) or Kineto .json[.gz] file; several files or a "
+        "directory: the rank traces of one tensor-parallel run (per-rank and straggler tables)",
+    )
     _common(parser)
     args = parser.parse_args(argv)
+    if is_rank_set(args.trace):  # tensor parallel: analysis.rank_cli
+        return rank_analyze_main(args)
+    args.trace = args.trace[0]
     try:
         report = analyze_trace(args.trace, args.profile, args.skip_steps, args.window)
     except TraceError as exc:

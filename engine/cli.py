@@ -13,7 +13,7 @@ from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
 from engine.llm import LLM, CompletionOutput, outputs_digest
 from engine.workload import WorkloadError, load_workload
 from instrument.capture import CaptureConfig, parse_step_range
-from instrument.schema import Arg
+from instrument.schema import Arg, rank_trace_path
 
 __all__ = ["run_main", "build_parser"]
 
@@ -124,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the CPU waits for accepted counts before preparing the next step",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor parallelism over N ranks (N processes; NCCL on CUDA, gloo on the CPU); "
+        "--trace X.pftrace then writes X.rank<i>.pftrace per rank",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -151,6 +159,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         spec_model=args.spec_model,
         num_spec_tokens=args.num_spec_tokens,
         spec_sync_accepted=args.spec_sync_accepted,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -222,9 +231,12 @@ def run_main(argv: list[str]) -> int:
         print(f"stepscope run: error: {err}", file=sys.stderr)
         return 2
     tracer = None
-    if args.trace:
-        os.makedirs(os.path.dirname(os.path.abspath(args.trace)), exist_ok=True)
-        tracer = Tracer(args.trace, nvtx=args.nvtx, install_signal_handlers=True, capture=capture)
+    trace = args.trace
+    if trace and config.tensor_parallel_size > 1:  # one trace per rank; this process is rank 0
+        trace = rank_trace_path(trace, 0)
+    if trace:
+        os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
+        tracer = Tracer(trace, nvtx=args.nvtx, install_signal_handlers=True, capture=capture)
         set_tracer(tracer)
     detector = SyncDetector(tracer) if (tracer and args.detect_syncs) else None
     try:
@@ -254,5 +266,5 @@ def run_main(argv: list[str]) -> int:
         with open(args.output, "w", encoding="utf-8") as f:
             for out in outputs:
                 f.write(json.dumps(out.to_json()) + "\n")
-    print_summary(llm, outputs, elapsed, args.trace)
+    print_summary(llm, outputs, elapsed, trace)
     return 0

@@ -96,7 +96,8 @@ class RankContext:
         return model, model_config
 
     def attach(self, runner: Any, tracer: Tracer) -> Any:
-        """The runner ``EngineCore`` should call (rank 0 wraps it to broadcast each call).
+        """The runner ``EngineCore`` should call (rank 0 wraps it to broadcast each call), once
+        every rank has built its own (a barrier).
 
         On the CPU device collectives are synchronous on the compute worker thread, so each
         is recorded as an ``all_reduce``/``all_gather`` slice on this rank's compute track."""
@@ -107,6 +108,7 @@ class RankContext:
                 tracer.slice_at(track, name, start_ns, end_ns)
 
             self.group.recorder = record
+        self.group.barrier()  # every rank built: the first step does not wait for a slow build
         return runner
 
     def record_metadata(self, tracer: Tracer) -> None:
