@@ -124,13 +124,13 @@ class TPDriver(RankContext):
         try:
             self.group.broadcast_object(message)
         except Exception as exc:
-            self.check_workers()
+            self.check_workers(wait_s=2.0)  # a dying worker: give it time to report why
             raise TensorParallelError(f"broadcast of step {message.step} failed: {exc}") from exc
 
-    def check_workers(self) -> None:
-        """Raise :class:`TensorParallelError` if a worker has exited (cheap: one poll)."""
+    def check_workers(self, wait_s: float = 0.0) -> None:
+        """Raise :class:`TensorParallelError` if a worker has exited (``wait_s`` 0: one poll)."""
         try:
-            self._processes.join(timeout=0)
+            self._processes.join(timeout=wait_s)
         except ProcessException as exc:
             self.worker_error = str(exc)
             raise TensorParallelError(f"rank {exc.error_index + 1} failed:\n{exc}") from None
