@@ -126,7 +126,7 @@ def init_tp_group(
     timeout = timedelta(seconds=timeout_s)
     on_cuda = cuda_index is not None
     kwargs: dict[str, Any] = {}
-    if on_cuda:
+    if cuda_index is not None:
         torch.cuda.set_device(cuda_index)
         kwargs["device_id"] = torch.device("cuda", cuda_index)
     dist.init_process_group(
@@ -140,7 +140,7 @@ def init_tp_group(
     device_group = dist.group.WORLD
     cpu_group = dist.new_group(backend="gloo", timeout=timeout)
     group = TPGroup(rank, world_size, device_group, cpu_group, on_cuda)
-    if on_cuda:  # first NCCL collective outside any graph capture
+    if cuda_index is not None:  # first NCCL collective outside any graph capture
         group.all_reduce(torch.zeros(1, device=torch.device("cuda", cuda_index)))
         torch.cuda.synchronize(cuda_index)
     return group
