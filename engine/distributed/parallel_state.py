@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from instrument.sync_detect import cold_region
+
 __all__ = [
     "TPGroup",
     "ClockSync",
@@ -104,7 +106,9 @@ class TPGroup:
     def broadcast_object(self, obj: Any = None) -> Any:
         """Rank 0's ``obj`` on every rank (pickled over the gloo control group)."""
         box = [obj if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        # Host-only (gloo, CPU tensors): its internal .to(cpu) copies are not device syncs.
+        with cold_region():
+            dist.broadcast_object_list(box, src=0, group=self.cpu_group)
         return box[0]
 
     def barrier(self) -> None:
