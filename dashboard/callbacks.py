@@ -148,18 +148,21 @@ def _register_load(app: Dash, store: TraceStore, config: DashboardConfig) -> Non
 def _window_from_inputs(
     loaded: LoadedTrace, relayout: dict | None, step_range: list[int] | None
 ) -> tuple[int | None, int | None]:
+    """The timeline window asked for by whatever fired: a drag-zoom, the step slider, or
+    (``None, None``) the whole trace."""
     t0 = loaded.lanes.t0_ns
-    trigger = ctx.triggered_id
-    if trigger == IDS.TIMELINE and relayout:
-        if "xaxis.range[0]" in relayout:
-            return t0 + int(float(relayout["xaxis.range[0]"]) * 1e6), t0 + int(
-                float(relayout["xaxis.range[1]"]) * 1e6
-            )
-        if "xaxis.range" in relayout:
-            lo, hi = relayout["xaxis.range"]
-            return t0 + int(float(lo) * 1e6), t0 + int(float(hi) * 1e6)
+    fired = set(ctx.triggered_prop_ids.values())
+    if IDS.CURRENT in fired or IDS.RESET in fired:
         return None, None
-    if trigger == IDS.STEP_RANGE and step_range:
+    if IDS.TIMELINE in fired and relayout:
+        if "xaxis.range[0]" in relayout:
+            lo, hi = relayout["xaxis.range[0]"], relayout["xaxis.range[1]"]
+        elif "xaxis.range" in relayout:
+            lo, hi = relayout["xaxis.range"]
+        else:
+            return None, None  # autorange (double-click)
+        return t0 + int(float(lo) * 1e6), t0 + int(float(hi) * 1e6)
+    if IDS.STEP_RANGE in fired and step_range:
         steps = loaded.report.tables["steps"]
         sel = steps[(steps["step"] >= step_range[0]) & (steps["step"] <= step_range[1])]
         if len(sel):
@@ -167,50 +170,74 @@ def _window_from_inputs(
     return None, None
 
 
+def _stale(tab: str, wanted_tab: str, drawn: dict | None, ref_id: str | None) -> bool:
+    """Draw only on the visible tab, and on a tab switch only when another trace is drawn."""
+    if tab != wanted_tab:
+        return False
+    if ctx.triggered_id == IDS.TABS:
+        return not drawn or drawn.get("ref") != ref_id
+    return True
+
+
 def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> None:
     @app.callback(
         Output(IDS.TIMELINE, "figure"),
         Output(IDS.TIMELINE_INFO, "children"),
+        Output(IDS.TIMELINE_DRAWN, "data"),
         Input(IDS.CURRENT, "data"),
         Input(IDS.TIMELINE, "relayoutData"),
         Input(IDS.STEP_RANGE, "value"),
         Input(IDS.RESET, "n_clicks"),
+        Input(IDS.TABS, "value"),
+        State(IDS.TIMELINE_DRAWN, "data"),
         prevent_initial_call=True,
     )
     def timeline(
-        ref_id: str | None, relayout: dict | None, step_range: list[int] | None, _reset: int | None
-    ) -> tuple[Any, str]:
+        ref_id: str | None,
+        relayout: dict | None,
+        step_range: list[int] | None,
+        _reset: int | None,
+        tab: str,
+        drawn: dict | None,
+    ) -> tuple[Any, ...]:
+        if not ref_id or not _stale(tab, "timeline", drawn, ref_id):
+            return no_update, no_update, no_update
+        if ctx.triggered_id == IDS.TIMELINE and not any(
+            k.startswith("xaxis.") for k in relayout or {}
+        ):
+            return no_update, no_update, no_update  # hover, legend or y-only events
         try:
             loaded = _load(store, ref_id)
         except Exception:
-            return empty_figure("this trace could not be loaded"), ""
-        if loaded is None:
-            return no_update, no_update
-        if (
-            ctx.triggered_id == IDS.TIMELINE
-            and relayout
-            and not any(k.startswith("xaxis.") for k in relayout)
-        ):
-            return no_update, no_update  # hover, legend or y-only events
+            return empty_figure("this trace could not be loaded"), "", None
+        assert loaded is not None
         lo, hi = _window_from_inputs(loaded, relayout, step_range)
         fig = timeline_figure(loaded.lanes, lo, hi, bar_budget=config.timeline_bar_budget)
         meta = fig.layout.meta
-        return fig, f"{meta['mode']} · {meta['num_visible']:,} slices in view"
+        return fig, f"{meta['mode']} · {meta['num_visible']:,} slices in view", {"ref": ref_id}
 
     @app.callback(
         Output(IDS.STEPS, "figure"),
+        Output(IDS.STEPS_DRAWN, "data"),
         Input(IDS.CURRENT, "data"),
         Input(IDS.STEP_RANGE, "value"),
+        Input(IDS.TABS, "value"),
+        State(IDS.STEPS_DRAWN, "data"),
         prevent_initial_call=True,
     )
-    def steps(ref_id: str | None, step_range: list[int] | None) -> Any:
+    def steps(
+        ref_id: str | None, step_range: list[int] | None, tab: str, drawn: dict | None
+    ) -> tuple[Any, ...]:
+        if not ref_id or not _stale(tab, "steps", drawn, ref_id):
+            return no_update, no_update
         try:
             loaded = _load(store, ref_id)
         except Exception:
-            return empty_figure("this trace could not be loaded")
-        if loaded is None:
-            return no_update
-        return steps_figure(loaded.report, tuple(step_range) if step_range else None)
+            return empty_figure("this trace could not be loaded"), None
+        assert loaded is not None
+        return steps_figure(loaded.report, tuple(step_range) if step_range else None), {
+            "ref": ref_id
+        }
 
     @app.callback(
         Output(IDS.COMPARE_BODY, "children"),

@@ -109,7 +109,7 @@ def steps_figure(
                 continue
             x, y = decimate_minmax(*data, max_points=max_points)
             fig.add_trace(
-                go.Scattergl(
+                go.Scatter(
                     x=x,
                     y=y,
                     mode="lines",
@@ -194,7 +194,7 @@ def compare_steps_figure(a: Report, b: Report, label_a: str, label_b: str) -> go
                 continue
             x, y = decimate_minmax(*data)
             fig.add_trace(
-                go.Scattergl(
+                go.Scatter(
                     x=x,
                     y=y,
                     mode="lines",

@@ -92,43 +92,61 @@ class Lane:
         return np.divide(covered, width, out=np.zeros_like(width), where=width > 0)
 
 
+def _split(df: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[np.ndarray]]:
+    """Group rows by ``keys`` with integer codes only (no per-row strings or tuples):
+    ``(one row of key values per group, row indices per group in input order)``."""
+    if df.empty:
+        return pd.DataFrame(columns=keys), []
+    combined = np.zeros(len(df), dtype=np.int64)
+    for key in keys:
+        codes, uniques = pd.factorize(df[key], use_na_sentinel=False)
+        combined = combined * max(len(uniques), 1) + codes
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(first.size + 1))
+    groups = [order[bounds[i] : bounds[i + 1]] for i in range(first.size)]
+    return df[keys].iloc[first].reset_index(drop=True), groups
+
+
+def _build_lanes(
+    df: pd.DataFrame, group: str, labels: list[str], rows: list[np.ndarray]
+) -> list[Lane]:
+    start, end = df["ts_ns"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
+    names, steps = df["name"].to_numpy(object), df["step"].to_numpy(np.int64)
+    return [
+        Lane.build(label, group, start[r], end[r], names[r], steps[r])
+        for label, r in zip(labels, rows, strict=True)
+    ]
+
+
 def _cpu_lanes(cpu: pd.DataFrame) -> list[Lane]:
-    labels = lane_label(cpu["name"].to_numpy(object), cpu["kind"].to_numpy(object))
-    threads = cpu["track"].to_numpy(object)
-    if len(set(threads.tolist())) > 1:
-        labels = threads + " · " + labels
-    total = pd.Series(cpu["dur_ns"].to_numpy(np.int64)).groupby(labels).sum()
-    keep = set(total.sort_values(ascending=False).index[:_MAX_CPU_LANES].tolist())
-    labels = np.where(np.isin(labels, list(keep)), labels, _OTHER_CPU).astype(object)
+    uniques, groups = _split(cpu, ["track", "name", "kind"])
+    if not groups:
+        return []
+    base = lane_label(uniques["name"].to_numpy(object), uniques["kind"].to_numpy(object))
+    labels = (
+        uniques["track"].to_numpy(object) + " · " + base if uniques["track"].nunique() > 1 else base
+    )
+    dur = cpu["dur_ns"].to_numpy(np.int64)
+    total = np.array([dur[r].sum() for r in groups])
+    keep = set(np.argsort(-total, kind="stable")[:_MAX_CPU_LANES].tolist())
+    lanes: dict[str, list[np.ndarray]] = {}
+    for i, rows in enumerate(groups):
+        lanes.setdefault(str(labels[i]) if i in keep else _OTHER_CPU, []).append(rows)
 
     def rank(label: str) -> tuple[int, str]:
-        base = label.split(" · ")[-1].split("(")[0]
-        return (_CPU_ORDER.index(base) if base in _CPU_ORDER else len(_CPU_ORDER), label)
+        stem = label.split(" · ")[-1].split("(")[0]
+        return (_CPU_ORDER.index(stem) if stem in _CPU_ORDER else len(_CPU_ORDER), label)
 
-    lanes = []
-    start, end = cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64)
-    names, steps = cpu["name"].to_numpy(object), cpu["step"].to_numpy(np.int64)
-    for label in sorted(set(labels.tolist()), key=rank):
-        sel = labels == label
-        lanes.append(Lane.build(label, "cpu", start[sel], end[sel], names[sel], steps[sel]))
-    return lanes
+    ordered = sorted(lanes, key=rank)
+    return _build_lanes(cpu, "cpu", ordered, [np.sort(np.concatenate(lanes[k])) for k in ordered])
 
 
 def _device_lanes(dev: pd.DataFrame) -> list[Lane]:
-    lanes = []
-    for track in sorted(set(dev["track"].tolist())):
-        part = dev[dev["track"] == track]
-        lanes.append(
-            Lane.build(
-                track,
-                "device",
-                part["ts_ns"].to_numpy(np.int64),
-                part["end_ns"].to_numpy(np.int64),
-                part["name"].to_numpy(object),
-                part["step"].to_numpy(np.int64),
-            )
-        )
-    return lanes
+    uniques, groups = _split(dev, ["track"])
+    labels = uniques["track"].tolist() if groups else []
+    order = sorted(range(len(labels)), key=lambda i: labels[i])
+    return _build_lanes(dev, "device", [labels[i] for i in order], [groups[i] for i in order])
 
 
 @dataclass(frozen=True)

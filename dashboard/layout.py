@@ -33,6 +33,8 @@ class IDS:
     STEP_RANGE = "step-range"
     RESET = "timeline-reset"
     STEPS = "steps-graph"
+    TIMELINE_DRAWN = "timeline-drawn"
+    STEPS_DRAWN = "steps-drawn"
     DECISIONS = "decisions-table"
     SYNCS = "syncs-table"
     COMPARE_A = "compare-a"
@@ -198,6 +200,8 @@ def build_layout(config: DashboardConfig) -> html.Div:
         className="app",
         children=[
             dcc.Store(id=IDS.CURRENT),
+            dcc.Store(id=IDS.TIMELINE_DRAWN),
+            dcc.Store(id=IDS.STEPS_DRAWN),
             dcc.Interval(id=IDS.PROGRESS_POLL, interval=250, disabled=True),
             _header(),
             html.Div(id=IDS.BANNER, className="banner-area"),

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from analysis import Comparison, Report, TraceError, analyze_frames, compare_reports, load_trace
@@ -54,14 +55,18 @@ class TraceRef:
 
 @dataclass(frozen=True)
 class LoadedTrace:
-    """An analysed trace: its report, its timeline lanes, and what it cost to load."""
+    """An analysed trace: its report, what it cost to load, and (built on first use, so the
+    overview does not wait for it) its timeline lanes."""
 
     ref: TraceRef
     path: Path
     size_bytes: int
     report: Report
-    lanes: LaneIndex
     load_s: float
+
+    @cached_property
+    def lanes(self) -> LaneIndex:
+        return LaneIndex.from_frames(self.report.frames.slices, self.report.tables["bubbles"])
 
     @property
     def title(self) -> str:
@@ -134,13 +139,11 @@ class TraceStore:
             frames = load_trace(path)
             self._stage(ref, f"measuring {len(frames.slices):,} slices", started)
             report = analyze_frames(frames)
-            self._stage(ref, "indexing the timeline", started)
-            lanes = LaneIndex.from_frames(frames.slices, report.tables["bubbles"])
         except TraceError as exc:  # say which trace, without the server's directory layout
             raise TraceError(str(exc).replace(str(path), ref.name)) from None
         finally:
             self._progress.pop(ref.id, None)
-        return LoadedTrace(ref, path, size, report, lanes, time.monotonic() - started)
+        return LoadedTrace(ref, path, size, report, time.monotonic() - started)
 
     def compare(self, a: TraceRef, b: TraceRef) -> tuple[LoadedTrace, LoadedTrace, Comparison]:
         """Both traces analysed, and the analysis' A/B comparison of them."""

@@ -25,18 +25,32 @@ __all__ = ["timeline_figure", "TimelineView", "ns_to_ms", "DENSITY_BINS"]
 DENSITY_BINS = 600
 _MAX_SHADED = 150
 _GROUPS = ("cpu", "device", "idle")
-_BLANK = "#f4f6fa"
-# z in [0, 1]: CPU busy; [2, 3]: device busy; [4, 5]: idle (see _density_traces).
-_SCALE = [
-    [0.0, _BLANK],
-    [0.2, "#3b63b8"],
-    [0.2001, _BLANK],
-    [0.4, _BLANK],
-    [0.6, "#23804a"],
-    [0.6001, _BLANK],
-    [0.8, _BLANK],
-    [1.0, IDLE],
-]
+_GROUP_COLORS = ("#3b63b8", "#23804a", IDLE)
+_BLANK = (244, 246, 250)
+# Busy fraction -> colour intensity: small fractions stay visible (a 2% idle column is a real
+# bubble worth zooming into); the hover text always gives the exact fraction.
+_RAMP = ((0.0, 0.0), (0.01, 0.25), (0.05, 0.45), (0.2, 0.7), (0.5, 0.88), (1.0, 1.0))
+
+
+def _blend(hex_color: str, t: float) -> str:
+    rgb = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
+    mixed = [round(b + (c - b) * t) for b, c in zip(_BLANK, rgb, strict=True)]
+    return "rgb({}, {}, {})".format(*mixed)
+
+
+def _colorscale() -> list[list[Any]]:
+    """One scale for z in [0, 2 * len(_GROUPS) - 1]: group g's fractions live in [2g, 2g + 1]."""
+    top = 2 * len(_GROUPS) - 1
+    scale: list[list[Any]] = []
+    for g, color in enumerate(_GROUP_COLORS):
+        for frac, t in _RAMP:
+            scale.append([(2 * g + frac) / top, _blend(color, t)])
+        if g + 1 < len(_GROUP_COLORS):
+            scale.append([(2 * g + 1.0001) / top, _blend(color, 0.0)])
+    return scale
+
+
+_SCALE = _colorscale()
 
 
 def ns_to_ms(ns: np.ndarray | int, t0_ns: int) -> np.ndarray:

@@ -150,16 +150,34 @@ def test_big_trace_is_decimated_then_detailed_on_zoom(page: Any, traces: TraceSe
     page.wait_for_selector("#timeline-info:has-text('density')")
 
 
+def set_step_box(page: Any, which: int, value: str) -> None:
+    """Type into one of the step slider's number boxes (they commit on blur) and wait for the
+    timeline to redraw. A box typed into while the slider re-renders can lose the text, so the
+    entry is retried (at most 5 times) until a redraw follows."""
+    box = page.locator("#step-range input").nth(which)
+    for _ in range(5):
+        before = page.inner_text("#timeline-info")
+        box.fill(value)
+        box.press("Tab")
+        try:
+            page.wait_for_function(
+                "b => document.querySelector('#timeline-info').innerText !== b",
+                arg=before,
+                timeout=10_000,
+            )
+            return
+        except Exception:
+            continue
+    raise AssertionError(f"the timeline did not redraw after step box {which} = {value}")
+
+
 def test_step_range_narrows_the_timeline(page: Any, traces: TraceSet) -> None:
     report = analyze_trace(traces.big)
     pick(page, "big.pftrace")
     open_tab(page, "Timeline")
     page.wait_for_selector("#timeline-info:has-text('density')")
-    inputs = page.locator("#step-range input")  # the slider's own number boxes; they commit on blur
-    inputs.nth(1).fill("1020")
-    inputs.nth(1).press("Tab")
-    inputs.nth(0).fill("1000")
-    inputs.nth(0).press("Tab")
+    set_step_box(page, 1, "1020")
+    set_step_box(page, 0, "1000")
     page.wait_for_selector("#timeline-info:has-text('detail')")
     steps = report.tables["steps"].set_index("step")
     lo, hi = int(steps.loc[1000, "start_ns"]), int(steps.loc[1020, "end_ns"])

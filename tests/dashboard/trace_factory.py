@@ -2,10 +2,11 @@
 and the dashboard benchmark.
 
 An engine loop (sync, or async with a queue of depth 2) is played on a thread named
-``engine-core`` against a simulated clock: the tracer's clock is swapped for :class:`SimClock`
-while the loop runs, so spans are real tracer spans with deterministic times (no sleeping, so a
-100k-step trace takes seconds). Device work is ``slice_at`` on ``gpu:0 compute``/``copy``,
-queued behind earlier device work exactly as a stream would run it.
+``engine-core`` against a simulated clock (:class:`SimClock`): CPU work is written with
+``Tracer.thread_slice`` (explicit times on the thread's track), device work with ``slice_at`` on
+``gpu:0 compute``/``copy``, queued behind earlier device work as a stream would run it. Instants
+and counters take the tracer's clock, which is pointed at the simulated one while the loop runs.
+No sleeping, so a 100k-step trace takes seconds.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ class _Engine:
         return us * float(self.rng.uniform(0.85, 1.15))
 
     def cpu(self, name: str, us: float, **args: object) -> None:
-        with self.t.span(name, **args):
-            self.clock.advance_us(self.jitter(us))
+        start = self.clock.now
+        self.clock.advance_us(self.jitter(us))
+        self.t.thread_slice(name, start, self.clock.now, **args)
 
     def launch(self, step: int, batch: int) -> int:
         """CPU launch of step ``step``; returns when its output will be ready."""
@@ -126,9 +128,10 @@ class _Engine:
         self.cpu("prepare_inputs", self.r.schedule_us / 3, step=step)
 
     def finish(self, step: int, ready_ns: int) -> None:
-        with self.t.span("wait_output", step=step, kind="accepted_count"):
-            self.clock.wait_until(ready_ns)
-            self.clock.advance_us(2)
+        start = self.clock.now
+        self.clock.wait_until(ready_ns)
+        self.clock.advance_us(2)
+        self.t.thread_slice("wait_output", start, self.clock.now, step=step, kind="accepted_count")
         if step in self.r.hot_sync_steps:
             self.t.instant(
                 "sync",
@@ -152,15 +155,16 @@ class _Engine:
         pending: tuple[int, int] | None = None
         for step in range(self.r.num_steps):
             batch = self.r.num_requests + step % 3
-            with self.t.span("step", step=step):
-                self.schedule(step, batch)
-                ready = self.launch(step, batch)
-                if self.r.async_scheduling:
-                    if pending is not None:
-                        self.finish(*pending)
-                    pending = (step, ready)
-                else:
-                    self.finish(step, ready)
+            start = self.clock.now
+            self.schedule(step, batch)
+            ready = self.launch(step, batch)
+            if self.r.async_scheduling:
+                if pending is not None:
+                    self.finish(*pending)
+                pending = (step, ready)
+            else:
+                self.finish(step, ready)
+            self.t.thread_slice("step", start, self.clock.now, step=step)
             self.t.counter("batch_tokens", batch * 3)
             self.t.counter("running_requests", batch)
         if pending is not None:
