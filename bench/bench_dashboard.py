@@ -3,7 +3,7 @@
 Writes a simulated async engine run with the real Tracer (tests/dashboard/trace_factory.py),
 serves the dashboard in-process, drives headless Chromium through Playwright and times:
 
-* ``analyse``: server-side load + §4 metrics + timeline index (cold, first pick of the trace);
+* ``analyse``: server-side load + §4 metrics (cold, first pick of the trace);
 * ``overview``: pick in the browser -> verdict cards and blame chart drawn (includes ``analyse``);
 * ``timeline``: switch to the timeline tab -> the zoomed-out (density) figure drawn;
 * ``zoom``: drag-zoom to ~0.2% of the trace -> single slices drawn;
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['steps']:,} steps, {result['slices']:,} slices, {result['trace_mb']:.1f} MB",
         ),
         ("write (Tracer)", f"{result['write_s']:.2f} s"),
-        ("analyse (load + metrics + lanes)", f"{result['analyse_s']:.2f} s"),
+        ("analyse (load + metrics), cold", f"{result['analyse_s']:.2f} s"),
         ("first render: pick -> overview drawn", f"{result['overview_s']:.2f} s"),
         ("timeline tab (density) drawn", f"{result['timeline_s']:.2f} s"),
         ("drag-zoom -> single slices drawn", f"{result['zoom_s']:.2f} s"),

@@ -146,7 +146,7 @@ def _register_load(app: Dash, store: TraceStore, config: DashboardConfig) -> Non
 
 
 def _window_from_inputs(
-    loaded: LoadedTrace, relayout: dict | None, step_range: list[int] | None
+    loaded: LoadedTrace, zoom: dict | None, step_range: list[int] | None
 ) -> tuple[int | None, int | None]:
     """The timeline window asked for by whatever fired: a drag-zoom, the step slider, or
     (``None, None``) the whole trace."""
@@ -154,13 +154,10 @@ def _window_from_inputs(
     fired = set(ctx.triggered_prop_ids.values())
     if IDS.CURRENT in fired or IDS.RESET in fired:
         return None, None
-    if IDS.TIMELINE in fired and relayout:
-        if "xaxis.range[0]" in relayout:
-            lo, hi = relayout["xaxis.range[0]"], relayout["xaxis.range[1]"]
-        elif "xaxis.range" in relayout:
-            lo, hi = relayout["xaxis.range"]
-        else:
+    if IDS.ZOOM in fired and zoom:
+        if zoom.get("range") is None:
             return None, None  # autorange (double-click)
+        lo, hi = zoom["range"]
         return t0 + int(float(lo) * 1e6), t0 + int(float(hi) * 1e6)
     if IDS.STEP_RANGE in fired and step_range:
         steps = loaded.report.tables["steps"]
@@ -185,7 +182,7 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
         Output(IDS.TIMELINE_INFO, "children"),
         Output(IDS.TIMELINE_DRAWN, "data"),
         Input(IDS.CURRENT, "data"),
-        Input(IDS.TIMELINE, "relayoutData"),
+        Input(IDS.ZOOM, "data"),
         Input(IDS.STEP_RANGE, "value"),
         Input(IDS.RESET, "n_clicks"),
         Input(IDS.TABS, "value"),
@@ -194,7 +191,7 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
     )
     def timeline(
         ref_id: str | None,
-        relayout: dict | None,
+        zoom: dict | None,
         step_range: list[int] | None,
         _reset: int | None,
         tab: str,
@@ -202,16 +199,12 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
     ) -> tuple[Any, ...]:
         if not ref_id or not _stale(tab, "timeline", drawn, ref_id):
             return no_update, no_update, no_update
-        if ctx.triggered_id == IDS.TIMELINE and not any(
-            k.startswith("xaxis.") for k in relayout or {}
-        ):
-            return no_update, no_update, no_update  # hover, legend or y-only events
         try:
             loaded = _load(store, ref_id)
         except Exception:
             return empty_figure("this trace could not be loaded"), "", None
         assert loaded is not None
-        lo, hi = _window_from_inputs(loaded, relayout, step_range)
+        lo, hi = _window_from_inputs(loaded, zoom, step_range)
         fig = timeline_figure(loaded.lanes, lo, hi, bar_budget=config.timeline_bar_budget)
         meta = fig.layout.meta
         return fig, f"{meta['mode']} · {meta['num_visible']:,} slices in view", {"ref": ref_id}
@@ -255,8 +248,26 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
         return compare_body(a, b, cmp)
 
 
+# Only x-axis changes of the timeline reach the server: other relayout events (autosize when the
+# tab mounts, legend clicks) would otherwise supersede an in-flight draw with "no update".
+_ZOOM_JS = """function (r) {
+    const nu = window.dash_clientside.no_update;
+    if (!r) return nu;
+    if ('xaxis.range[0]' in r) return {range: [r['xaxis.range[0]'], r['xaxis.range[1]']], t: Date.now()};
+    if ('xaxis.range' in r) return {range: r['xaxis.range'], t: Date.now()};
+    if ('xaxis.autorange' in r) return {range: null, t: Date.now()};
+    return nu;
+}"""
+
+
 def register_callbacks(app: Dash, store: TraceStore, config: DashboardConfig) -> None:
     """Wire every callback of the page to ``store``."""
+    app.clientside_callback(
+        _ZOOM_JS,
+        Output(IDS.ZOOM, "data"),
+        Input(IDS.TIMELINE, "relayoutData"),
+        prevent_initial_call=True,
+    )
     _register_selection(app, store)
     _register_load(app, store, config)
     _register_views(app, store, config)

@@ -34,6 +34,7 @@ class IDS:
     RESET = "timeline-reset"
     STEPS = "steps-graph"
     TIMELINE_DRAWN = "timeline-drawn"
+    ZOOM = "timeline-zoom"
     STEPS_DRAWN = "steps-drawn"
     DECISIONS = "decisions-table"
     SYNCS = "syncs-table"
@@ -201,6 +202,7 @@ def build_layout(config: DashboardConfig) -> html.Div:
         children=[
             dcc.Store(id=IDS.CURRENT),
             dcc.Store(id=IDS.TIMELINE_DRAWN),
+            dcc.Store(id=IDS.ZOOM),
             dcc.Store(id=IDS.STEPS_DRAWN),
             dcc.Interval(id=IDS.PROGRESS_POLL, interval=250, disabled=True),
             _header(),
