@@ -208,7 +208,8 @@ def compare_steps_figure(a: Report, b: Report, label_a: str, label_b: str) -> go
                 col=1,
             )
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=1)
-    fig.update_xaxes(gridcolor=GRID, title_text="step")
+    fig.update_xaxes(gridcolor=GRID)
+    fig.update_xaxes(title_text="step", row=3, col=1)
     fig.update_yaxes(gridcolor=GRID, zeroline=False)
     fig.update_layout(base_layout(height=620, margin={"l": 60, "r": 20, "t": 60, "b": 40}))
     return fig

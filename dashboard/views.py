@@ -368,7 +368,7 @@ def compare_body(a: LoadedTrace, b: LoadedTrace, cmp: Comparison) -> list[Any]:
     }[cmp.outputs_agree]
     return [
         status,
-        html.Ul([html.Li(agree)] + [html.Li(n) for n in cmp.notes], className="notes"),
+        html.Ul([html.Li(a) for a in agree] + [html.Li(n) for n in cmp.notes], className="notes"),
         html.Div(
             className="split",
             children=[
