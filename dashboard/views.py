@@ -361,11 +361,9 @@ def compare_body(a: LoadedTrace, b: LoadedTrace, cmp: Comparison) -> list[Any]:
         }
         for k, (va, vb) in cmp.differences.items()
     ]
-    agree = {
-        True: "outputs agree (digests equal)",
-        False: "OUTPUTS DIFFER",
-        None: "outputs not compared",
-    }[cmp.outputs_agree]
+    agree = {True: ["outputs agree (digests equal)"], False: ["OUTPUTS DIFFER"], None: []}[
+        cmp.outputs_agree
+    ]
     return [
         status,
         html.Ul([html.Li(a) for a in agree] + [html.Li(n) for n in cmp.notes], className="notes"),
