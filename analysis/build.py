@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.frames import categorical_from_codes
+
 __all__ = [
     "ArgTable",
     "SlicePairs",
@@ -174,8 +176,12 @@ def _column_for(key: str, n: int, rows: np.ndarray, args: ArgTable, sel: np.ndar
         mask = np.ones(n, dtype=bool)
         values[r], mask[r] = args.ival[sel] != 0, False
         return pd.arrays.BooleanArray(values, mask)
-    strings = np.asarray(args.strings + [None], dtype=object)
     fill = _SENTINEL_STR.get(key)
+    if types == {VT_STR} and fill is not None:
+        codes = np.full(n, len(args.strings), dtype=np.int64)
+        codes[r] = args.sval[sel]
+        return categorical_from_codes(codes, [*args.strings, fill])
+    strings = np.asarray(args.strings + [None], dtype=object)
     col = np.full(n, fill, dtype=object)
     as_str = strings[np.where(vt == VT_STR, args.sval[sel], len(args.strings))]
     as_obj = np.where(
@@ -195,7 +201,7 @@ def pivot_args(n: int, args: ArgTable, reserved: set[str]) -> dict[str, object]:
     """Wide columns (one per key) for a frame of ``n`` rows.
 
     A key that clashes with a ``reserved`` core column is renamed ``arg.<key>``. ``step`` becomes
-    int64 with -1 for absent, ``kind`` a str column with "" for absent; other int args are nullable
+    int64 with -1 for absent, ``kind`` a category column with "" for absent; other int args are nullable
     ``Int64``, bools nullable ``boolean``, mixed or string args object columns.
     """
     out: dict[str, object] = {}

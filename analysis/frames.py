@@ -2,13 +2,18 @@
 
 Column contracts (``*_ns`` are int64 nanoseconds on one host clock):
 
-* ``slices``: ``slice_id`` int64, ``track_id`` int64, ``track`` str, ``role`` str (``cpu``,
-  ``compute``, ``copy``, ``request``, ``annotation``, ``other``), ``name`` str (canonical stepscope
-  name when the profile maps it, else the raw name), ``raw_name`` str, ``ts_ns``, ``dur_ns``,
-  ``end_ns`` int64, ``depth`` int32, ``step`` int64 (-1 when the slice carries no step), ``kind``
-  str ("" when absent), then one column per other argument key.
-* ``instants``: ``track_id``, ``track``, ``scope`` (``thread``/``process``/``track``), ``name``,
-  ``ts_ns``, then one column per argument key.
+* ``slices``: ``slice_id`` int64, ``track_id`` int64, ``track`` category, ``role`` category
+  (``cpu``, ``compute``, ``copy``, ``request``, ``annotation``, ``other``), ``name`` category
+  (canonical stepscope name when the profile maps it, else the raw name), ``raw_name`` category,
+  ``ts_ns``, ``dur_ns``, ``end_ns`` int64, ``depth`` int32, ``step`` int64 (-1 when the slice
+  carries no step), ``kind`` category ("" when absent), then one column per other argument key.
+* ``instants``: ``track_id``, ``track`` category, ``scope`` category (``thread``/``process``/
+  ``track``), ``name`` category, ``ts_ns``, then one column per argument key.
+
+Text columns with few distinct values (``CATEGORY_COLUMNS``) are ``category`` with sorted string
+categories, so masks, takes and group-bys on a million-slice frame stay cheap, and comparing or
+sorting them reads as for strings. Their values are plain ``str``; to write a value that may be
+new, convert the column (``to_numpy(object)``) and call :func:`categorize` again.
 * ``counters``: ``track_id``, ``name``, ``ts_ns``, ``value`` float64.
 * ``flows``: ``flow_id`` uint64, ``src_slice_id``, ``dst_slice_id`` int64 (-1 when unknown).
 * ``tracks``: ``track_id`` int64, ``uuid`` uint64, ``parent_id`` int64, ``name``, ``role``,
@@ -36,6 +41,9 @@ __all__ = [
     "TRACK_COLUMNS",
     "DECISION_COLUMNS",
     "SYNC_COLUMNS",
+    "CATEGORY_COLUMNS",
+    "categorical_from_codes",
+    "categorize",
     "empty_frame",
     "require_columns",
     "ROLE_CPU",
@@ -61,22 +69,22 @@ class TraceError(ValueError):
 SLICE_COLUMNS: dict[str, str] = {
     "slice_id": "int64",
     "track_id": "int64",
-    "track": "object",
-    "role": "object",
-    "name": "object",
-    "raw_name": "object",
+    "track": "category",
+    "role": "category",
+    "name": "category",
+    "raw_name": "category",
     "ts_ns": "int64",
     "dur_ns": "int64",
     "end_ns": "int64",
     "depth": "int32",
     "step": "int64",
-    "kind": "object",
+    "kind": "category",
 }
 INSTANT_COLUMNS: dict[str, str] = {
     "track_id": "int64",
-    "track": "object",
-    "scope": "object",
-    "name": "object",
+    "track": "category",
+    "scope": "category",
+    "name": "category",
     "ts_ns": "int64",
 }
 COUNTER_COLUMNS: dict[str, str] = {
@@ -118,9 +126,37 @@ SYNC_COLUMNS: dict[str, str] = {
 }
 
 
+CATEGORY_COLUMNS = ("track", "role", "name", "raw_name", "kind", "scope")
+
+
+def _empty_column(dtype: str) -> pd.Series:
+    if dtype == "category":
+        return pd.Series(pd.Categorical(np.zeros(0, dtype=object)))
+    return pd.Series(np.zeros(0, dtype=dtype))
+
+
 def empty_frame(columns: dict[str, str]) -> pd.DataFrame:
     """A zero-row frame with exactly ``columns`` and their dtypes."""
-    return pd.DataFrame({k: pd.Series(np.zeros(0, dtype=v)) for k, v in columns.items()})
+    return pd.DataFrame({k: _empty_column(v) for k, v in columns.items()})
+
+
+def categorical_from_codes(codes: np.ndarray, labels: list[str] | np.ndarray) -> pd.Categorical:
+    """``labels[codes]`` as a categorical with sorted, distinct categories, without building the
+    per-row strings (``labels`` may repeat; ``codes`` index into it, all valid)."""
+    labels = np.asarray(labels, dtype=object)
+    used = np.bincount(codes, minlength=labels.size) > 0  # unused labels make no category
+    categories, inverse = np.unique(labels[used], return_inverse=True)
+    remap = np.full(labels.size, -1, dtype=np.int64)
+    remap[used] = inverse
+    return pd.Categorical.from_codes(remap[codes], categories=categories)
+
+
+def categorize(df: pd.DataFrame, columns: tuple[str, ...] = CATEGORY_COLUMNS) -> pd.DataFrame:
+    """``df`` with each of ``columns`` it holds as ``category`` (sorted categories); in place."""
+    for col in columns:
+        if col in df.columns and not isinstance(df[col].dtype, pd.CategoricalDtype):
+            df[col] = pd.Categorical(df[col].to_numpy(object))
+    return df
 
 
 def require_columns(df: pd.DataFrame, columns: dict[str, str] | list[str], what: str) -> None:

@@ -7,7 +7,7 @@ import os
 import zlib
 from pathlib import Path
 
-from analysis.frames import TraceError, TraceFrames
+from analysis.frames import TraceError, TraceFrames, categorize
 from analysis.profiles import Profile
 
 __all__ = ["load_trace", "read_trace_bytes"]
@@ -52,5 +52,7 @@ def load_trace(path: str | os.PathLike[str], profile: Profile | str | None = Non
             f"{path}: not a trace stepscope can read (expected Perfetto protobuf or Kineto JSON; "
             f"first bytes {data[:8]!r})"
         )
+    categorize(frames.slices)
+    categorize(frames.instants)
     frames.metadata["path"] = os.fspath(path)
     return frames

@@ -39,6 +39,7 @@ from analysis.frames import (
     SYNC_COLUMNS,
     TraceError,
     TraceFrames,
+    categorize,
     empty_frame,
 )
 from analysis.intervals import assign, union
@@ -307,9 +308,9 @@ def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrame
         if key in extra:
             metadata[key] = extra[key]
     frames = TraceFrames.empty()
-    frames.slices, frames.tracks, frames.flows = slices, tracks, flows
+    frames.slices, frames.tracks, frames.flows = categorize(slices), tracks, flows
     frames.syncs = _syncs(x)
-    frames.instants = _instants(df, tracks)
+    frames.instants = categorize(_instants(df, tracks))
     frames.counters = _counters(df)
     frames.metadata = metadata
     return frames

@@ -31,6 +31,8 @@ from analysis.frames import (
     SLICE_COLUMNS,
     TraceError,
     TraceFrames,
+    categorical_from_codes,
+    categorize,
 )
 from analysis.perfetto_events import PacketEvents, decode_events
 from analysis.profiles import Profile, get_profile
@@ -116,9 +118,9 @@ def _tracks(events: PacketEvents) -> pd.DataFrame:
     return out
 
 
-def _named(codes: np.ndarray, names: list[str]) -> np.ndarray:
-    lookup = np.asarray(names + [""], dtype=object)
-    return lookup[np.where(codes >= 0, codes, len(names))]
+def _named(codes: np.ndarray, names: list[str]) -> pd.Categorical:
+    """Interned name codes (-1: no name) as a categorical; "" for no name."""
+    return categorical_from_codes(np.where(codes >= 0, codes, len(names)), names + [""])
 
 
 def _slices(
@@ -140,16 +142,16 @@ def _slices(
     cols: dict[str, Any] = {
         "slice_id": np.arange(n, dtype=np.int64),
         "track_id": tid,
-        "track": tracks["name"].to_numpy(object)[tid],
-        "role": tracks["role"].to_numpy(object)[tid],
+        "track": categorical_from_codes(tid, tracks["name"].to_numpy(object)),
+        "role": categorical_from_codes(tid, tracks["role"].to_numpy(object)),
         "name": raw,
-        "raw_name": raw,
+        "raw_name": raw.copy(),
         "ts_ns": ts,
         "dur_ns": end_ns - ts,
         "end_ns": end_ns,
         "depth": depth.astype(np.int32),
         "step": np.full(n, -1, dtype=np.int64),
-        "kind": np.full(n, "", dtype=object),
+        "kind": categorical_from_codes(np.zeros(n, dtype=np.int64), [""]),
     }
     cols.update(
         pivot_args(n, ev.args.remap_rows(event_to_slice), set(SLICE_COLUMNS) - {"step", "kind"})
@@ -159,7 +161,7 @@ def _slices(
         "unterminated_slices": pairs.num_unterminated,
         "unmatched_ends": pairs.num_unmatched_ends,
     }
-    return profile.apply(df), event_to_slice, stats
+    return categorize(profile.apply(df)), event_to_slice, stats
 
 
 def _instants(ev: PacketEvents, track_id: np.ndarray, tracks: pd.DataFrame) -> pd.DataFrame:
@@ -178,7 +180,7 @@ def _instants(ev: PacketEvents, track_id: np.ndarray, tracks: pd.DataFrame) -> p
         "ts_ns": ev.ts_ns[idx],
     }
     cols.update(pivot_args(n, ev.args.remap_rows(event_to_instant), set(INSTANT_COLUMNS)))
-    return pd.DataFrame(cols)
+    return categorize(pd.DataFrame(cols))
 
 
 def _counters(ev: PacketEvents, track_id: np.ndarray, tracks: pd.DataFrame) -> pd.DataFrame:

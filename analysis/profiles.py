@@ -98,6 +98,8 @@ class Profile:
     def apply(self, slices: pd.DataFrame) -> pd.DataFrame:
         """Rename mapped CPU/annotation slices in place of ``name``; ``raw_name`` keeps the original.
 
+        ``name`` and ``kind`` come back as plain text columns (the loader categorizes them after).
+
         Works per distinct name, so the cost is one dict lookup per row.
         """
         if (not self.rules and self.step_pattern is None) or slices.empty:
@@ -109,7 +111,9 @@ class Profile:
         if not mapped:
             return slices
         names, kinds, steps = (np.asarray(x, dtype=object) for x in zip(*mapped, strict=False))
-        slices.loc[target, "name"] = names
+        name_col = slices["name"].to_numpy(object).copy()
+        name_col[target] = names
+        slices["name"] = name_col
         has_kind = kinds != ""
         kind_col = slices["kind"].to_numpy(object).copy()
         kind_col[np.nonzero(target)[0][has_kind]] = kinds[has_kind]

@@ -43,25 +43,31 @@ def step_table(slices: pd.DataFrame) -> pd.DataFrame:
     over the step's slices); ``phase`` (``analysis.phases.step_phase``).
     """
     require_columns(slices, ["step", "name", "role", "ts_ns", "end_ns", "dur_ns"], "step_table")
-    stepped = slices[slices["step"] >= 0]
+    # Narrow first: one boolean take over the few columns used, not over every argument column.
+    used = ["step", "name", "role", "ts_ns", "end_ns", "dur_ns"]
+    used += [c for c in _SUMS if c in slices.columns]
+    stepped = slices[used][slices["step"].to_numpy() >= 0]
     if stepped.empty:
         cols = {**STEP_BASE_COLUMNS, **{f"{p}_ns": "int64" for p in _PHASES}, "phase": "object"}
         return pd.DataFrame({k: pd.Series(dtype=v) for k, v in cols.items()})
     span = stepped.groupby("step").agg(start_ns=("ts_ns", "min"), end_ns=("end_ns", "max"))
-    cpu = stepped[(stepped["role"] == ROLE_CPU) & stepped["name"].isin(_PHASES)]
+    cpu_all = stepped[(stepped["role"] == ROLE_CPU).to_numpy()]
+    cpu = cpu_all[cpu_all["name"].isin(_PHASES).to_numpy()]
     phases = cpu.pivot_table(
         index="step", columns="name", values="dur_ns", aggfunc="sum", fill_value=0
     )
     phases = phases.reindex(columns=_PHASES, fill_value=0).add_suffix("_ns")
-    comp = stepped[stepped["role"] == ROLE_COMPUTE]
+    comp = stepped[(stepped["role"] == ROLE_COMPUTE).to_numpy()]
     g, s, e = union_grouped(
         comp["step"].to_numpy(np.int64), comp["ts_ns"].to_numpy(), comp["end_ns"].to_numpy()
     )
     busy = pd.Series(e - s, index=g).groupby(level=0).sum().rename("device_busy_ns")
     table = span.join(phases, how="left").join(busy, how="left")
-    for col in _SUMS:
-        if col in stepped.columns:
-            table[col] = stepped[stepped["role"] == ROLE_CPU].groupby("step")[col].sum(min_count=1)
+    sums = [c for c in _SUMS if c in stepped.columns]
+    if sums:
+        by_step = cpu_all.groupby("step")[sums].sum(min_count=1)
+        for col in sums:
+            table[col] = by_step[col]
     table = table.reset_index().sort_values("step").reset_index(drop=True)
     gap = (table["step"].shift(-1) - table["step"]).astype("float64")
     table["step_ns"] = (table["start_ns"].shift(-1) - table["start_ns"]).astype("float64") / gap
