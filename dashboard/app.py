@@ -54,6 +54,8 @@ def create_app(config: DashboardConfig, store: TraceStore | None = None) -> Dash
         assets_folder=str(_ASSETS),
         suppress_callback_exceptions=True,
         update_title=None,
+        # plotly.js loads with the page, not when the first figure of a picked trace mounts.
+        eager_loading=True,
     )
     app.server.config["MAX_CONTENT_LENGTH"] = (
         int(config.max_upload_bytes * _UPLOAD_OVERHEAD) + _BODY_SLACK
