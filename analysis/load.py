@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from analysis.frames import TraceError, TraceFrames, categorize
 from analysis.profiles import Profile
 
 __all__ = ["load_trace", "read_trace_bytes"]
+
+_LEADING_SPACE = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.lstrip() strips
 
 
 def read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
@@ -36,7 +39,9 @@ def load_trace(path: str | os.PathLike[str], profile: Profile | str | None = Non
     Raises :class:`TraceError` with a plain message for anything it cannot read.
     """
     data = read_trace_bytes(path)
-    head = data.lstrip()[:1]
+    match = _LEADING_SPACE.match(data)
+    first = match.end() if match else 0
+    head = data[first : first + 1]  # no copy of the (possibly large) file
     if head in (b"{", b"["):
         from analysis.load_kineto import load_kineto
 
