@@ -156,7 +156,7 @@ def _slices(
     cols.update(
         pivot_args(n, ev.args.remap_rows(event_to_slice), set(SLICE_COLUMNS) - {"step", "kind"})
     )
-    df = pd.DataFrame(cols)
+    df = pd.DataFrame(cols, copy=False)
     stats = {
         "unterminated_slices": pairs.num_unterminated,
         "unmatched_ends": pairs.num_unmatched_ends,
