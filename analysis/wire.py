@@ -294,7 +294,7 @@ def scan_fields(
     length = np.zeros((len(len_fields), n), dtype=np.int64)
     present = np.zeros((len(last), n), dtype=bool)
     out = (value.reshape(-1), length.reshape(-1), present.reshape(-1))
-    parts: list[tuple[np.ndarray, ...]] = []
+    pieces: list[list[tuple[np.ndarray, ...]]] = [[] for _ in repeated]  # per key, per chunk
     # Chunks keep the temporaries small: they stay in cache and in malloc's reused memory.
     for a in range(0, n, _CHUNK):
         b = min(a + _CHUNK, n)
@@ -302,6 +302,7 @@ def scan_fields(
         cursor, end = starts[a:b].astype(np.int64), ends[a:b].astype(np.int64)
         live = cursor < end
         owner, cursor, end = owner[live], cursor[live], end[live]
+        parts: list[tuple[np.ndarray, ...]] = []
         while owner.size:
             field, wire, val, ln, nxt, ok = _decode_field(buf, cursor)
             ok &= nxt <= end
@@ -325,30 +326,38 @@ def scan_fields(
                     parts.append((rslot[hit], owner[hit], val[hit], ln[hit]))
             more = nxt < end
             owner, cursor, end = owner[more], nxt[more], end[more]
+        _sort_chunk_rows(parts, pieces)
+    z = np.zeros(0, dtype=np.int64)
+    rows = {
+        key: Rows(*(np.concatenate(c) for c in zip(*p, strict=True)))
+        if p
+        else Rows(z, z.astype(np.uint64), z)
+        for key, p in zip(repeated, pieces, strict=True)
+    }
     return Scan(
         n,
         {f: value[i].view(np.uint64) for i, f in enumerate(last)},
         {f: length[i] for i, f in enumerate(len_fields)},
         {f: present[i] for i, f in enumerate(last)},
-        _split_rows(parts, repeated),
+        rows,
     )
 
 
-def _split_rows(
-    parts: list[tuple[np.ndarray, ...]], repeated: tuple[tuple[int, int], ...]
-) -> dict[tuple[int, int], Rows]:
-    """Rows per repeated key, sorted by message (iteration order = position in the message)."""
-    z = np.zeros(0, dtype=np.int64)
+def _sort_chunk_rows(
+    parts: list[tuple[np.ndarray, ...]], pieces: list[list[tuple[np.ndarray, ...]]]
+) -> None:
+    """Append one chunk's repeated-field hits to ``pieces[key]``, sorted by message (iteration
+    order = position in the message). Chunks cover increasing message ranges, so sorting each
+    small chunk and concatenating in chunk order sorts the whole, with no full-size sort."""
     if not parts:
-        return {key: Rows(z, z.astype(np.uint64), z) for key in repeated}
+        return
     slot, msg, val, ln = (np.concatenate(c) for c in zip(*parts, strict=True))
     order = np.lexsort((msg, slot))
     slot, msg, val, ln = slot[order], msg[order], val[order].view(np.uint64), ln[order]
-    bounds = np.searchsorted(slot, np.arange(len(repeated) + 1))
-    return {
-        key: Rows(msg[a:b], val[a:b], ln[a:b])
-        for key, a, b in zip(repeated, bounds[:-1], bounds[1:], strict=True)
-    }
+    bounds = np.searchsorted(slot, np.arange(len(pieces) + 1))
+    for key, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        if b > a:
+            pieces[key].append((msg[a:b], val[a:b], ln[a:b]))
 
 
 def decode_strings(
