@@ -112,9 +112,7 @@ class EngineConfig:
                     f"({self.max_num_batched_tokens})"
                 )
         if self.tensor_parallel_size < 1:
-            raise ConfigError(
-                f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
-            )
+            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         sizes = tuple(sorted(set(self.cuda_graph_sizes)))
         if not sizes or sizes[0] < 1:
             raise ConfigError(f"cuda_graph_sizes must be positive, got {self.cuda_graph_sizes}")

@@ -88,7 +88,9 @@ class LlamaModel(nn.Module):
         tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
-        self.embed_tokens = vocab_embedding(config.vocab_size, config.hidden_size, tp, dtype, device)
+        self.embed_tokens = vocab_embedding(
+            config.vocab_size, config.hidden_size, tp, dtype, device
+        )
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, device, use_triton, tp)
             for _ in range(config.num_hidden_layers)

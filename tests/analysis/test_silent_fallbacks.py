@@ -20,7 +20,14 @@ from analysis.decisions import silent_fallbacks
     ],
 )
 def test_silent_rule(requested, resolved, reason, shown, silent):
-    frame = pd.DataFrame({"feature": ["cuda_graphs"], "requested": [requested],
-                          "resolved": [resolved], "reason": [reason], "shown": [shown],
-                          "ts_ns": [1]}).astype({"requested": object})
+    frame = pd.DataFrame(
+        {
+            "feature": ["cuda_graphs"],
+            "requested": [requested],
+            "resolved": [resolved],
+            "reason": [reason],
+            "shown": [shown],
+            "ts_ns": [1],
+        }
+    ).astype({"requested": object})
     assert len(silent_fallbacks(frame)) == int(silent)

@@ -30,7 +30,9 @@ def test_resolution(kw, cuda, feature, resolved, reason_part):
     assert d.resolved == resolved and reason_part in d.reason
     assert all(d.reason for d in decisions.values())  # never silent
     # the user's request is kept as given
-    assert d.requested == kw.get(feature, None if feature != "spec_method" else kw.get("spec_method"))
+    assert d.requested == kw.get(
+        feature, None if feature != "spec_method" else kw.get("spec_method")
+    )
 
 
 @pytest.mark.parametrize(

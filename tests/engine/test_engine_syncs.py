@@ -11,8 +11,9 @@ from instrument.sync_detect import SyncDetector
 from instrument.tracer import Tracer
 
 PROMPTS = [[5, 6, 7, 8] * 4, [9, 10, 11], list(range(20, 50))]
-PARAMS = SamplingParams(temperature=0.7, seed=1, max_tokens=16, logprobs=2,
-                        repetition_penalty=1.1, ignore_eos=True)
+PARAMS = SamplingParams(
+    temperature=0.7, seed=1, max_tokens=16, logprobs=2, repetition_penalty=1.1, ignore_eos=True
+)
 
 
 def _hot_hits(llm: LLM) -> list:
@@ -33,8 +34,13 @@ def test_no_hot_syncs_on_cpu(tiny_hf_checkpoint, spec, async_on):
 @pytest.mark.gpu
 @pytest.mark.parametrize("async_on", [False, True])
 def test_no_hot_syncs_on_cuda(tiny_hf_checkpoint, async_on):
-    llm = LLM(model=tiny_hf_checkpoint, num_kv_blocks=64, async_scheduling=async_on,
-              device="cuda", dtype="bfloat16")
+    llm = LLM(
+        model=tiny_hf_checkpoint,
+        num_kv_blocks=64,
+        async_scheduling=async_on,
+        device="cuda",
+        dtype="bfloat16",
+    )
     llm.generate(PROMPTS[:1], PARAMS)  # warm-up: graphs captured, kernels compiled
     with SyncDetector(Tracer(enabled=False)) as detector:
         llm.generate(PROMPTS, PARAMS)

@@ -12,9 +12,21 @@ from engine.workload import WorkloadError, load_workload, parse_synthetic
 def test_jsonl_with_vllm_names(tmp_path):
     path = tmp_path / "w.jsonl"
     rows = [
-        {"id": "b", "prompt": "hello", "max_tokens": 4, "temperature": 0.7, "top_p": 0.9,
-         "top_k": 5, "min_p": 0.1, "seed": 3, "stop": "\n", "stop_token_ids": [2],
-         "ignore_eos": True, "logprobs": 2, "arrival_time_s": 0.5},
+        {
+            "id": "b",
+            "prompt": "hello",
+            "max_tokens": 4,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 5,
+            "min_p": 0.1,
+            "seed": 3,
+            "stop": "\n",
+            "stop_token_ids": [2],
+            "ignore_eos": True,
+            "logprobs": 2,
+            "arrival_time_s": 0.5,
+        },
         {"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
@@ -54,11 +66,20 @@ def test_duplicate_ids_and_missing_file(tmp_path):
 
 def test_sharegpt(tmp_path):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps([
-        {"id": "c1", "conversations": [{"from": "human", "value": "hi there"},
-                                       {"from": "gpt", "value": "one two three"}]},
-        {"id": "c2", "conversations": []},
-    ]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "c1",
+                    "conversations": [
+                        {"from": "human", "value": "hi there"},
+                        {"from": "gpt", "value": "one two three"},
+                    ],
+                },
+                {"id": "c2", "conversations": []},
+            ]
+        )
+    )
     reqs = load_workload(str(path))
     assert len(reqs) == 1 and reqs[0].prompt == "hi there" and reqs[0].params.max_tokens == 3
 

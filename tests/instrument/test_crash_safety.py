@@ -34,8 +34,9 @@ CHILD = textwrap.dedent(
 
 def _run_child(path: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.2)  # several flushes

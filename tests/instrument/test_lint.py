@@ -32,12 +32,16 @@ def test_planted_findings_exact():
         ("# stepscope: hot\ndef f(x):\n    return torch.nonzero(x)\n", ["torch.nonzero()"]),
         ("# stepscope: hot\ndef f(x):\n    return x.to(device='cpu')\n", ['.to("cpu")']),
         ("# stepscope: hot\ndef f(x):\n    return x.to('cuda', non_blocking=True)\n", []),
-        ("# stepscope: hot\ndef f(x):\n    while x.all():\n        pass\n",
-         [".all() as a condition"]),
+        (
+            "# stepscope: hot\ndef f(x):\n    while x.all():\n        pass\n",
+            [".all() as a condition"],
+        ),
         ("def f(x):\n    return x.item()\n", []),  # not hot
         ("# stepscope: hot\n@staticmethod\ndef f(x):\n    return x.item()\n", [".item()"]),
-        ("# stepscope: hot\ndef f(x):\n    def g():\n        return x.tolist()\n    return g\n",
-         [".tolist()"]),
+        (
+            "# stepscope: hot\ndef f(x):\n    def g():\n        return x.tolist()\n    return g\n",
+            [".tolist()"],
+        ),
     ],
 )
 def test_patterns(source, ops):

@@ -64,8 +64,14 @@ def test_cuda_patterns():
         pageable.to("cuda", non_blocking=True)
         torch.nonzero(x)  # hidden sync, caught through torch's sync debug mode
     ops = [h.op for h in detector.hits]
-    for op in ("item", "cuda.synchronize", "Event.synchronize", "Stream.synchronize",
-               "non_blocking_pageable_copy", "cuda_sync_debug"):
+    for op in (
+        "item",
+        "cuda.synchronize",
+        "Event.synchronize",
+        "Stream.synchronize",
+        "non_blocking_pageable_copy",
+        "cuda_sync_debug",
+    ):
         assert op in ops, (op, ops)
     here = os.path.abspath(__file__)
     assert all(h.where.startswith(here) for h in detector.hits)

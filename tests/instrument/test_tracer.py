@@ -18,17 +18,36 @@ def _write_sample(path: str) -> None:
     tracer = Tracer(path, flush_interval_s=0.05)
     for step in range(5):
         with tracer.span("step", step=step):
-            with tracer.span("schedule", step=step, num_reqs=2, num_tokens=9, num_prefill=1,
-                             num_decode=1, num_spec_tokens=0):
+            with tracer.span(
+                "schedule",
+                step=step,
+                num_reqs=2,
+                num_tokens=9,
+                num_prefill=1,
+                num_decode=1,
+                num_spec_tokens=0,
+            ):
                 time.sleep(0.0005)
             with tracer.span("launch", step=step, flow_out=FLOW_ID_BASE + step):
                 pass
         now = time.monotonic_ns()
-        tracer.slice_at(device_track_name(0, "compute"), "forward", now - 10_000, now,
-                        step=step, flow_in=FLOW_ID_BASE + step)
+        tracer.slice_at(
+            device_track_name(0, "compute"),
+            "forward",
+            now - 10_000,
+            now,
+            step=step,
+            flow_in=FLOW_ID_BASE + step,
+        )
         tracer.counter("kv_usage", step / 10)
-    tracer.instant("feature_decision", scope="process", feature="async_scheduling",
-                   requested="None", resolved=True, reason="auto: CUDA device")
+    tracer.instant(
+        "feature_decision",
+        scope="process",
+        feature="async_scheduling",
+        requested="None",
+        resolved=True,
+        reason="auto: CUDA device",
+    )
     tracer.close()
 
 
@@ -57,8 +76,14 @@ def test_slices_nest_per_track(tmp_path):
         for c in children:
             assert step[2] <= c[2] <= c[3] <= step[3]
     sched = next(s for s in cpu if s[1] == "schedule")
-    assert sched[4] == {"step": 0, "num_reqs": 2, "num_tokens": 9, "num_prefill": 1,
-                        "num_decode": 1, "num_spec_tokens": 0}
+    assert sched[4] == {
+        "step": 0,
+        "num_reqs": 2,
+        "num_tokens": 9,
+        "num_prefill": 1,
+        "num_decode": 1,
+        "num_spec_tokens": 0,
+    }
     assert sched[3] - sched[2] >= 400_000  # slept 0.5 ms
 
 
@@ -80,8 +105,12 @@ def test_counters_and_instants(tmp_path):
     assert counters == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
     decision = next(e for e in events if e.name == "feature_decision")
     assert decision.type == TE.TYPE_INSTANT and decision.track == "process:stepscope"
-    assert decision.args == {"feature": "async_scheduling", "requested": "None",
-                             "resolved": True, "reason": "auto: CUDA device"}
+    assert decision.args == {
+        "feature": "async_scheduling",
+        "requested": "None",
+        "resolved": True,
+        "reason": "auto: CUDA device",
+    }
 
 
 def test_disabled_tracing_writes_nothing(tmp_path):
@@ -119,6 +148,7 @@ def test_global_tracer_and_decorator(tmp_path):
     tracer = Tracer(path)
     previous = set_tracer(tracer)
     try:
+
         @traced("prepare_inputs", step=3)
         def prepare() -> int:
             return 7
