@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
@@ -43,8 +45,14 @@ def decode_workload(
 
 
 def run_engine(
-    workload: list[WorkloadRequest], trace_dir: str | None = None, tag: str = "run", **engine_kwargs
+    workload: list[WorkloadRequest],
+    trace_dir: str | None = None,
+    tag: str = "run",
+    kineto_path: str | None = None,
+    **engine_kwargs,
 ) -> RunResult:
+    """Warm up, then run ``workload`` traced; ``kineto_path``: also record the measured run with
+    torch.profiler (CPU + CUDA activities) and export it there as a Kineto JSON trace."""
     trace_dir = trace_dir or tempfile.mkdtemp(prefix="stepscope-bench-")
     path = os.path.join(trace_dir, f"{tag}.pftrace")
     tracer = Tracer(path)
@@ -61,9 +69,10 @@ def run_engine(
         for w in workload
     ]
     llm.run_workload(warm)
-    start = time.monotonic()
-    outs = llm.run_workload(workload)
-    elapsed = time.monotonic() - start
+    with _maybe_profile(kineto_path):
+        start = time.monotonic()
+        outs = llm.run_workload(workload)
+        elapsed = time.monotonic() - start
     llm.close()
     tracer.close()
     report = analyze_trace(path)
@@ -75,6 +84,18 @@ def run_engine(
         report.headline,
         llm.engine.model,
     )
+
+
+@contextlib.contextmanager
+def _maybe_profile(path: str | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    prof.export_chrome_trace(path)
 
 
 def decode_steps(steps: pd.DataFrame, batch: int) -> pd.DataFrame:

@@ -219,6 +219,8 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--model-config", default="qwen3-0.6b")
     p.add_argument("--cuda-graphs", choices=["on", "off"], default="on")
+    p.add_argument("--async-scheduling", default="off,on", help="comma list of on/off")
+    p.add_argument("--kineto-dir", default=None, help="also write a torch.profiler trace per run")
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true", help="model-only step: kernels and graph time")
     args = p.parse_args()
@@ -226,63 +228,94 @@ def main() -> None:
         profile_main(args)
         return
     bw = copy_bandwidth_bytes_per_s()
-    rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
-        res = run_engine(
-            decode_workload(batch, args.prompt_len, args.output_len, 151936),
-            model_config=args.model_config,
-            random_weights=True,
-            device="cuda",
-            dtype="bfloat16",
-            async_scheduling=False,
-            cuda_graphs=args.cuda_graphs == "on",
-            max_num_seqs=max(batch, 1),
-            max_num_batched_tokens=max(2048, batch * args.prompt_len),
-            num_kv_blocks=max(256, batch * (args.prompt_len + args.output_len) // 16 + 64),
-            max_model_len=args.prompt_len + args.output_len + 16,
-            tag=f"decode_b{batch}",
-        )
-        cfg = res.model.config
-        weight_bytes = sum(t.numel() * t.element_size() for t in res.model.parameters())
-        mean_ctx = args.prompt_len + args.output_len / 2
-        kv_bytes = int(
-            batch
-            * mean_ctx
-            * cfg.num_hidden_layers
-            * 2
-            * cfg.num_key_value_heads
-            * cfg.head_dim
-            * 2
-        )
-        floor_us = (weight_bytes + kv_bytes) / bw * 1e6
-        steps = decode_steps(res.steps, batch)
-        dev_us = float(steps["device_busy_ns"].median()) / 1e3
-        wall_us = float(steps["step_ns"].median()) / 1e3
-        rows.append(
-            {
-                "batch": batch,
-                "steps": len(steps),
-                "device_step_us": dev_us,
-                "wall_step_us": wall_us,
-                "floor_us": floor_us,
-                "x_floor": dev_us / floor_us,
-                "weight_MB": weight_bytes / 1e6,
-                "kv_MB": kv_bytes / 1e6,
-            }
-        )
+    rows = [
+        _engine_row(args, int(b), async_on == "on", bw)
+        for b in args.batches.split(",")
+        for async_on in args.async_scheduling.split(",")
+    ]
     print(f"copy bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     print(
-        f"{'batch':>5} {'steps':>5} {'device us':>10} {'wall us':>9} {'floor us':>9} "
-        f"{'x floor':>7} {'weights MB':>10} {'KV MB':>7}"
+        f"{'batch':>5} {'async':>5} {'steps':>5} {'device us':>10} {'wall us':>9} "
+        f"{'floor us':>9} {'x floor':>7}  device us per stage"
     )
     for r in rows:
+        stages = ", ".join(f"{k} {v:.0f}" for k, v in r["stage_us"].items())
         print(
-            f"{r['batch']:>5} {r['steps']:>5} {r['device_step_us']:>10.1f} {r['wall_step_us']:>9.1f}"
-            f" {r['floor_us']:>9.1f} {r['x_floor']:>7.2f} {r['weight_MB']:>10.1f} {r['kv_MB']:>7.1f}"
+            f"{r['batch']:>5} {r['async']:>5} {r['steps']:>5} {r['device_step_us']:>10.1f} "
+            f"{r['wall_step_us']:>9.1f} {r['floor_us']:>9.1f} {r['x_floor']:>7.2f}  {stages}"
         )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bandwidth_Bps": bw, "rows": rows}, f, indent=2)
+
+
+def _engine_row(args: argparse.Namespace, batch: int, async_on: bool, bw: float) -> dict:
+    """One engine run: steady decode steps of ``batch`` requests vs the floor."""
+    from analysis import load_trace
+
+    tag = f"decode_b{batch}_async_{'on' if async_on else 'off'}"
+    kineto = os.path.join(args.kineto_dir, f"{tag}.json") if args.kineto_dir else None
+    res = run_engine(
+        decode_workload(batch, args.prompt_len, args.output_len, 151936),
+        model_config=args.model_config,
+        random_weights=True,
+        device="cuda",
+        dtype="bfloat16",
+        async_scheduling=async_on,
+        cuda_graphs=args.cuda_graphs == "on",
+        max_num_seqs=max(batch, 1),
+        max_num_batched_tokens=max(2048, batch * args.prompt_len),
+        num_kv_blocks=max(256, batch * (args.prompt_len + args.output_len) // 16 + 64),
+        max_model_len=args.prompt_len + args.output_len + 16,
+        tag=tag,
+        kineto_path=kineto,
+    )
+    cfg = res.model.config
+    weight_bytes = sum(t.numel() * t.element_size() for t in res.model.parameters())
+    mean_ctx = args.prompt_len + args.output_len / 2
+    kv_size = cfg.num_key_value_heads * cfg.head_dim
+    kv_bytes = int(batch * mean_ctx * cfg.num_hidden_layers * 2 * kv_size * 2)
+    floor_us = (weight_bytes + kv_bytes) / bw * 1e6
+    steps = decode_steps(res.steps, batch)
+    dev_us = float(steps["device_busy_ns"].median()) / 1e3
+    # Per device stage (input_prep, forward, sample, ...): median over the same steps.
+    sl = load_trace(res.trace).slices
+    comp = sl[(sl["role"] == "compute") & sl["step"].isin(steps["step"])]
+    per_stage = comp.groupby(["step", "name"])["dur_ns"].sum().groupby(level=1).median()
+    row = {
+        "batch": batch,
+        "async": "on" if async_on else "off",
+        "steps": len(steps),
+        "device_step_us": dev_us,
+        "wall_step_us": float(steps["step_ns"].median()) / 1e3,
+        "floor_us": floor_us,
+        "x_floor": dev_us / floor_us,
+        "weight_MB": weight_bytes / 1e6,
+        "kv_MB": kv_bytes / 1e6,
+        "stage_us": {str(k): float(v) / 1e3 for k, v in per_stage.items()},
+    }
+    if kineto:
+        row["top_kernels"] = _top_kernels(kineto, len(res.steps))
+    return row
+
+
+def _top_kernels(path: str, num_steps: int, top: int = 15) -> list[tuple[str, float, float]]:
+    """(name, launches per step, device us per step) of the most expensive kernels in a Kineto
+    trace of the measured run (prefill included, so per-step values are averages)."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    count: Counter[str] = Counter()
+    total: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and e.get("ph") == "X":
+            count[e["name"]] += 1
+            total[e["name"]] = total.get(e["name"], 0.0) + float(e.get("dur", 0.0))
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    n = max(num_steps, 1)
+    print(f"{path}: top kernels (launches per step, device us per step), {n} steps:")
+    for name, us in ranked:
+        print(f"    {count[name] / n:7.1f} x {us / n:9.1f} us  {name[:110]}")
+    return [(name, count[name] / n, us / n) for name, us in ranked]
 
 
 if __name__ == "__main__":

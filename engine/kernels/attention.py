@@ -25,7 +25,13 @@ except ImportError:  # the engine runs on the torch path without triton
     triton = None
     tl = None
 
-__all__ = ["paged_attention", "paged_attention_torch", "paged_attention_triton"]
+__all__ = [
+    "paged_attention",
+    "paged_attention_torch",
+    "paged_attention_triton",
+    "paged_decode_attention_triton",
+    "paged_varlen_attention_triton",
+]
 
 
 # stepscope: hot
@@ -151,6 +157,118 @@ def _paged_attention_kernel_src(
         )
 
 
+def _paged_decode_kernel_src(
+    q_ptr, k_ptr, v_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_table_ptr,
+    num_reqs, num_tokens, scale_log2, q_stride_t, q_stride_h, bt_stride, kv_stride_slot,
+    kv_stride_head,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Decode (every request has 0 or 1 query token): program ``i`` is request ``i`` and token
+    ``i``; no search for the owning request, and padding tokens are zeroed here (no memset)."""
+    i = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)  # the GROUP query heads sharing this KV head
+    row_ok = rows < GROUP
+    head = kv_head * GROUP + rows
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    total = tl.load(qsl_ptr + num_reqs)
+    if (i >= total) & (i < num_tokens):  # a padding token: zeros
+        pad_rows = i.to(tl.int64) * q_stride_t + head * q_stride_h
+        zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
+        tl.store(out_ptr + pad_rows[:, None] + offs_d[None, :], zeros, mask=q_mask)
+    if i < num_reqs:
+        tok = tl.load(qsl_ptr + i)
+        if tl.load(qsl_ptr + i + 1) - tok == 1:
+            seq_len = tl.load(seq_lens_ptr + i)
+            q_rows = tok.to(tl.int64) * q_stride_t + head * q_stride_h
+            q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+            m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            bt_row = block_table_ptr + i.to(tl.int64) * bt_stride
+            for start in range(0, seq_len, BLOCK_N):  # the query sees all seq_len positions
+                offs_n = start + tl.arange(0, BLOCK_N)
+                n_ok = offs_n < seq_len
+                block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+                slots = block_ids.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+                kv_off = (
+                    slots[:, None] * kv_stride_slot + kv_head * kv_stride_head + offs_d[None, :]
+                )
+                kv_mask = n_ok[:, None] & d_ok[None, :]
+                k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+                v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+                s = tl.where(n_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(
+                    p.to(v.dtype), v, input_precision=DOT_PRECISION
+                )
+                m_i = m_new
+            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+            tl.store(
+                out_ptr + q_rows[:, None] + offs_d[None, :],
+                (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty),
+                mask=q_mask,
+            )
+
+
+# Launch parameters of the decode kernel: (BLOCK_N, num_warps, num_stages). Chosen on the H200
+# by bench/tune_decode_attention.py (Qwen3-0.6B heads, block size 16); see bench/README.md.
+DECODE_LAUNCH = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+
+
+@functools.cache
+def _paged_decode_kernel() -> Any:
+    return triton.jit(_paged_decode_kernel_src)
+
+
+# stepscope: hot
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    attn_metadata: AttentionMetadata,
+    scale: float,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Decode batches (``max_query_len <= 1``): grid ``[max(num_tokens, num_reqs), num_kv_heads]``.
+
+    Launch parameters default to :data:`DECODE_LAUNCH`; the tuning script overrides them."""
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    num_reqs = attn_metadata.query_start_loc.shape[0] - 1
+    q = q.contiguous()
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    out = torch.empty_like(q)  # [T, Hq, D]: every row is written by the kernel
+    if num_tokens == 0:
+        return out
+    grid = (max(num_tokens, num_reqs), num_kv_heads)
+    _paged_decode_kernel()[grid](
+        q, kv_cache[0], kv_cache[1], out,
+        attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
+        num_reqs, num_tokens, scale * 1.4426950408889634, q.stride(0), q.stride(1),
+        attn_metadata.block_table.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, GROUP=group,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n or DECODE_LAUNCH["BLOCK_N"],
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps or DECODE_LAUNCH["num_warps"],
+        num_stages=num_stages or DECODE_LAUNCH["num_stages"],
+    )  # fmt: skip
+    return out
+
+
 @functools.cache
 def _paged_attention_kernel() -> Any:
     """JIT-compile on first use, so ``TRITON_INTERPRET`` is read at the first call, not import."""
@@ -161,15 +279,29 @@ def _paged_attention_kernel() -> Any:
 def paged_attention_triton(
     q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """One Triton kernel; grid ``[num_tokens // BLOCK_Q + num_reqs, num_kv_heads]``.
+    """Decode batches (``max_query_len <= 1``, known on the host) run
+    :func:`paged_decode_attention_triton`, everything else :func:`paged_varlen_attention_triton`.
 
-    The grid depends only on the token and request counts (fixed for a padded CUDA-graph
+    Either grid depends only on the token and request counts (fixed for a padded CUDA-graph
     shape), never on ``max_seq_len``: each program reads its request's ``seq_len`` on the device
-    and loops over KV tiles. Programs whose q block is empty (query_len 0, padded requests)
-    exit without writing; padded tokens keep the zeros the output starts with.
+    and loops over KV tiles.
     """
     if triton is None:
         raise RuntimeError("paged_attention_triton needs triton, which is not installed")
+    if attn_metadata.max_query_len <= 1:
+        return paged_decode_attention_triton(q, kv_cache, attn_metadata, scale)
+    return paged_varlen_attention_triton(q, kv_cache, attn_metadata, scale)
+
+
+# stepscope: hot
+def paged_varlen_attention_triton(
+    q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Any batch (prefill, chunked, verify, mixed, decode): one kernel, grid
+    ``[num_tokens // BLOCK_Q + num_reqs, num_kv_heads]``; each program finds the request owning
+    its q block by binary search over ``query_start_loc``. Programs whose q block is empty
+    (query_len 0, padded requests) exit without writing; padded tokens keep the zeros the
+    output starts with."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads

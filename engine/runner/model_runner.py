@@ -41,7 +41,7 @@ from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metada
 from engine.runner.spec_decode import SpecDecoder
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
-from engine.sample.sampler import Sampler
+from engine.sample.sampler import Sampler, SamplerOutput
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.proposer import Proposer
 from engine.structured.bitmask import apply_token_bitmask
@@ -317,8 +317,11 @@ class ModelRunner:
         commit_rows = self.fwd.packed(batch, "commit_rows").long()  # [N]
         # The noise key is the position the sampled token will occupy.
         sample_positions = self.fwd.positions[logits_indices] + 1  # [N]
-        meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
-        out = self.sampler.sample(logits, meta)
+        if batch.all_greedy and not batch.any_penalties and batch.max_num_logprobs is None:
+            out = SamplerOutput(logits.argmax(dim=-1))  # nothing per row to gather: argmax
+        else:
+            meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
+            out = self.sampler.sample(logits, meta)
         commit_sampled(self.states, batch, commit_rows, sample_positions, out.sampled_token_ids)
         return out
 

@@ -91,6 +91,7 @@ CASES = {
     "chunked_prefill": ([5, 9], [21, 9], 4, 2, 16, 16, None, None),
     "spec_verify": ([4, 4, 3], [10, 30, 4], 6, 2, 16, 4, None, None),
     "mixed_padded": ([1, 6, 3], [40, 6, 11], 4, 2, 16, 16, 14, 5),
+    "decode_padded": ([1, 1, 1], [5, 40, 2], 4, 2, 16, 16, 8, 6),
 }
 
 
@@ -124,6 +125,25 @@ def test_triton_long_context_several_kv_tiles() -> None:
     expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
     out = paged_attention_triton(case.q, case.kv_cache, case.metadata, 0.25)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_decode_kernel_any_tile_width(block_n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode kernel's tuned launch parameters do not change its result: tiles narrower
+    than, and wider than, a KV block; padding tokens (past the 3 real ones) come out zero even
+    when the output buffer starts as NaN."""
+    from engine.kernels.attention import paged_decode_attention_triton
+
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t: empty_like(t).fill_(float("nan")))
+
+    case = make_case([1, 1, 1], [70, 1, 33], 4, 2, 16, 16, seed=5, num_padded_tokens=6,
+                     num_padded_reqs=4)  # fmt: skip
+    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
+    out = paged_decode_attention_triton(case.q, case.kv_cache, case.metadata, 0.25,
+                                        block_n=block_n, num_warps=2, num_stages=3)  # fmt: skip
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.all(out[3:] == 0)
 
 
 def test_reference_detects_wrong_block_table() -> None:
