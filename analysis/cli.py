@@ -19,6 +19,7 @@ _SHOWN_TABLES = (
     "blame",
     "overlap",
     "waits",
+    "grammar",
     "syncs",
     "silent_fallbacks",
     "decisions",

@@ -12,6 +12,7 @@ import pandas as pd
 from analysis.bubbles import blame_bubbles, blame_table, find_bubbles
 from analysis.decisions import ineffective_features, silent_fallbacks
 from analysis.frames import TraceFrames
+from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_headline
 from analysis.intervals import complement
 from analysis.latency import percentiles, request_latency
 from analysis.overlap import overall_overlap, overlap_by_step
@@ -34,6 +35,7 @@ HEADLINE_KEYS = (
     "wait_accepted_total_us",
     "wait_accepted_exposed_us",
     "wait_accepted_hidden_us",
+    *GRAMMAR_HEADLINE_KEYS,
     "silent_fallbacks",
     "ineffective",
     "hot_syncs",
@@ -57,7 +59,8 @@ class Report:
 
     ``headline``: the §4 numbers by their fixed names (JSON-ready); ``verdicts``: plain sentences,
     most important first; ``tables``: ``steps``, ``overlap``, ``bubbles``, ``blame``, ``waits``,
-    ``syncs``, ``decisions``, ``silent_fallbacks``, ``ineffective``, ``latency`` frames;
+    ``grammar`` (``analysis.grammar.grammar_by_step``), ``syncs``, ``decisions``,
+    ``silent_fallbacks``, ``ineffective``, ``latency`` frames;
     ``frames``: the loaded trace; ``extra``: secondary numbers (throughput, step time, e2e).
     """
 
@@ -124,6 +127,7 @@ def build_report(
     )
     blame = blame_table(pieces)
     waits = accepted_wait_by_step(sl, busy, idle)
+    grammar = grammar_by_step(sl, busy, idle)
     warmup_end = int(sl["ts_ns"].min()) if len(sl) else 0
     syncs = sync_summary(frames.syncs, warmup_end)
     top = blame.iloc[0] if len(blame) else None
@@ -168,6 +172,7 @@ def build_report(
         "wait_accepted_total_us": int(waits["wait_ns"].sum()) / 1e3,
         "wait_accepted_exposed_us": int(waits["exposed_ns"].sum()) / 1e3,
         "wait_accepted_hidden_us": int(waits["hidden_ns"].sum()) / 1e3,
+        **grammar_headline(grammar),
         "silent_fallbacks": _records(silent.drop(columns=["ts_ns"])),
         "ineffective": _records(ineffective),
         "hot_syncs": hot_sync_count(syncs),
@@ -191,6 +196,7 @@ def build_report(
         "bubbles": bubbles,
         "blame": blame,
         "waits": waits,
+        "grammar": grammar,
         "syncs": syncs,
         "decisions": frames.decisions,
         "silent_fallbacks": silent,

@@ -13,6 +13,25 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _grammar(headline: dict[str, Any]) -> str:
+    """The grammar-work sentence (structured output), or "" when the trace has no grammar work."""
+    mask_ms, wait_us = headline["grammar_mask_ms"], headline["grammar_wait_total_us"]
+    parts = []
+    if mask_ms:
+        parts.append(
+            f"{_pct(headline['grammar_hidden_frac'])} of {mask_ms:.2f} ms hidden under device work"
+        )
+    if headline["grammar_overlap_steps_frac"] is not None:
+        frac = _pct(headline["grammar_overlap_steps_frac"])
+        parts.append(
+            f"device work began before the step's mask was built in {frac} of masked steps"
+        )
+    if wait_us:
+        exposed_ms = headline["grammar_wait_exposed_us"] / 1e3
+        parts.append(f"{exposed_ms:.2f} ms of {wait_us / 1e3:.2f} ms grammar wait exposed")
+    return "Grammar work: " + "; ".join(parts) + "." if parts else ""
+
+
 def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
     """Sentences a person reads before any table."""
     out: list[str] = []
@@ -45,6 +64,9 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
             f"Waiting for accepted counts took {total / 1e3:.2f} ms; {exposed / 1e3:.2f} ms of it "
             f"({_pct(exposed / total)}) left the device idle (recoverable)."
         )
+    grammar = _grammar(headline)
+    if grammar:
+        out.append(grammar)
     for row in headline["silent_fallbacks"]:
         out.append(f"Silent fallback: {row['feature']} {row['why']}.")
     if headline["hot_syncs"]:
