@@ -1,10 +1,12 @@
 """Structured output under async scheduling: does forward N+1 overlap the grammar work of N?
 
-Runs the structured sample workload with async on (deferred sampling) and off, then measures from
-each trace: the share of grammar CPU time (``grammar_mask`` slices) during which the device was
-busy, the share of steps whose device work started before their ``grammar_mask`` ended, the
-exposed grammar wait (``wait_output(kind=grammar)`` while the device idles), and throughput.
-All outputs are checked against their grammar (json / regex / choice).
+Runs the structured sample workload with async on (deferred sampling) and off and reads the grammar
+numbers of each trace from ``stepscope analyze`` (``analyze_trace(path).headline``, every step but
+the warm-up one, see ``analysis.grammar``): grammar CPU time (``grammar_mask_ms``), the share of it
+under device work (``grammar_hidden_frac``), the share of masked steps whose device work began
+before their ``grammar_mask`` ended (``grammar_overlap_steps_frac``), the grammar wait and its
+exposed part (``grammar_wait_total_us`` / ``grammar_wait_exposed_us``); plus throughput. All
+outputs are checked against their grammar (json / regex / choice).
 
 Usage: python bench/bench_structured.py [--device cuda] [--json out.json]
 """
@@ -18,10 +20,8 @@ import re
 import tempfile
 import time
 
-import numpy as np
-
-from analysis import load_trace
-from analysis.intervals import intersect_measure, measure, union
+from analysis import analyze_trace
+from analysis.grammar import GRAMMAR_HEADLINE_KEYS
 from engine.llm import LLM
 from engine.workload import load_workload
 from instrument.tracer import Tracer
@@ -58,19 +58,7 @@ def run(async_on: bool, args: argparse.Namespace, tmp: str) -> dict:
     elapsed = time.monotonic() - start
     llm.close()
     tracer.close()
-    sl = load_trace(path).slices
-    comp = sl[sl["role"] == "compute"]
-    busy = union(comp["ts_ns"].to_numpy(), comp["end_ns"].to_numpy())
-    grammar = sl[sl["name"] == "grammar_mask"]
-    g = union(grammar["ts_ns"].to_numpy(), grammar["end_ns"].to_numpy())
-    g_total = measure(g)
-    g_hidden = int(intersect_measure(g[0], g[1], busy).sum())
-    dev_start = comp.groupby("step")["ts_ns"].min()
-    early = [int(dev_start.get(r.step, 1 << 62) < r.end_ns) for r in grammar.itertuples()]
-    waits = sl[(sl["name"] == "wait_output") & (sl["kind"] == "grammar")]
-    w = union(waits["ts_ns"].to_numpy(), waits["end_ns"].to_numpy())
-    w_total = measure(w)
-    w_hidden = int(intersect_measure(w[0], w[1], busy).sum())
+    headline = analyze_trace(path, window="all").headline
     pairs = list(zip(workload, outs, strict=True))
     errored = [o for _, o in pairs if o.finish_reason == "error"]  # invalid grammars, on purpose
     valid = [_valid(x.structured, o.text or "") for x, o in pairs if o.finish_reason != "error"]
@@ -80,12 +68,15 @@ def run(async_on: bool, args: argparse.Namespace, tmp: str) -> dict:
         "errored": len(errored),
         "valid": f"{sum(valid)}/{len(valid)}",
         "tok_per_s": sum(len(o.output_token_ids) for o in outs) / elapsed,
-        "grammar_ms": g_total / 1e6,
-        "grammar_hidden_frac": g_hidden / g_total if g_total else None,
-        "steps_device_started_before_mask_end": float(np.mean(early)) if early else None,
-        "grammar_wait_ms": w_total / 1e6,
-        "grammar_wait_exposed_ms": (w_total - w_hidden) / 1e6,
+        "overlap": headline["overlap"],
+        **{k: headline[k] for k in GRAMMAR_HEADLINE_KEYS},
     }
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return str(value)
 
 
 def main() -> None:
@@ -100,7 +91,7 @@ def main() -> None:
     rows = [run(False, args, tmp), run(True, args, tmp)]
     keys = list(rows[0])
     for k in keys:
-        print(f"{k:<40} " + "  ".join(f"{r[k]!s:>14}" for r in rows))
+        print(f"{k:<40} " + "  ".join(f"{_cell(r[k]):>14}" for r in rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
