@@ -56,7 +56,8 @@ def _per_step(sel: pd.DataFrame, u: Union, prefix: str, against: str) -> pd.Data
         }
     )
     agg = {c: "sum" for c in df.columns if c not in ("step", f"{prefix}_end_ns")}
-    return df.groupby("step", sort=True).agg({**agg, f"{prefix}_end_ns": "max"})
+    # Int64 (nullable): the outer join below must not turn host-clock ns into floats.
+    return df.groupby("step", sort=True).agg({**agg, f"{prefix}_end_ns": "max"}).astype("Int64")
 
 
 def grammar_by_step(slices: pd.DataFrame, busy: Union, idle: Union) -> pd.DataFrame:
@@ -82,7 +83,7 @@ def grammar_by_step(slices: pd.DataFrame, busy: Union, idle: Union) -> pd.DataFr
     m = _per_step(masks, busy, "mask", "hidden")
     w = _per_step(waits, idle, "wait", "exposed")
     compute = slices[((slices["role"] == ROLE_COMPUTE) & (slices["step"] >= 0)).to_numpy(bool)]
-    device_start = compute.groupby("step")["ts_ns"].min().rename("device_start_ns")
+    device_start = compute.groupby("step")["ts_ns"].min().rename("device_start_ns").astype("Int64")
     df = m.join(w, how="outer").join(device_start, how="left").reset_index()
     df[_INTS] = df[_INTS].fillna(0)
     known = df["mask_end_ns"].notna() & df["device_start_ns"].notna() & (df["step"] >= 0)

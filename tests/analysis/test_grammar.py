@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis import HEADLINE_KEYS, analyze_trace
-from analysis.grammar import GRAMMAR_COLUMNS, GRAMMAR_HEADLINE_KEYS
+from analysis.grammar import GRAMMAR_COLUMNS, GRAMMAR_HEADLINE_KEYS, grammar_by_step
 from tests.analysis.test_metrics import _blocked
 from tests.analysis.tracegen import TraceSpec, write
 
@@ -214,3 +214,23 @@ def test_kineto_without_grammar_ranges() -> None:
         None,
         None,
     )
+
+
+@pytest.mark.parametrize(("device_start", "before"), [(1, True), (2, False)])
+def test_overlap_flag_is_exact_on_large_clocks(device_start: int, before: bool) -> None:
+    """Host-clock ns near 2**60 lose their last bits as floats; the flag must not."""
+    big = 1 << 60
+    sl = pd.DataFrame(
+        {
+            "name": ["wait_output", "grammar_mask", "forward"],
+            "kind": ["grammar", "", ""],
+            "role": ["cpu", "cpu", "compute"],
+            "step": [2, 3, 3],  # step 2: a wait and no mask (a missing value in the outer join)
+            "ts_ns": [big - 9, big, big + device_start],
+            "end_ns": [big - 1, big + 2, big + 5],
+        }
+    )
+    busy = (np.array([big + device_start]), np.array([big + 5]))
+    table = grammar_by_step(sl, busy, (np.zeros(0, np.int64),) * 2)
+    assert table["device_before_mask_end"].tolist() == [pd.NA, before]
+    assert table["mask_hidden_ns"].tolist() == [0, 2 - device_start]
