@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
+import torch
 
 from analysis import analyze_trace
 from engine.llm import LLM
@@ -27,6 +26,7 @@ class RunResult:
     steps: pd.DataFrame  # analysis step table
     headline: dict
     model: object
+    kineto_steps: int = 0
 
 
 def decode_workload(
@@ -49,10 +49,12 @@ def run_engine(
     trace_dir: str | None = None,
     tag: str = "run",
     kineto_path: str | None = None,
+    kineto_steps: tuple[int, int] = (8, 40),
     **engine_kwargs,
 ) -> RunResult:
-    """Warm up, then run ``workload`` traced; ``kineto_path``: also record the measured run with
-    torch.profiler (CPU + CUDA activities) and export it there as a Kineto JSON trace."""
+    """Warm up, then run ``workload`` traced; ``kineto_path``: also record engine steps
+    ``kineto_steps`` of the measured run with torch.profiler (CPU + CUDA activities) and export
+    them there as a Kineto JSON trace (``RunResult.kineto_steps`` says how many steps it holds)."""
     trace_dir = trace_dir or tempfile.mkdtemp(prefix="stepscope-bench-")
     path = os.path.join(trace_dir, f"{tag}.pftrace")
     tracer = Tracer(path)
@@ -69,10 +71,12 @@ def run_engine(
         for w in workload
     ]
     llm.run_workload(warm)
-    with _maybe_profile(kineto_path):
-        start = time.monotonic()
-        outs = llm.run_workload(workload)
-        elapsed = time.monotonic() - start
+    window = _ProfiledSteps(llm, kineto_path, kineto_steps) if kineto_path else None
+    start = time.monotonic()
+    outs = llm.run_workload(workload)
+    elapsed = time.monotonic() - start
+    if window is not None:
+        window.close()
     llm.close()
     tracer.close()
     report = analyze_trace(path)
@@ -83,19 +87,47 @@ def run_engine(
         report.tables["steps"],
         report.headline,
         llm.engine.model,
+        window.num_steps if window is not None else 0,
     )
 
 
-@contextlib.contextmanager
-def _maybe_profile(path: str | None) -> Iterator[None]:
-    if path is None:
-        yield
-        return
-    from torch.profiler import ProfilerActivity, profile
+class _ProfiledSteps:
+    """torch.profiler (CPU + CUDA) over engine steps ``[first, last)`` of the measured run,
+    exported as a Kineto JSON trace: wraps ``llm.engine.run_step``."""
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        yield
-    prof.export_chrome_trace(path)
+    def __init__(self, llm: LLM, path: str, steps: tuple[int, int]) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.path, (self.first, self.last) = path, steps
+        self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self.count, self.active = 0, False
+        self.engine = llm.engine
+        run_step = self.engine.run_step
+
+        def wrapped():  # type: ignore[no-untyped-def]
+            if self.count == self.first:
+                self.prof.start()
+                self.active = True
+            if self.count == self.last:
+                self.close()
+            self.count += 1
+            return run_step()
+
+        self.engine.run_step = wrapped  # type: ignore[method-assign]
+        self._restore = run_step
+
+    def close(self) -> None:
+        if self.active:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.prof.stop()
+            self.prof.export_chrome_trace(self.path)
+            self.active = False
+        self.engine.run_step = self._restore  # type: ignore[method-assign]
+
+    @property
+    def num_steps(self) -> int:
+        return min(self.count, self.last) - self.first
 
 
 def decode_steps(steps: pd.DataFrame, batch: int) -> pd.DataFrame:

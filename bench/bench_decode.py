@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -240,6 +241,10 @@ def main() -> None:
     )
     for r in rows:
         stages = ", ".join(f"{k} {v:.0f}" for k, v in r["stage_us"].items())
+        stages += "; CPU us: " + ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us"].items())
+        if "device_busy_cupti_us" in r:
+            stages += (f"; CUPTI busy {r['device_busy_cupti_us']:.0f} us = "
+                       f"{r['x_floor_cupti']:.2f} x floor")  # fmt: skip
         print(
             f"{r['batch']:>5} {r['async']:>5} {r['steps']:>5} {r['device_step_us']:>10.1f} "
             f"{r['wall_step_us']:>9.1f} {r['floor_us']:>9.1f} {r['x_floor']:>7.2f}  {stages}"
@@ -293,29 +298,52 @@ def _engine_row(args: argparse.Namespace, batch: int, async_on: bool, bw: float)
         "weight_MB": weight_bytes / 1e6,
         "kv_MB": kv_bytes / 1e6,
         "stage_us": {str(k): float(v) / 1e3 for k, v in per_stage.items()},
+        "cpu_us": {
+            c[: -len("_ns")]: float(steps[c].median()) / 1e3
+            for c in (
+                "schedule_ns",
+                "prepare_inputs_ns",
+                "launch_ns",
+                "wait_output_ns",
+                "update_from_output_ns",
+            )
+            if c in steps.columns
+        },  # fmt: skip
     }
-    if kineto:
-        row["top_kernels"] = _top_kernels(kineto, len(res.steps))
+    if kineto and res.kineto_steps > 0:
+        busy_us, top = _kineto_per_step(kineto, res.kineto_steps)
+        row["kineto_steps"] = res.kineto_steps
+        row["device_busy_cupti_us"] = busy_us
+        row["x_floor_cupti"] = busy_us / floor_us
+        row["top_kernels"] = top
     return row
 
 
-def _top_kernels(path: str, num_steps: int, top: int = 15) -> list[tuple[str, float, float]]:
-    """(name, launches per step, device us per step) of the most expensive kernels in a Kineto
-    trace of the measured run (prefill included, so per-step values are averages)."""
+def _kineto_per_step(path: str, num_steps: int, top: int = 15) -> tuple[float, list]:
+    """From a Kineto trace of ``num_steps`` steady decode steps: the device's busy time per step
+    (union of every kernel, memset and memcpy interval, any stream, over the window) and the
+    most expensive kernels as (name, launches per step, device us per step)."""
+    from analysis.intervals import measure, union
+
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     count: Counter[str] = Counter()
     total: dict[str, float] = {}
+    starts, ends = [], []
     for e in events:
         if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and e.get("ph") == "X":
             count[e["name"]] += 1
             total[e["name"]] = total.get(e["name"], 0.0) + float(e.get("dur", 0.0))
-    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+            starts.append(int(float(e["ts"]) * 1000))
+            ends.append(int((float(e["ts"]) + float(e.get("dur", 0.0))) * 1000))
+    busy_ns = measure(union(np.asarray(starts, np.int64), np.asarray(ends, np.int64)))
     n = max(num_steps, 1)
-    print(f"{path}: top kernels (launches per step, device us per step), {n} steps:")
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    print(f"{path}: {n} steps, device busy {busy_ns / 1e3 / n:.1f} us per step (CUPTI); "
+          "top kernels (launches per step, device us per step):")  # fmt: skip
     for name, us in ranked:
         print(f"    {count[name] / n:7.1f} x {us / n:9.1f} us  {name[:110]}")
-    return [(name, count[name] / n, us / n) for name, us in ranked]
+    return busy_ns / 1e3 / n, [(name, count[name] / n, us / n) for name, us in ranked]
 
 
 if __name__ == "__main__":

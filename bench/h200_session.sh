@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile kineto async spec structured
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile async spec structured
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -19,10 +19,9 @@ for stage in $stages; do
   case $stage in
     tests) timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/dashboard tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     instrument) timeout 120 python3 bench/bench_gpu_instrument.py --steps 1000 --json "$OUT/gpu_instrument.json" 2>&1 | tee "$OUT/gpu_instrument.log" ;;
-    decode) timeout 240 python3 bench/bench_decode.py --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | tail -10 ;;
+    decode) mkdir -p "$OUT/kineto" && timeout 300 python3 bench/bench_decode.py --kineto-dir "$OUT/kineto" --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | grep -v "^     " | tail -14; tar czf "$OUT/kineto.tgz" -C "$OUT" kineto && rm -rf "$OUT/kineto" ;;
     tune) timeout 240 python3 bench/tune_decode_attention.py --block-n 32,64,128 --warps 2,4,8 --json "$OUT/tune_attention.json" 2>&1 | tee "$OUT/tune_attention.log" | grep -v "^    " ;;
     profile) timeout 120 python3 bench/bench_decode.py --profile --batches 256 --json "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" | tail -22 ;;
-    kineto) mkdir -p "$OUT/kineto" && timeout 150 python3 bench/bench_decode.py --batches 256 --async-scheduling on --kineto-dir "$OUT/kineto" --json "$OUT/decode_kineto.json" 2>&1 | tee "$OUT/decode_kineto.log" | tail -22 && gzip -f "$OUT"/kineto/*.json ;;
     async) timeout 240 python3 bench/bench_async.py --json "$OUT/async.json" 2>&1 | tee "$OUT/async.log" | tail -10 ;;
     spec) timeout 300 python3 bench/bench_spec.py --json "$OUT/spec.json" 2>&1 | tee "$OUT/spec.log" | tail -12 ;;
     structured) timeout 200 python3 bench/bench_structured.py --json "$OUT/structured.json" 2>&1 | tee "$OUT/structured.log" | tail -12 ;;

@@ -7,7 +7,7 @@ of each against the device's read bandwidth (a large ``sum``) and copy bandwidth
 launch parameters go into ``engine.kernels.attention.DECODE_LAUNCH`` by hand.
 
 Usage (CUDA): python bench/tune_decode_attention.py [--shapes 256x160,256x1024,32x1024,1x4096]
-              [--json out.json]
+              [--json out.json]   (suffix s: shuffled block tables)
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ from engine.model.paged_batch import build_attention_metadata  # noqa: E402
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 
 
-def _batch(batch: int, ctx: int, seed: int = 0):  # type: ignore[no-untyped-def]
+def _batch(batch: int, ctx: int, shuffled: bool, seed: int = 0):  # type: ignore[no-untyped-def]
+    """Block tables in allocation order (a fresh engine's) or shuffled (a long-running one's)."""
     per_req = -(-ctx // BLOCK_SIZE)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    perm = torch.randperm(batch * per_req, device="cuda", generator=gen).cpu().tolist()
+    perm = list(range(batch * per_req))
+    if shuffled:
+        perm = torch.randperm(batch * per_req, device="cuda", generator=gen).cpu().tolist()
     tables = [perm[r * per_req : (r + 1) * per_req] for r in range(batch)]
     kv = torch.randn(2, batch * per_req, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, device="cuda",
                      dtype=torch.bfloat16, generator=gen)  # fmt: skip
@@ -68,67 +71,73 @@ def read_bandwidth() -> tuple[float, float]:
 
 def _tune_shape(shape: str, configs: list[tuple[int, ...]], scale: float) -> dict:
     """Time the varlen kernel and every decode config on one ``BATCHxCTX`` batch."""
-    batch, ctx = map(int, shape.split("x"))
-    q, kv, md = _batch(batch, ctx)
+    batch, ctx = map(int, shape.rstrip("s").split("x"))
+    q, kv, md = _batch(batch, ctx, shuffled=shape.endswith("s"))
     kv_bytes = batch * ctx * NUM_KV_HEADS * HEAD_DIM * 2 * 2
     expected = paged_attention_torch(q, kv, md, scale).float()
     varlen_us = _time_us(lambda: paged_varlen_attention_triton(q, kv, md, scale))
     timed = []
-    for bn, w, st in configs:
+    for bn, w, st, hm in configs:
 
-        def run(bn: int = bn, w: int = w, st: int = st) -> torch.Tensor:
-            return paged_decode_attention_triton(q, kv, md, scale, bn, w, st)
+        def run(bn: int = bn, w: int = w, st: int = st, hm: int = hm) -> torch.Tensor:
+            return paged_decode_attention_triton(q, kv, md, scale, bn, w, st, bool(hm))
 
         try:
             got = run().float()
         except Exception as exc:  # noqa: BLE001 -- a config the compiler rejects is skipped
-            print(f"  {shape} BLOCK_N={bn} warps={w} stages={st}: {type(exc).__name__}")
+            print(f"  {shape} {bn},{w},{st},{hm}: {type(exc).__name__}")
             continue
         err = (got - expected).abs().max().item()
         if err > 2e-2:
-            raise SystemExit(f"{shape} {bn},{w},{st}: max abs error {err:.3e} vs torch")
-        timed.append((_time_us(run), bn, w, st))
+            raise SystemExit(f"{shape} {bn},{w},{st},{hm}: max abs error {err:.3e} vs torch")
+        timed.append((_time_us(run), bn, w, st, hm))
     timed.sort()
     best = timed[0]
     row = {"batch": batch, "ctx": ctx, "kv_MB": kv_bytes / 1e6, "varlen_us": varlen_us,
            "varlen_TBps": kv_bytes / varlen_us / 1e6, "best_us": best[0],
            "best_TBps": kv_bytes / best[0] / 1e6,
-           "best": {"BLOCK_N": best[1], "num_warps": best[2], "num_stages": best[3]},
+           "best": {"BLOCK_N": best[1], "num_warps": best[2], "num_stages": best[3],
+                    "head_major": bool(best[4])},
            "all": [list(t) for t in timed]}  # fmt: skip
     print(f"{shape}: KV {row['kv_MB']:.0f} MB; varlen kernel {varlen_us:.1f} us "
           f"({row['varlen_TBps']:.2f} TB/s); decode best {best[0]:.1f} us "
           f"({row['best_TBps']:.2f} TB/s) at {row['best']}")  # fmt: skip
     for t in timed[:5]:
-        print(f"    {t[0]:8.1f} us  BLOCK_N={t[1]:<3} warps={t[2]} stages={t[3]}")
+        print(f"    {t[0]:8.1f} us  BLOCK_N={t[1]:<3} warps={t[2]} stages={t[3]} head_major={t[4]}")
     return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--shapes", default="256x160,256x1024,32x1024,1x4096")
+    p.add_argument(
+        "--shapes",
+        default="256x160,256x160s,256x1024,32x1024,1x4096",
+        help="BATCHxCTX, suffix s: shuffled block tables",
+    )
     p.add_argument("--block-n", default="16,32,64,128")
     p.add_argument("--warps", default="1,2,4,8")
     p.add_argument("--stages", default="1,2,3,4")
+    p.add_argument("--head-major", default="0,1", help="grid order: 1 = a request's heads adjacent")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     read_bw, copy_bw = read_bandwidth()
     print(f"read bandwidth {read_bw / 1e12:.2f} TB/s, copy (read+write) {copy_bw / 1e12:.2f} TB/s")
     scale = HEAD_DIM**-0.5
     configs = list(itertools.product(
-        *(map(int, a.split(",")) for a in (args.block_n, args.warps, args.stages))
+        *(map(int, a.split(",")) for a in (args.block_n, args.warps, args.stages, args.head_major))
     ))  # fmt: skip
     rows = [_tune_shape(shape, configs, scale) for shape in args.shapes.split(",")]
     # One setting for all shapes: the config with the lowest sum of time / best time.
-    score: dict[tuple[int, int, int], float] = {}
+    score: dict[tuple[int, ...], float] = {}
     for row in rows:
-        for us, bn, w, st in row["all"]:
-            score[(bn, w, st)] = score.get((bn, w, st), 0.0) + us / row["best_us"]
+        for us, *config in row["all"]:
+            score[tuple(config)] = score.get(tuple(config), 0.0) + us / row["best_us"]
     common = [c for c, _ in sorted(score.items(), key=lambda kv: kv[1])
               if all(any(tuple(a[1:]) == c for a in r["all"]) for r in rows)]  # fmt: skip
     if common:
         c = common[0]
         print(f"best over all shapes: BLOCK_N={c[0]} warps={c[1]} stages={c[2]} "
-              f"(mean {score[c] / len(rows):.3f}x of each shape's best)")  # fmt: skip
+              f"head_major={c[3]} (mean {score[c] / len(rows):.3f}x of each shape's best)")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"read_Bps": read_bw, "copy_Bps": copy_bw, "rows": rows,

@@ -163,12 +163,18 @@ def _paged_decode_kernel_src(
     kv_stride_head,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     """Decode (every request has 0 or 1 query token): program ``i`` is request ``i`` and token
-    ``i``; no search for the owning request, and padding tokens are zeroed here (no memset)."""
-    i = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    ``i``; no search for the owning request, and padding tokens are zeroed here (no memset).
+    HEAD_MAJOR: the KV heads of one request are neighbouring programs (axis 0), so the blocks
+    they share are read at about the same time."""
+    if HEAD_MAJOR:
+        kv_head = tl.program_id(0)
+        i = tl.program_id(1)
+    else:
+        i = tl.program_id(0)
+        kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)  # the GROUP query heads sharing this KV head
     row_ok = rows < GROUP
     head = kv_head * GROUP + rows
@@ -207,9 +213,7 @@ def _paged_decode_kernel_src(
                 alpha = tl.exp2(m_i - m_new)
                 p = tl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(
-                    p.to(v.dtype), v, input_precision=DOT_PRECISION
-                )
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
                 m_i = m_new
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
             tl.store(
@@ -221,7 +225,7 @@ def _paged_decode_kernel_src(
 
 # Launch parameters of the decode kernel: (BLOCK_N, num_warps, num_stages). Chosen on the H200
 # by bench/tune_decode_attention.py (Qwen3-0.6B heads, block size 16); see bench/README.md.
-DECODE_LAUNCH = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+DECODE_LAUNCH = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "head_major": False}
 
 
 @functools.cache
@@ -238,8 +242,10 @@ def paged_decode_attention_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    head_major: bool | None = None,
 ) -> torch.Tensor:
-    """Decode batches (``max_query_len <= 1``): grid ``[max(num_tokens, num_reqs), num_kv_heads]``.
+    """Decode batches (``max_query_len <= 1``): grid ``[max(num_tokens, num_reqs), num_kv_heads]``
+    (transposed when ``head_major``).
 
     Launch parameters default to :data:`DECODE_LAUNCH`; the tuning script overrides them."""
     num_tokens, num_heads, head_dim = q.shape
@@ -252,7 +258,10 @@ def paged_decode_attention_triton(
     out = torch.empty_like(q)  # [T, Hq, D]: every row is written by the kernel
     if num_tokens == 0:
         return out
+    head_major = DECODE_LAUNCH["head_major"] if head_major is None else head_major
     grid = (max(num_tokens, num_reqs), num_kv_heads)
+    if head_major:
+        grid = (grid[1], grid[0])
     _paged_decode_kernel()[grid](
         q, kv_cache[0], kv_cache[1], out,
         attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
@@ -262,7 +271,7 @@ def paged_decode_attention_triton(
         BLOCK_M=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n or DECODE_LAUNCH["BLOCK_N"],
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEAD_MAJOR=head_major,
         num_warps=num_warps or DECODE_LAUNCH["num_warps"],
         num_stages=num_stages or DECODE_LAUNCH["num_stages"],
     )  # fmt: skip
