@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--random-weights", action="store_true", help="seeded random weights")
     p.add_argument(
+        "--tokenizer",
+        help="tokenizer folder (default: the --model folder); e.g. a sample model's tokenizer "
+        "for text or structured workloads on --model-config --random-weights",
+    )
+    p.add_argument(
         "--workload",
         required=True,
         help="a .jsonl file (vLLM parameter names), ShareGPT .json, or "
@@ -141,6 +146,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=args.model,
         model_config=args.model_config,
         random_weights=args.random_weights,
+        tokenizer=args.tokenizer,
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,

@@ -53,6 +53,7 @@ class EngineConfig:
     model: str | None = None  # HF checkpoint folder
     model_config: str | None = None  # JSON file or HF config folder, with random_weights
     random_weights: bool = False
+    tokenizer: str | None = None  # tokenizer folder; default: the model folder
     seed: int = 0
     dtype: str = "float32"
     device: str = "cpu"
@@ -83,6 +84,8 @@ class EngineConfig:
             raise ConfigError("give exactly one of model (a checkpoint folder) or model_config")
         if self.model_config is not None and not self.random_weights:
             raise ConfigError("model_config needs random_weights=True (it has no weights)")
+        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
+            raise ConfigError(f"tokenizer {self.tokenizer!r} is not a folder")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):

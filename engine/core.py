@@ -87,6 +87,7 @@ class EngineCore:
         tp: RankContext | None = None,
     ) -> None:
         self.config = config
+        self._tokenizer = tokenizer
         self.tracer = tracer if tracer is not None else get_tracer()
         # The thread that drives the engine is the trace's ``engine-core`` CPU track.
         threading.current_thread().name = ENGINE_THREAD
@@ -160,6 +161,11 @@ class EngineCore:
     # ---- requests -------------------------------------------------------------------------
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
+        """The model config's EOS ids; a random-weights shape run with a separate ``tokenizer``
+        uses that tokenizer's EOS (the shape's own EOS belongs to a tokenizer it does not have)."""
+        tok_eos = getattr(self._tokenizer, "eos_token_id", None)
+        if self.config.random_weights and self.config.tokenizer and tok_eos is not None:
+            return (int(tok_eos),)
         return tuple(self.model_config.eos_token_ids)
 
     def add_request(self, request: Request, structured: Any = None) -> RequestOutput | None:

@@ -105,13 +105,19 @@ class LLM:
         self._next_id = 0
 
     def _load_tokenizer(self) -> Any:
+        """The ``tokenizer`` folder's (an error if it has none) or else the model folder's."""
+        from engine.model.loader import load_tokenizer
+
+        if self.config.tokenizer is not None:
+            try:
+                return load_tokenizer(self.config.tokenizer)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"tokenizer {self.config.tokenizer!r}: {err}") from None
         if self.config.model is None:
             return None
         names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
         if not any(os.path.exists(os.path.join(self.config.model, n)) for n in names):
             return None  # a checkpoint without tokenizer files: token ids only
-        from engine.model.loader import load_tokenizer
-
         try:
             return load_tokenizer(self.config.model)
         except (OSError, ValueError):

@@ -111,7 +111,9 @@ class ModelRunner:
             device_owns_frontier=proposer is not None,
         )
         cap = packed_capacity(config.max_num_reqs, config.max_num_tokens)
-        self.step_inputs = StagedWriteTensor(device, (1, cap), torch.int32, initial_max_values=cap)
+        self.step_inputs = StagedWriteTensor(
+            device, (1, cap), torch.int32, initial_max_values=cap, use_triton=config.use_triton
+        )
         self.sampler = Sampler(use_triton=config.use_triton)
         self.spec = (
             None

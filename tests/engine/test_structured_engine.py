@@ -251,3 +251,26 @@ def test_sample_workload_runs_valid(checkpoint) -> None:
             assert w.id == "invalid-regex" and "Unclosed" in (out.error or "")
         else:
             check_valid(llm, out, w.structured)
+
+
+def test_model_config_with_a_separate_tokenizer(checkpoint, tmp_path) -> None:
+    """``--model-config --random-weights --tokenizer DIR``: structured requests on a shape with no
+    checkpoint use that folder's tokenizer and its EOS (the shape's own EOS id, 5 here, belongs
+    to another tokenizer); a tokenizer folder without one is a clear error."""
+    from engine.config import ConfigError
+
+    shape = json.loads((Path(checkpoint) / "config.json").read_text())
+    shape["eos_token_id"] = 5
+    (tmp_path / "shape.json").write_text(json.dumps(shape))
+    shape_file = str(tmp_path / "shape.json")
+    llm = LLM(model_config=shape_file, random_weights=True, seed=3, tokenizer=checkpoint, **ENGINE)
+    assert llm.engine.eos_token_ids == (0,)
+    prompts, specs = ["code: ", "answer:"], [{"regex": REGEX}, {"choice": CHOICES}]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32), structured=specs)
+    for out, spec in zip(outs, specs, strict=True):
+        check_valid(llm, out, spec)
+    llm.close()
+    with pytest.raises(ConfigError, match="tokenizer"):
+        LLM(model_config=checkpoint, random_weights=True, tokenizer=str(tmp_path), **ENGINE)
+    with pytest.raises(ConfigError, match="not a folder"):
+        LLM(model_config=checkpoint, random_weights=True, tokenizer=str(tmp_path / "x"), **ENGINE)
