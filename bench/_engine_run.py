@@ -27,6 +27,7 @@ class RunResult:
     headline: dict
     model: object
     kineto_steps: int = 0
+    first_profiled_step: int | None = None  # trace steps from this one on ran under the profiler
 
 
 def decode_workload(
@@ -49,7 +50,7 @@ def run_engine(
     trace_dir: str | None = None,
     tag: str = "run",
     kineto_path: str | None = None,
-    kineto_steps: tuple[int, int] = (8, 40),
+    kineto_steps: tuple[int, int] = (40, 60),
     **engine_kwargs,
 ) -> RunResult:
     """Warm up, then run ``workload`` traced; ``kineto_path``: also record engine steps
@@ -88,6 +89,7 @@ def run_engine(
         report.headline,
         llm.engine.model,
         window.num_steps if window is not None else 0,
+        window.first_traced_step if window is not None else None,
     )
 
 
@@ -101,11 +103,14 @@ class _ProfiledSteps:
         self.path, (self.first, self.last) = path, steps
         self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         self.count, self.active = 0, False
+        self.first_traced_step: int | None = None
         self.engine = llm.engine
         run_step = self.engine.run_step
 
         def wrapped():  # type: ignore[no-untyped-def]
             if self.count == self.first:
+                # trace step numbers from here on run (partly) under the profiler
+                self.first_traced_step = getattr(self.engine.scheduler, "_next_step", None)
                 self.prof.start()
                 self.active = True
             if self.count == self.last:

@@ -282,6 +282,8 @@ def _engine_row(args: argparse.Namespace, batch: int, async_on: bool, bw: float)
     kv_bytes = int(batch * mean_ctx * cfg.num_hidden_layers * 2 * kv_size * 2)
     floor_us = (weight_bytes + kv_bytes) / bw * 1e6
     steps = decode_steps(res.steps, batch)
+    if res.first_profiled_step is not None:  # CUPTI slows launches: time only the steps before
+        steps = steps[steps["step"] < res.first_profiled_step - 1]
     dev_us = float(steps["device_busy_ns"].median()) / 1e3
     # Per device stage (input_prep, forward, sample, ...): median over the same steps.
     sl = load_trace(res.trace).slices

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--model", help="HF checkpoint folder (config.json, *.safetensors, tokenizer)")
     src.add_argument(
         "--model-config",
-        help="a HF config.json, a folder, or 'qwen3-0.6b' (needs --random-weights)",
+        help="a HF config.json, a folder, or 'qwen3-0.6b' / 'qwen3-8b' (needs --random-weights)",
     )
     p.add_argument("--random-weights", action="store_true", help="seeded random weights")
     p.add_argument(

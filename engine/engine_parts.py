@@ -11,7 +11,12 @@ import torch
 from engine.config import ConfigError, EngineConfig, ResolvedFeatures
 from engine.device import CpuDevice, CudaDevice, Device
 from engine.model.config import ModelConfig
-from engine.model.loader import build_random_model, load_model, qwen3_0_6b_config
+from engine.model.loader import (
+    build_random_model,
+    load_model,
+    qwen3_0_6b_config,
+    qwen3_8b_config,
+)
 from engine.scheduler.scheduler_config import SchedulerConfig
 
 __all__ = ["build_device", "build_model", "load_model_config", "scheduler_config_for", "DTYPES"]
@@ -21,7 +26,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-NAMED_CONFIGS = {"qwen3-0.6b": qwen3_0_6b_config}
+NAMED_CONFIGS = {"qwen3-0.6b": qwen3_0_6b_config, "qwen3-8b": qwen3_8b_config}
 
 
 def build_device(config: EngineConfig) -> Device:

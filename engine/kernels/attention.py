@@ -223,9 +223,26 @@ def _paged_decode_kernel_src(
             )
 
 
-# Launch parameters of the decode kernel: (BLOCK_N, num_warps, num_stages). Chosen on the H200
-# by bench/tune_decode_attention.py (Qwen3-0.6B heads, block size 16); see bench/README.md.
-DECODE_LAUNCH = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "head_major": False}
+# Launch parameters of the decode kernel, chosen on the H200 with bench/tune_decode_attention.py
+# (Qwen3-0.6B heads, block size 16; bench/README.md). With many programs (large batches) narrow
+# KV tiles win; with few (small batches, where each program walks a long context) wide ones do.
+DECODE_LAUNCH = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "head_major": True}
+DECODE_LAUNCH_FEW_PROGRAMS = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "head_major": True}
+FEW_PROGRAMS_PER_SM = 4  # below this many programs per SM, use DECODE_LAUNCH_FEW_PROGRAMS
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def decode_launch(num_programs: int, device: torch.device) -> dict[str, Any]:
+    """The decode kernel's launch parameters for a grid of ``num_programs`` programs."""
+    if num_programs < FEW_PROGRAMS_PER_SM * _num_sms(device):
+        return DECODE_LAUNCH_FEW_PROGRAMS
+    return DECODE_LAUNCH
 
 
 @functools.cache
@@ -247,7 +264,7 @@ def paged_decode_attention_triton(
     """Decode batches (``max_query_len <= 1``): grid ``[max(num_tokens, num_reqs), num_kv_heads]``
     (transposed when ``head_major``).
 
-    Launch parameters default to :data:`DECODE_LAUNCH`; the tuning script overrides them."""
+    Launch parameters default to :func:`decode_launch`'s; the tuning script overrides them."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -258,8 +275,9 @@ def paged_decode_attention_triton(
     out = torch.empty_like(q)  # [T, Hq, D]: every row is written by the kernel
     if num_tokens == 0:
         return out
-    head_major = DECODE_LAUNCH["head_major"] if head_major is None else head_major
     grid = (max(num_tokens, num_reqs), num_kv_heads)
+    launch = decode_launch(grid[0] * grid[1], q.device)
+    head_major = launch["head_major"] if head_major is None else head_major
     if head_major:
         grid = (grid[1], grid[0])
     _paged_decode_kernel()[grid](
@@ -269,11 +287,11 @@ def paged_decode_attention_triton(
         attn_metadata.block_table.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n or DECODE_LAUNCH["BLOCK_N"],
+        BLOCK_N=block_n or launch["BLOCK_N"],
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEAD_MAJOR=head_major,
-        num_warps=num_warps or DECODE_LAUNCH["num_warps"],
-        num_stages=num_stages or DECODE_LAUNCH["num_stages"],
+        num_warps=num_warps or launch["num_warps"],
+        num_stages=num_stages or launch["num_stages"],
     )  # fmt: skip
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
     "load_state_dict",
     "load_tokenizer",
     "qwen3_0_6b_config",
+    "qwen3_8b_config",
 ]
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -153,6 +155,18 @@ def qwen3_0_6b_config() -> ModelConfig:
         qk_norm=True,
         eos_token_ids=(151645, 151643),
         bos_token_id=151643,
+    )
+
+
+def qwen3_8b_config() -> ModelConfig:
+    """The Qwen3-8B shape, for benchmarks with random weights (16 GB in bf16)."""
+    return dataclasses.replace(
+        qwen3_0_6b_config(),
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
     )
 
 
