@@ -104,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
 
     ``use_triton`` picks the Triton kernels (fused add + RMSNorm, q/k norm + RoPE + KV write,
     attention, SiLU-and-mul) over their torch references; it is fixed at construction. A decode
-    step on the Triton path launches 10 kernels per layer (4 of them GEMMs) plus 4 per step.
+    step on the Triton path launches 9 kernels per layer (4 of them GEMMs) plus 4 per step.
 
     ``tp``: tensor parallelism (``engine.distributed``): this rank holds its shard of every
     layer (heads, MLP columns, vocab rows); activations between layers are whole on every rank

@@ -1,5 +1,5 @@
 """The fused decoder: merged weights alias the HF-named parameters, the layer API still composes,
-and a Triton decode step launches at most 10 kernels per layer."""
+and a Triton decode step launches at most 9 kernels per layer."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from engine.model.llama import DecoderLayer, LlamaForCausalLM  # noqa: E402
 from engine.model.loader import build_random_model, load_state_dict  # noqa: E402
 from engine.model.paged_batch import build_attention_metadata  # noqa: E402
 
-KERNELS_PER_LAYER = 10  # add+norm, QKV GEMM, norm+RoPE+KV write, attention (+ its zero fill),
-# o_proj GEMM, add+norm, gate_up GEMM, SiLU*mul, down GEMM
+KERNELS_PER_LAYER = 9  # add+norm, QKV GEMM, norm+RoPE+KV write, decode attention (it zeroes
+# padding rows itself: no fill), o_proj GEMM, add+norm, gate_up GEMM, SiLU*mul, down GEMM
 
 
 def _config(num_layers: int = 2, qwen2_bias: bool = False) -> ModelConfig:
