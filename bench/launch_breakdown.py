@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 
@@ -25,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _engine_run import decode_workload  # noqa: E402
 
 from engine.llm import LLM  # noqa: E402
+from instrument.tracer import Tracer  # noqa: E402
 
 
 def _wrap(obj: object, name: str, label: str, times: dict[str, list[int]]) -> None:
@@ -40,8 +42,10 @@ def _wrap(obj: object, name: str, label: str, times: dict[str, list[int]]) -> No
     setattr(obj, name, timed)
 
 
-def run(args: argparse.Namespace, async_on: bool) -> None:
+def run(args: argparse.Namespace, async_on: bool, trace: bool) -> None:
+    tracer = Tracer(os.path.join(tempfile.mkdtemp(), "t.pftrace")) if trace else None
     llm = LLM(
+        tracer=tracer,
         model_config=args.model_config, random_weights=True, device=args.device,
         dtype="bfloat16" if args.device == "cuda" else "float32",
         async_scheduling=async_on, max_num_seqs=args.batch,
@@ -79,8 +83,10 @@ def run(args: argparse.Namespace, async_on: bool) -> None:
     llm.run_workload(workload)
     elapsed = time.perf_counter() - start
     llm.close()
+    if tracer is not None:
+        tracer.close()
     n = steps[0]
-    print(f"batch {args.batch}, async {'on' if async_on else 'off'}: {n} steps, "
+    print(f"batch {args.batch}, async {'on' if async_on else 'off'}, trace {trace}: {n} steps, "
           f"{elapsed / n * 1e6:.0f} us per step; host us per step (median, p90, calls/step):")  # fmt: skip
     for label, ts in sorted(times.items(), key=lambda kv: -sum(kv[1])):
         per_call = np.asarray(ts) / 1e3
@@ -93,11 +99,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--model-config", default="qwen3-0.6b")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--async-scheduling", default="off,on", help="comma list of on/off")
+    p.add_argument("--trace", default="off", help="comma list of on/off: with a Perfetto trace")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=48)
     args = p.parse_args()
-    for async_on in (False, True):
-        run(args, async_on)
+    for async_on in map(lambda a: a == "on", args.async_scheduling.split(",")):
+        for trace in map(lambda t: t == "on", args.trace.split(",")):
+            run(args, async_on, trace)
 
 
 if __name__ == "__main__":
