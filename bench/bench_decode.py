@@ -244,7 +244,8 @@ def main() -> None:
         stages += "; CPU us: " + ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us"].items())
         if "device_busy_cupti_us" in r:
             stages += (f"; CUPTI busy {r['device_busy_cupti_us']:.0f} us = "
-                       f"{r['x_floor_cupti']:.2f} x floor")  # fmt: skip
+                       f"{r['x_floor_cupti']:.2f} x its floor {r['floor_cupti_us']:.0f} us "
+                       f"(ctx {r['kineto_mean_ctx']:.0f})")  # fmt: skip
         print(
             f"{r['batch']:>5} {r['async']:>5} {r['steps']:>5} {r['device_step_us']:>10.1f} "
             f"{r['wall_step_us']:>9.1f} {r['floor_us']:>9.1f} {r['x_floor']:>7.2f}  {stages}"
@@ -252,6 +253,9 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bandwidth_Bps": bw, "rows": rows}, f, indent=2)
+
+
+KINETO_STEPS = (40, 60)  # engine steps of the measured run recorded with torch.profiler
 
 
 def _engine_row(args: argparse.Namespace, batch: int, async_on: bool, bw: float) -> dict:
@@ -274,12 +278,14 @@ def _engine_row(args: argparse.Namespace, batch: int, async_on: bool, bw: float)
         max_model_len=args.prompt_len + args.output_len + 16,
         tag=tag,
         kineto_path=kineto,
+        kineto_steps=KINETO_STEPS,
     )
     cfg = res.model.config
     weight_bytes = sum(t.numel() * t.element_size() for t in res.model.parameters())
     mean_ctx = args.prompt_len + args.output_len / 2
     kv_size = cfg.num_key_value_heads * cfg.head_dim
-    kv_bytes = int(batch * mean_ctx * cfg.num_hidden_layers * 2 * kv_size * 2)
+    kv_per_token = cfg.num_hidden_layers * 2 * kv_size * 2  # K and V, bf16, every layer
+    kv_bytes = int(batch * mean_ctx * kv_per_token)
     floor_us = (weight_bytes + kv_bytes) / bw * 1e6
     steps = decode_steps(res.steps, batch)
     if res.first_profiled_step is not None:  # CUPTI slows launches: time only the steps before
@@ -314,9 +320,15 @@ def _engine_row(args: argparse.Namespace, batch: int, async_on: bool, bw: float)
     }
     if kineto and res.kineto_steps > 0:
         busy_us, top = _kineto_per_step(kineto, res.kineto_steps)
+        # The profiled steps come late in the run: their floor counts their own (longer) context.
+        first, last = KINETO_STEPS
+        ctx = args.prompt_len + (first + first + res.kineto_steps - 1) / 2 + 1
+        window_floor_us = (weight_bytes + batch * ctx * kv_per_token) / bw * 1e6
         row["kineto_steps"] = res.kineto_steps
+        row["kineto_mean_ctx"] = ctx
         row["device_busy_cupti_us"] = busy_us
-        row["x_floor_cupti"] = busy_us / floor_us
+        row["floor_cupti_us"] = window_floor_us
+        row["x_floor_cupti"] = busy_us / window_floor_us
         row["top_kernels"] = top
     return row
 
