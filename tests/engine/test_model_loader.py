@@ -20,6 +20,7 @@ from engine.model.loader import (
     load_model,
     load_tokenizer,
     qwen3_0_6b_config,
+    qwen3_8b_config,
 )
 from engine.model.paged_batch import build_attention_metadata
 from engine.model.rope import rope_inv_freq
@@ -145,6 +146,16 @@ def test_qwen3_0_6b_shape() -> None:
     num_params = sum(p.numel() for p in model.parameters())
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert num_params == 596_049_920  # Qwen3-0.6B with tied embeddings
+
+
+def test_qwen3_8b_shape() -> None:
+    """The named preset has Qwen3-8B's parameter counts (model card: 8.2B, 6.95B non-embedding)."""
+    model = LlamaForCausalLM(qwen3_8b_config(), torch.bfloat16, "meta")
+    num_params = sum(p.numel() for p in model.parameters())
+    embedding = model.model.embed_tokens.weight.numel()
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    assert num_params == 8_190_735_360
+    assert num_params - 2 * embedding == 6_946_075_648
 
 
 def test_load_tokenizer_from_local_folder(tmp_path: Path) -> None:
