@@ -48,6 +48,11 @@ DEFINITIONS: dict[str, str] = {
     "after warm-up: each stalls the CPU until the device drains, a defect on the hot path.",
     "silent_fallbacks": "Features that ended up off without the user seeing why: requested True resolved "
     "False with no reason, or auto (None) resolved False.",
+    "grammar_hidden_frac": "Structured output: Σ|G ∩ B| / Σ|G|, G = grammar_mask slices (the "
+    "bitmask of step N+1, built once output N is back), B = device compute slices. With deferred "
+    "sampling the forward of N+1 runs meanwhile; 'forward early' is the share of masked steps "
+    "whose device work began before their mask was built. Exposed grammar wait: "
+    "|wait_output(grammar) ∩ idle|.",
     "top_blame": "The CPU slice running (deepest slice, largest share) during most of the device idle time.",
     "tpot_ms": "Time per output token after the first, per request, from the per-request tracks (p50).",
 }
@@ -144,6 +149,20 @@ def _cards(report: Report) -> list[Card]:
             "",
         ),
     ]
+    if h.get("grammar_mask_ms"):  # structured output ran: how much grammar work was hidden
+        hidden = h["grammar_hidden_frac"]
+        cards.append(
+            Card(
+                "grammar_hidden_frac",
+                "grammar work hidden",
+                hidden,
+                fmt_pct(hidden),
+                f"{fmt_num(h['grammar_mask_ms'], 'ms', 2)} of masks · forward early in "
+                f"{fmt_pct(h['grammar_overlap_steps_frac'])} of steps · "
+                f"{fmt_num(h['grammar_wait_exposed_us'], 'µs')} wait exposed",
+                "" if hidden is None else _tone(hidden < 0.5, hidden < 0.8),
+            )
+        )
     tpot = (h.get("tpot_ms") or {}).get("p50")
     if tpot is not None:
         ttft = (h.get("ttft_ms") or {}).get("p50")

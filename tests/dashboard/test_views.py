@@ -26,6 +26,30 @@ def test_cards_hold_the_headline_values(traces: TraceSet) -> None:
     assert cards["top_blame"] == h["top_blame"]["label"]
 
 
+def test_grammar_card_only_for_structured_traces(traces: TraceSet, tmp_path: Path) -> None:
+    """A structured run (the engine on the CPU, async on) gets a grammar card holding the
+    headline's numbers; a trace without grammar slices gets none."""
+    pytest.importorskip("xgrammar")
+    from engine.llm import LLM
+    from engine.workload import load_workload
+    from instrument.tracer import Tracer
+
+    root = Path(__file__).resolve().parents[2]
+    path = tmp_path / "structured.pftrace"
+    tracer = Tracer(str(path))
+    llm = LLM(model=str(root / "samples/models/pycoder-14m"), tracer=tracer, async_scheduling=True)
+    llm.run_workload(load_workload(str(root / "samples/workloads/structured.jsonl"))[:4])
+    llm.close()
+    tracer.close()
+    report = analyze_trace(path)
+    card = {c.key: c for c in _cards(report)}["grammar_hidden_frac"]
+    h = report.headline
+    assert h["grammar_mask_ms"] > 0
+    assert card.value == h["grammar_hidden_frac"]
+    assert f"{h['grammar_mask_ms']:,.2f} ms of masks" in card.sub
+    assert "grammar_hidden_frac" not in {c.key for c in _cards(analyze_trace(traces.sync))}
+
+
 def test_decision_rows_flag_exactly_the_silent_fallbacks(traces: TraceSet) -> None:
     report = analyze_trace(traces.sync)
     rows = decision_rows(report)
