@@ -18,6 +18,8 @@ _DELTAS = (
     ("overlap", ("overlap",)),
     ("bubble_ratio", ("bubble_ratio",)),
     ("wait_accepted_exposed_us", ("wait_accepted_exposed_us",)),
+    ("grammar_hidden_frac", ("grammar_hidden_frac",)),
+    ("grammar_wait_exposed_us", ("grammar_wait_exposed_us",)),
     ("step_ms_p50", ("extra", "step_ms", "p50")),
     ("tpot_ms_p50", ("tpot_ms", "p50")),
     ("ttft_ms_p50", ("ttft_ms", "p50")),

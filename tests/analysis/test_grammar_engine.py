@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("xgrammar")
 
-from analysis import analyze_trace  # noqa: E402
+from analysis import Report, analyze_trace, compare_reports  # noqa: E402
 from analysis.grammar import GRAMMAR_HEADLINE_KEYS  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.workload import load_workload  # noqa: E402
@@ -20,7 +20,7 @@ MODEL = ROOT / "samples" / "models" / "pycoder-14m"
 WORKLOAD = ROOT / "samples" / "workloads" / "structured.jsonl"
 
 
-def _headline(tmp_path: Path, async_on: bool) -> dict:
+def _report(tmp_path: Path, async_on: bool) -> Report:
     path = tmp_path / f"structured_{async_on}.pftrace"
     tracer = Tracer(str(path))
     llm = LLM(
@@ -34,11 +34,16 @@ def _headline(tmp_path: Path, async_on: bool) -> dict:
     llm.run_workload(load_workload(str(WORKLOAD)))
     llm.close()
     tracer.close()
-    return analyze_trace(path, window="all").headline
+    return analyze_trace(path, window="all")
 
 
 def test_async_hides_more_grammar_work(tmp_path: Path) -> None:
-    off, on = _headline(tmp_path, False), _headline(tmp_path, True)
+    reports = _report(tmp_path, False), _report(tmp_path, True)
+    off, on = (r.headline for r in reports)
+    # `stepscope compare` carries the grammar numbers as A/B deltas.
+    deltas = compare_reports(*reports).deltas
+    for key in ("grammar_hidden_frac", "grammar_wait_exposed_us"):
+        assert deltas[key]["a"] == off[key] and deltas[key]["b"] == on[key]
     for h in (off, on):
         assert set(GRAMMAR_HEADLINE_KEYS) <= set(h)
         assert h["grammar_mask_ms"] > 0
