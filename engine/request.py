@@ -80,6 +80,9 @@ class Request:
             raise ValueError(f"request {req_id!r}: prompt must hold at least one token")
         self.req_id = req_id
         self.prompt_token_ids: list[int] = [int(t) for t in prompt_token_ids]
+        # The prompt never changes, so its length is kept rather than recounted: the scheduler
+        # reads it several times per request per step.
+        self.num_prompt_tokens = len(self.prompt_token_ids)
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
         self.eos_token_id = eos_token_id
@@ -98,17 +101,13 @@ class Request:
 
     # -- derived views -----------------------------------------------------------------------
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus committed output tokens (placeholders and drafts excluded)."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self.num_prompt_tokens + len(self.output_token_ids)
 
     @property
     def num_tokens_with_spec(self) -> int:
@@ -118,6 +117,16 @@ class Request:
     def all_token_ids(self) -> list[int]:
         """A fresh list: prompt followed by committed outputs."""
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens known (or sampled and still on the device) whose KV is not scheduled yet."""
+        return (
+            self.num_prompt_tokens
+            + len(self.output_token_ids)
+            + self.num_output_placeholders
+            - self.num_computed_tokens
+        )
 
     @property
     def confirmed_frontier(self) -> int:

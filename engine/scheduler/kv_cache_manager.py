@@ -89,6 +89,13 @@ class KVCacheManager:
         the block ids appended to the request's table (hits first), or None, changing nothing,
         when the pool cannot supply them.
         """
+        if computed_blocks is None:
+            held = self._req_blocks.get(request.req_id)
+            num_tokens = request.num_computed_tokens + num_new_tokens
+            # A running request's step mostly fits the blocks it holds: nothing to take, touch
+            # or record (the general path below would come to the same empty list).
+            if held and _cdiv(num_tokens, self.block_size) <= len(held):
+                return []
         computed_blocks = computed_blocks or []
         held = self._req_blocks.setdefault(request.req_id, [])
         num_tokens = (
@@ -115,10 +122,12 @@ class KVCacheManager:
         ``num_confirmed_tokens`` (the confirmed frontier); placeholder/in-flight positions never."""
         if not self.enable_caching:
             return
+        start = self._num_cached_blocks.get(request.req_id, 0)
+        if num_confirmed_tokens // self.block_size <= start:
+            return  # most calls: no block filled up since the last one (the bounds below only cut)
         held = self._req_blocks.get(request.req_id, [])
         num_full = min(num_confirmed_tokens, request.num_tokens) // self.block_size
         num_full = min(num_full, len(held))
-        start = self._num_cached_blocks.get(request.req_id, 0)
         if num_full <= start:
             return
         hashes = self._hashes(request, num_full)

@@ -11,7 +11,8 @@ positions are output placeholders, and its drafts are ``-1`` (they live on the d
 from __future__ import annotations
 
 from collections import deque
-from typing import ClassVar
+from collections.abc import Iterable, Sequence
+from typing import ClassVar, cast
 
 from engine.request import Request, RequestStatus
 from engine.scheduler.invariants import check_request_books
@@ -115,7 +116,7 @@ class Scheduler:
         )
         self._last_batch_tokens = output.total_num_scheduled_tokens
         if output.num_scheduled_tokens:
-            self._in_flight.append(self._after_schedule(output))
+            self._in_flight.append(self._after_schedule(plan))
         self._check_invariants_if_debug()
         return output
 
@@ -124,38 +125,46 @@ class Scheduler:
         index = 0
         while index < len(running) and plan.token_budget > 0:
             request = running[index]
-            num_new, spec_tokens = self._num_new_tokens(request, plan.token_budget)
+            num_new, spec_tokens, num_pending = self._num_new_tokens(request, plan.token_budget)
             if num_new <= 0:  # every token it may still produce is already in flight
                 index += 1
                 continue
-            new_blocks = self._allocate_or_preempt(request, num_new, plan)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is None:
+                new_blocks = self._make_room(request, num_new, plan)
             if request.status is not RequestStatus.RUNNING:
                 continue  # it was its own victim; the list shrank under index
             index += 1
             if new_blocks is not None:
-                plan.add(request, num_new, spec_tokens)
+                plan.add(request, num_new, spec_tokens, num_pending)
                 plan.add_cached(request, new_blocks)
 
-    def _num_new_tokens(self, request: Request, token_budget: int) -> tuple[int, list[int]]:
-        """Tokens to schedule for a running request and the drafts among them.
+    def _num_new_tokens(self, request: Request, token_budget: int) -> tuple[int, list[int], int]:
+        """Tokens to schedule for a running request, the drafts among them, and its
+        ``num_pending_tokens``.
 
         Pending tokens (known, or sampled and still on the device) come first; drafts only if the
         step reaches the end. Drafts are trimmed so the step can never produce a token beyond
         ``max_tokens`` or ``max_model_len``, counting outputs still in flight.
         """
-        num_pending = request.num_tokens + request.num_output_placeholders
-        num_pending -= request.num_computed_tokens
-        num_in_flight_out = request.num_output_tokens + request.num_output_placeholders
+        # Runs for every running request every step: the request's counts are read once each.
+        num_output = len(request.output_token_ids)
+        num_placeholders = request.num_output_placeholders
+        num_tokens = request.num_prompt_tokens + num_output
+        num_pending = num_tokens + num_placeholders - request.num_computed_tokens
         room = min(
-            request.max_tokens - num_in_flight_out,
-            self.config.max_model_len - request.num_tokens - request.num_output_placeholders,
+            request.sampling_params.max_tokens - num_output - num_placeholders,
+            self.config.max_model_len - num_tokens - num_placeholders,
         )
         if room <= 0 or num_pending <= 0:
-            return 0, []
-        num_spec = min(len(request.spec_token_ids), room - 1)
+            return 0, [], num_pending
+        spec_token_ids = request.spec_token_ids
+        if not spec_token_ids:  # no drafts to verify (or trim): only the pending tokens
+            return self._cap_chunk(num_pending, token_budget), [], num_pending
+        num_spec = min(len(spec_token_ids), room - 1)
         num_new = self._cap_chunk(num_pending + num_spec, token_budget)
         num_spec = max(0, num_new - num_pending)
-        return num_new, request.spec_token_ids[:num_spec]
+        return num_new, spec_token_ids[:num_spec], num_pending
 
     def _cap_chunk(self, num_new: int, token_budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -163,18 +172,14 @@ class Scheduler:
             num_new = min(num_new, threshold)
         return min(num_new, token_budget)
 
-    def _allocate_or_preempt(
-        self, request: Request, num_new: int, plan: StepPlan
-    ) -> list[int] | None:
-        """Blocks for the request's step, preempting the newest running requests if needed.
+    def _make_room(self, request: Request, num_new: int, plan: StepPlan) -> list[int] | None:
+        """Blocks for the request's step once the pool alone could not supply them: preempt the
+        newest running requests until it can.
 
         A victim with a step in flight keeps its blocks until that step settles; the request then
         waits one step for them (None) rather than preempting more victims.
         """
         while True:
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
-            if new_blocks is not None:
-                return new_blocks
             num_needed = self.kv_cache_manager.num_blocks_needed(request, num_new)
             if plan.num_blocks_returning >= num_needed:
                 plan.num_blocks_returning -= num_needed
@@ -185,6 +190,9 @@ class Scheduler:
             if victim is request:
                 return None
             plan.num_blocks_returning += returning
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks
 
     def _preempt(self, request: Request, plan: StepPlan) -> int:
         """Preempt by recompute: back to the front of the queue with only its committed tokens.
@@ -216,7 +224,7 @@ class Scheduler:
             if self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks) is None:
                 return
             self._admit(request, num_hit)
-            plan.add(request, num_new, [])
+            plan.add(request, num_new, [], request.num_pending_tokens)
             plan.add_new(request, self.kv_cache_manager.block_ids(request.req_id))
 
     def _admit(self, request: Request, num_hit: int) -> None:
@@ -226,23 +234,25 @@ class Scheduler:
             request.num_cached_tokens = num_hit
         self._num_prefix_hit_tokens += num_hit
 
-    def _after_schedule(self, output: SchedulerOutput) -> InFlightStep:
+    def _after_schedule(self, plan: StepPlan) -> InFlightStep:
         """Advance each scheduled request's frontier and note what the step will sample."""
-        record = InFlightStep(step=output.step)
-        for req_id, num_new in output.num_scheduled_tokens.items():
-            request = self._tracked(req_id)
+        record = InFlightStep(step=plan.step)
+        num_sampled_slots = record.num_sampled_slots
+        spec_tokens = plan.spec_tokens
+        num_spec_tokens = self.config.num_spec_tokens
+        for request, num_new in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
             request.num_computed_tokens += num_new
             request.num_steps_in_flight += 1
-            samples = request.num_computed_tokens >= (
-                request.num_tokens + request.num_output_placeholders
-            )
-            num_slots = (
-                1 + len(output.scheduled_spec_decode_tokens.get(req_id, ())) if samples else 0
-            )
-            record.num_sampled_slots[req_id] = num_slots
-            if samples:  # the device proposes the next drafts right after sampling
-                request.spec_token_ids = [-1] * self.config.num_spec_tokens
-            request.num_output_placeholders += num_slots
+            num_placeholders = request.num_output_placeholders
+            num_known = request.num_prompt_tokens + len(request.output_token_ids)
+            if request.num_computed_tokens >= num_known + num_placeholders:  # it samples
+                num_slots = 1 + len(spec_tokens.get(request.req_id, ())) if spec_tokens else 1
+                # the device proposes the next drafts right after sampling
+                request.spec_token_ids = [-1] * num_spec_tokens
+            else:
+                num_slots = 0
+            num_sampled_slots[request.req_id] = num_slots
+            request.num_output_placeholders = num_placeholders + num_slots
         return record
 
     # -- update --------------------------------------------------------------------------------
@@ -260,59 +270,84 @@ class Scheduler:
         if runner_output.step != scheduler_output.step:
             raise ValueError(f"runner output step {runner_output.step} != {scheduler_output.step}")
         record = self._in_flight.popleft()
-        row_of = {req_id: row for row, req_id in enumerate(runner_output.req_ids)}
         self._last_accepted = 0
         outputs: list[RequestOutput] = []
-        for req_id, num_slots in record.num_sampled_slots.items():
-            request = self._tracked(req_id)
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        all_sampled, all_logprobs = runner_output.sampled_token_ids, runner_output.logprobs
+        requests = self._tracked(record.num_sampled_slots)
+        rows = self._output_rows(record, runner_output)
+        for request, num_slots, row in zip(
+            requests, record.num_sampled_slots.values(), rows, strict=True
+        ):
+            req_id = request.req_id
             request.num_steps_in_flight -= 1
-            row = row_of.get(req_id)
-            sampled = runner_output.sampled_token_ids[row] if row is not None else []
-            logprobs = (
-                runner_output.logprobs[row] if runner_output.logprobs and row is not None else None
-            )
-            output = self._commit(request, scheduler_output, num_slots, sampled, logprobs)
+            sampled = all_sampled[row] if row is not None else []
+            logprobs = all_logprobs[row] if all_logprobs and row is not None else None
+            num_drafts = len(spec_tokens.get(req_id, ())) if spec_tokens else 0
+            output = self._commit(request, num_drafts, num_slots, sampled, logprobs)
             if output is not None:
                 outputs.append(output)
-            self._release_if_idle(request)
+            # Skipped while a later step references the request: take_release would refuse.
+            if request.num_steps_in_flight == 0:
+                self._release_if_idle(request)
         self._check_invariants_if_debug()
         return outputs
+
+    @staticmethod
+    def _output_rows(
+        record: InFlightStep, runner_output: ModelRunnerOutput
+    ) -> Sequence[int | None]:
+        """The row of each of the step's requests (in record order) in the runner output; None
+        for a request the runner did not return."""
+        req_ids = list(record.num_sampled_slots)
+        if runner_output.req_ids == req_ids:  # the runner kept schedule order: no lookup
+            return range(len(req_ids))
+        row_of = {req_id: row for row, req_id in enumerate(runner_output.req_ids)}
+        return [row_of.get(req_id) for req_id in req_ids]
 
     def _commit(
         self,
         request: Request,
-        scheduler_output: SchedulerOutput,
+        num_drafts: int,
         num_slots: int,
         sampled: list[int],
         logprobs: list[list[tuple[int, float]]] | None,
     ) -> RequestOutput | None:
-        """Settle one request's share of a returned step; None when there is nothing to report."""
+        """Settle one request's share of a returned step (``num_drafts`` of its ``num_slots``
+        sampled slots were drafts to verify); None when there is nothing to report."""
         request.num_output_placeholders -= num_slots
-        if request.is_finished:
+        status = request.status
+        if status.is_finished:
             return None  # finished while this step was in flight: computed, never returned
-        num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(request.req_id, ()))
         if not (num_slots == 0 and not sampled) and not 1 <= len(sampled) <= num_slots:
             raise ValueError(
                 f"request {request.req_id!r}: runner returned {len(sampled)} tokens for a step with"
                 f" {num_slots} sampled slots"
             )
         num_accepted = len(sampled) - 1 if num_drafts and sampled else 0
-        if request.status is RequestStatus.RUNNING:
+        was_running = status is RequestStatus.RUNNING
+        if was_running:
             request.num_computed_tokens -= num_drafts - num_accepted
         self._last_accepted += num_accepted
-        was_running = request.status is RequestStatus.RUNNING
-        new_token_ids = self._append_tokens(request, sampled)
+        if len(sampled) == 1:  # the common case: commit one token without the loop
+            request.output_token_ids.append(sampled[0])
+            check_stop(request, self.config.max_model_len, self._stop_string_checker)
+            new_token_ids = [sampled[0]]
+        else:
+            new_token_ids = self._append_tokens(request, sampled)
         if was_running:
             self.kv_cache_manager.cache_full_blocks(request, request.confirmed_frontier)
-        if request.is_finished:
+        status = request.status  # a stop condition may have finished it
+        finished = status.is_finished
+        if finished:
             self._finish(request)
         elif not new_token_ids:
             return None
         return RequestOutput(
             req_id=request.req_id,
             new_token_ids=new_token_ids,
-            finished=request.is_finished,
-            finish_reason=request.finish_reason,
+            finished=finished,
+            finish_reason=status.finish_reason if finished else None,
             stop_reason=request.stop_reason,
             num_draft_tokens=num_drafts,
             num_accepted=num_accepted,
@@ -321,14 +356,16 @@ class Scheduler:
         )
 
     def _append_tokens(self, request: Request, sampled: list[int]) -> list[int]:
-        """Commit tokens one by one until a stop condition ends the request."""
-        new_token_ids: list[int] = []
+        """Commit tokens one by one until a stop condition ends the request; returns a new list
+        of the tokens committed."""
+        output_token_ids = request.output_token_ids
+        num_committed = 0
         for token_id in sampled:
-            request.output_token_ids.append(token_id)
-            new_token_ids.append(token_id)
+            output_token_ids.append(token_id)
+            num_committed += 1
             if check_stop(request, self.config.max_model_len, self._stop_string_checker):
                 break
-        return new_token_ids
+        return output_token_ids[len(output_token_ids) - num_committed :]
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
         """Sync mode with a CPU proposer: replace the ``-1`` drafts with real ones (at most
@@ -345,11 +382,14 @@ class Scheduler:
         request.spec_token_ids = []
         self._release_if_idle(request)
 
-    def _tracked(self, req_id: str) -> Request:
-        """A request a step in flight references: tracked until that step settles."""
-        request = self._queues.get(req_id)
-        assert request is not None, f"request {req_id!r} released while a step references it"
-        return request
+    def _tracked(self, req_ids: Iterable[str]) -> list[Request]:
+        """The requests a step in flight references: tracked until that step settles."""
+        get = self._queues.get
+        requests = [get(req_id) for req_id in req_ids]
+        if None in requests:  # one check for the whole step
+            released = [req_id for req_id, r in zip(req_ids, requests, strict=True) if r is None]
+            raise AssertionError(f"requests {released} released while a step references them")
+        return cast("list[Request]", requests)
 
     def _release_if_idle(self, request: Request) -> None:
         """Give the blocks back once no step in flight references the request."""

@@ -34,6 +34,8 @@ class StepPlan:
     cached_new_block_ids: list[list[int]] = field(default_factory=list)
     cached_num_computed: list[int] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # The scheduled requests themselves, in ``num_scheduled_tokens`` order (no lookup by id).
+    requests: list[Request] = field(default_factory=list)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_prefill_reqs: int = 0
     num_decode_reqs: int = 0
@@ -44,15 +46,19 @@ class StepPlan:
     # A running request went short of blocks this step: admit no waiting request.
     short_of_blocks: bool = False
 
-    def add(self, request: Request, num_new_tokens: int, spec_tokens: list[int]) -> None:
-        """Record that the request advances ``num_new_tokens`` (spec tokens included)."""
+    def add(
+        self, request: Request, num_new_tokens: int, spec_tokens: list[int], num_pending: int
+    ) -> None:
+        """Record that the request advances ``num_new_tokens`` (spec tokens included).
+
+        ``num_pending`` is the request's ``num_pending_tokens`` before this step (the caller has
+        it already); one or none makes the request a decode, more a prefill.
+        """
         self.num_scheduled_tokens[request.req_id] = num_new_tokens
+        self.requests.append(request)
         self.token_budget -= num_new_tokens
         if spec_tokens:
             self.spec_tokens[request.req_id] = spec_tokens
-        num_pending = (
-            request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-        )
         if num_pending <= 1:
             self.num_decode_reqs += 1
         else:

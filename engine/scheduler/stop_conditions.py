@@ -18,8 +18,10 @@ def check_stop(
     applies. Stop strings need text, so they are delegated to ``stop_string_checker``.
     """
     params = request.sampling_params
-    last_token_id = request.output_token_ids[-1]
-    if request.num_output_tokens >= params.min_tokens:
+    output_token_ids = request.output_token_ids
+    last_token_id = output_token_ids[-1]
+    num_output_tokens = len(output_token_ids)
+    if num_output_tokens >= params.min_tokens:
         if not params.ignore_eos and last_token_id == request.eos_token_id:
             request.status = RequestStatus.FINISHED_STOPPED
             return True
@@ -33,7 +35,8 @@ def check_stop(
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = matched
                 return True
-    if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
+    num_tokens = request.num_prompt_tokens + num_output_tokens
+    if num_output_tokens >= params.max_tokens or num_tokens >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine.request import RequestStatus
+from engine.scheduler.outputs import ModelRunnerOutput
+from engine.scheduler.request_output import RequestOutput
 from engine.scheduler.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_sched_harness import EOS, FakeDevice, make_request, prompt_tokens, run_engine
 
@@ -264,3 +266,31 @@ def test_cpu_drafts_replace_device_placeholders_in_sync_mode() -> None:
     assert out.scheduled_spec_decode_tokens == {"a": [5, 6]} and out.num_scheduled_tokens == {
         "a": 3
     }
+
+
+@pytest.mark.parametrize("num_spec_tokens", [0, 2])
+def test_runner_rows_are_matched_by_id_not_position(num_spec_tokens: int) -> None:
+    """A runner output listing the step's requests in another order commits the same."""
+
+    def run(reorder: bool) -> list[RequestOutput]:
+        scheduler = Scheduler(_config(num_spec_tokens=num_spec_tokens))
+        device = FakeDevice(4, num_spec_tokens=num_spec_tokens)
+        for req_id, prompt_len in zip("abc", [5, 3, 7], strict=True):
+            scheduler.add_request(make_request(req_id, prompt_len, max_tokens=6))
+        outputs: list[RequestOutput] = []
+        while scheduler.has_unfinished_requests():
+            out = scheduler.schedule()
+            runner_out = device.execute(out)
+            if reorder:
+                runner_out = ModelRunnerOutput(
+                    runner_out.step,
+                    runner_out.req_ids[::-1],
+                    runner_out.sampled_token_ids[::-1],
+                    runner_out.num_accepted[::-1],
+                )
+            outputs += scheduler.update_from_output(out, runner_out)
+        return outputs
+
+    in_order = run(reorder=False)
+    assert run(reorder=True) == in_order
+    assert sum(len(o.new_token_ids) for o in in_order) == 18
