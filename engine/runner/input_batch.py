@@ -16,6 +16,7 @@ this step's block-table diffs are applied (proposers keep their chain KV inside 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -83,21 +84,31 @@ def build_input_batch(
     ``padded_reqs`` (CUDA graphs, uniform decode only) pads requests and tokens to that count.
     """
     req_ids = list(out.num_scheduled_tokens)
-    rows = [states.row_of[r] for r in req_ids]
-    query_lens = [out.num_scheduled_tokens[r] for r in req_ids]
-    num_logits = [1 + len(out.scheduled_spec_decode_tokens.get(r, ())) for r in req_ids]
-    seq_lens, returns = [], []
-    for row, q in zip(rows, query_lens, strict=True):
-        seq_len = int(states.num_computed_cpu[row]) + q
-        if seq_len > states.max_model_len:
-            raise ValueError(f"row {row} would reach {seq_len} > max_model_len tokens")
-        seq_lens.append(seq_len)
-        returns.append(seq_len >= states.prefill_len_cpu[row])
-        states.advance(row, q)
+    row_of = states.row_of
+    rows = [row_of[r] for r in req_ids]
+    query_lens = list(out.num_scheduled_tokens.values())
+    spec_tokens = out.scheduled_spec_decode_tokens
     b, t = len(req_ids), sum(query_lens)
+    if spec_tokens:
+        num_logits = [1 + len(spec_tokens.get(r, ())) for r in req_ids]
+    else:  # no drafts this step: one logits row per request
+        num_logits = [1] * b
+    # Per-request work stays in Python lists: each mirror is converted once (a few hundred ints),
+    # cheaper than a numpy scalar read per request or a string of small numpy calls.
+    num_computed = states.num_computed_cpu.tolist()
+    prefill_len = states.prefill_len_cpu.tolist()
+    seq_lens = [num_computed[row] + q for row, q in zip(rows, query_lens, strict=True)]
+    max_seq_len = max(seq_lens, default=0)
+    if max_seq_len > states.max_model_len:
+        row, seq_len = next(
+            (r, n) for r, n in zip(rows, seq_lens, strict=True) if n > states.max_model_len
+        )
+        raise ValueError(f"row {row} would reach {seq_len} > max_model_len tokens")
+    returns = [seq_len >= prefill_len[row] for row, seq_len in zip(rows, seq_lens, strict=True)]
+    states.advance(rows, query_lens)
     bp = b if padded_reqs is None else padded_reqs
-    params = [states.params[r] for r in rows]
-    wanted = [p.logprobs for p in params if p is not None and p.logprobs is not None]
+    max_query_len = max(query_lens, default=0)
+    flags = states.sampling_flags(rows)
     batch = InputBatch(
         step=out.step,
         req_ids=req_ids,
@@ -110,35 +121,40 @@ def build_input_batch(
         num_logits=sum(num_logits),
         num_padded_reqs=bp,
         num_padded_tokens=t + (bp - b),
-        max_query_len=max(query_lens, default=0),
-        max_seq_len=max(seq_lens, default=0),
-        is_uniform_decode=b > 0 and all(q == 1 for q in query_lens),
-        any_penalties=any(p is not None and p.has_penalties for p in params),
-        all_greedy=all(p is not None and p.is_greedy for p in params),
-        no_top_k_top_p_min_p=all(
-            p is not None and p.top_k <= 0 and p.top_p == 1.0 and p.min_p == 0.0 for p in params
-        ),
-        max_num_logprobs=max(wanted) if wanted else None,
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        is_uniform_decode=b > 0 and max_query_len == 1 and min(query_lens) == 1,
+        any_penalties=flags.any_penalties,
+        all_greedy=flags.all_greedy,
+        no_top_k_top_p_min_p=flags.no_top_k_top_p_min_p,
+        max_num_logprobs=flags.max_num_logprobs,
         num_drafts=sum(num_logits) - b,
         max_logits_per_req=max(num_logits, default=1),
     )
-    num_blocks = [int(states.num_blocks_cpu[r]) for r in rows]
+    num_blocks_of_row = states.num_blocks_cpu.tolist()
+    num_blocks = [num_blocks_of_row[row] for row in rows]
     return batch, _pack(batch, states.trash_row, num_blocks)
 
 
 def _pack(batch: InputBatch, trash_row: int, num_blocks: list[int]) -> np.ndarray:
-    b, bp = batch.num_reqs, batch.num_padded_reqs
-    pad = bp - b
-    idx_mapping = np.array(batch.rows + [trash_row] * pad, np.int32)
+    """The packed int32 layout of the module docstring, built as Python lists and converted in
+    one call (one conversion is cheaper than a numpy call per section)."""
+    rows, pad = batch.rows, batch.num_padded_reqs - batch.num_reqs
+    idx_mapping = rows + [trash_row] * pad
     # Padded requests own no query token (the model's convention); padding tokens get slot -1.
-    qsl = np.concatenate([[0], np.cumsum(batch.query_lens + [0] * pad)]).astype(np.int32)
-    cu_logits = np.concatenate([[0], np.cumsum(batch.num_logits_per_req)]).astype(np.int32)
-    logit_rows = np.repeat(np.array(batch.rows, np.int32), batch.num_logits_per_req)
-    commit = [
-        r if ok else trash_row for r, ok in zip(batch.rows, batch.returns_tokens, strict=True)
-    ]
-    commit_rows = np.repeat(np.array(commit, np.int32), batch.num_logits_per_req)
-    blocks = np.array(num_blocks, np.int32)
-    return np.concatenate([idx_mapping, qsl, cu_logits, logit_rows, commit_rows, blocks]).astype(
-        np.int32
-    )
+    qsl = list(accumulate(batch.query_lens + [0] * pad, initial=0))
+    cu_logits = list(accumulate(batch.num_logits_per_req, initial=0))
+    commit = [r if ok else trash_row for r, ok in zip(rows, batch.returns_tokens, strict=True)]
+    if batch.num_drafts == 0:  # one logits row per request: nothing to repeat
+        logit_rows, commit_rows = rows, commit
+    else:
+        logit_rows = _repeat(rows, batch.num_logits_per_req)
+        commit_rows = _repeat(commit, batch.num_logits_per_req)
+    sections = (idx_mapping, qsl, cu_logits, logit_rows, commit_rows, num_blocks)
+    size = sum(len(section) for section in sections)
+    return np.fromiter(chain.from_iterable(sections), np.int32, size)
+
+
+def _repeat(values: list[int], counts: list[int]) -> list[int]:
+    """``values[i]`` repeated ``counts[i]`` times, in order (``np.repeat`` on lists)."""
+    return [value for value, count in zip(values, counts, strict=True) for _ in range(count)]

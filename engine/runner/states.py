@@ -13,6 +13,7 @@ mid-prefill sample, a padded slot) land there, so no mask ever needs a host sync
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from engine.runner.staged_write import StagedFlush, StagedWriteTensor
 from engine.sampling_params import SamplingParams
 from engine.scheduler.outputs import CachedRequestData, NewRequestData
 
-__all__ = ["RequestStates", "SAMPLING_F32_COLUMNS", "counter_seed"]
+__all__ = ["RequestStates", "SamplingFlags", "SAMPLING_F32_COLUMNS", "counter_seed"]
 
 # Columns of the per-row float sampling table.
 SAMPLING_F32_COLUMNS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
@@ -35,6 +36,21 @@ def counter_seed(base_seed: int, counter: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) & _MASK63
+
+
+class SamplingFlags(NamedTuple):
+    """What a batch's rows ask of the sampler, all rows together."""
+
+    any_penalties: bool
+    all_greedy: bool
+    no_top_k_top_p_min_p: bool
+    max_num_logprobs: int | None
+
+
+# A batch whose rows all sample greedily, without penalties, filters or logprobs (or no rows).
+_PLAIN_GREEDY = SamplingFlags(
+    any_penalties=False, all_greedy=True, no_top_k_top_p_min_p=True, max_num_logprobs=None
+)
 
 
 class RequestStates:
@@ -96,6 +112,14 @@ class RequestStates:
         self.prefill_len_cpu = np.zeros(rows, np.int64)
         self.num_computed_cpu = np.zeros(rows, np.int64)  # device frontier once enqueued work ran
         self.num_blocks_cpu = np.zeros(rows, np.int64)
+        # What each row's SamplingParams asks beyond plain greedy sampling (set when the row is
+        # staged, cleared when it is freed), and how many rows ask anything: while none does, a
+        # step's sampling switches are known without reading its rows.
+        self._penalised_cpu = np.zeros(rows, np.bool_)
+        self._random_cpu = np.zeros(rows, np.bool_)  # temperature > 0
+        self._filtered_cpu = np.zeros(rows, np.bool_)  # top-k, top-p or min-p
+        self._num_logprobs_cpu = np.full(rows, -1, np.int64)  # -1: no logprobs
+        self._num_rows_beyond_greedy = 0
         self._base_seed = seed
         self._num_unseeded = 0
         self._penalty_rows_to_init: list[int] = []
@@ -110,6 +134,7 @@ class RequestStates:
             row = self.row_of.pop(req_id, None)
             if row is not None:
                 self.params[row] = None
+                self._set_sampling_flags(row, None)
                 self._free_rows.append(row)
 
     def add(self, new: NewRequestData) -> int:
@@ -136,20 +161,58 @@ class RequestStates:
 
     def update_cached(self, cached: CachedRequestData) -> None:
         """Append new blocks; stage a frontier only where the scheduler disagrees with the mirror."""
-        for i, req_id in enumerate(cached.req_ids):
-            row = self.row_of[req_id]
-            if i < len(cached.new_block_ids):
-                self._append_blocks(row, cached.new_block_ids[i])
-            if i < len(cached.num_computed_tokens):
-                frontier = cached.num_computed_tokens[i]
-                if frontier != self.num_computed_cpu[row]:
-                    if not self.device_owns_frontier:
-                        self.num_computed.stage(row, 0, [frontier])
-                    self.num_computed_cpu[row] = frontier
+        row_of = self.row_of
+        rows = [row_of[req_id] for req_id in cached.req_ids]
+        # zip stops at the shorter list, as a missing entry means "no change".
+        for row, block_ids in zip(rows, cached.new_block_ids, strict=False):
+            if block_ids:
+                self._append_blocks(row, block_ids)
+        # The mirror as a list (one conversion) is cheaper to compare per row than numpy scalars;
+        # a staged frontier is written to both, so the list never goes stale.
+        num_computed = self.num_computed_cpu.tolist()
+        for row, frontier in zip(rows, cached.num_computed_tokens, strict=False):
+            if frontier != num_computed[row]:
+                if not self.device_owns_frontier:
+                    self.num_computed.stage(row, 0, [frontier])
+                self.num_computed_cpu[row] = num_computed[row] = frontier
 
-    def advance(self, row: int, num_tokens: int) -> None:
-        """Mirror the input-prep kernel's ``num_computed[row] += num_tokens``."""
-        self.num_computed_cpu[row] += num_tokens
+    def advance(self, rows: list[int], num_tokens: list[int]) -> None:
+        """Mirror the input-prep kernel's ``num_computed[rows] += num_tokens`` (distinct rows)."""
+        self.num_computed_cpu[rows] += num_tokens
+
+    def sampling_flags(self, rows: list[int]) -> SamplingFlags:
+        """The sampler's batch-wide switches for these rows (rows holding requests)."""
+        if self._num_rows_beyond_greedy == 0 or not rows:
+            # No live row asks for more than plain greedy sampling, so no row of the batch does.
+            return _PLAIN_GREEDY
+        index = np.array(rows, np.int64)  # [b]
+        most_logprobs = int(self._num_logprobs_cpu[index].max())
+        return SamplingFlags(
+            any_penalties=bool(self._penalised_cpu[index].any()),
+            all_greedy=not self._random_cpu[index].any(),
+            no_top_k_top_p_min_p=not self._filtered_cpu[index].any(),
+            max_num_logprobs=most_logprobs if most_logprobs >= 0 else None,
+        )
+
+    def _set_sampling_flags(self, row: int, p: SamplingParams | None) -> None:
+        """Record what ``p`` asks of the sampler for this row (None: the row was freed and asks
+        nothing), keeping the count of rows that ask for more than plain greedy sampling."""
+        self._num_rows_beyond_greedy -= self._beyond_greedy(row)
+        self._penalised_cpu[row] = p is not None and p.has_penalties
+        self._random_cpu[row] = p is not None and not p.is_greedy
+        self._filtered_cpu[row] = p is not None and (
+            p.top_k > 0 or p.top_p != 1.0 or p.min_p != 0.0
+        )
+        self._num_logprobs_cpu[row] = -1 if p is None or p.logprobs is None else p.logprobs
+        self._num_rows_beyond_greedy += self._beyond_greedy(row)
+
+    def _beyond_greedy(self, row: int) -> bool:
+        return bool(
+            self._penalised_cpu[row]
+            or self._random_cpu[row]
+            or self._filtered_cpu[row]
+            or self._num_logprobs_cpu[row] >= 0
+        )
 
     def _append_blocks(self, row: int, block_ids: list[int]) -> None:
         if block_ids:
@@ -159,6 +222,7 @@ class RequestStates:
 
     def _stage_sampling(self, row: int, p: SamplingParams) -> None:
         self.params[row] = p
+        self._set_sampling_flags(row, p)
         self.sampling_f32.stage(
             row,
             0,
