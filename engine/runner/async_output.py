@@ -92,26 +92,40 @@ class AsyncOutput:
         batch, host = self.batch, self._host
         if batch is None or host is None:
             return ModelRunnerOutput(step=self.step, req_ids=[], sampled_token_ids=[])
-        sampled = host.sampled.numpy()
+        # One conversion to Python ints for the whole step (not one per token).
+        sampled: list[int] = host.sampled.numpy().tolist()
+        returns_tokens = batch.returns_tokens
+        if batch.num_drafts == 0 and host.num_accepted is None:
+            # No speculation: one logits row, so one token, per request; there is nothing to
+            # accept and no slicing by accepted counts to do.
+            tokens = [[t] if r else [] for t, r in zip(sampled, returns_tokens, strict=True)]
+            accepted = [0] * batch.num_reqs
+        else:
+            tokens, accepted = self._spec_tokens(batch, host, sampled)
+        return ModelRunnerOutput(
+            step=self.step,
+            req_ids=list(batch.req_ids),
+            sampled_token_ids=tokens,
+            num_accepted=[a if r else 0 for a, r in zip(accepted, returns_tokens, strict=True)],
+            logprobs=self._logprobs(batch, host, tokens),
+        )
+
+    @staticmethod
+    def _spec_tokens(
+        batch: InputBatch, host: HostOutputBuffers, sampled: list[int]
+    ) -> tuple[list[list[int]], list[int]]:
+        """Per request: its accepted drafts plus the bonus token, and the accepted count."""
         accepted = [n - 1 for n in batch.num_logits_per_req]
         if host.num_accepted is not None:
-            accepted = [int(a) for a in host.num_accepted.numpy()]
+            accepted = host.num_accepted.numpy().tolist()
         tokens: list[list[int]] = []
         start = 0
         for n, a, returns in zip(
             batch.num_logits_per_req, accepted, batch.returns_tokens, strict=True
         ):
-            tokens.append([int(t) for t in sampled[start : start + a + 1]] if returns else [])
+            tokens.append(sampled[start : start + a + 1] if returns else [])
             start += n
-        return ModelRunnerOutput(
-            step=self.step,
-            req_ids=list(batch.req_ids),
-            sampled_token_ids=tokens,
-            num_accepted=[
-                a if r else 0 for a, r in zip(accepted, batch.returns_tokens, strict=True)
-            ],
-            logprobs=self._logprobs(batch, host, tokens),
-        )
+        return tokens, accepted
 
     @staticmethod
     def _logprobs(
