@@ -299,7 +299,9 @@ class EngineCore:
             )
         if so.total_num_scheduled_tokens == 0:
             return None
-        self.requests.scheduled(list(so.num_scheduled_tokens))
+        # Only a request the runner sees anew can be scheduled for the first time: the running
+        # ones were all first scheduled as new requests.
+        self.requests.scheduled([new.req_id for new in so.scheduled_new_reqs])
         return so
 
     def _wait(self, so: SchedulerOutput, handle: AsyncOutput) -> ModelRunnerOutput:
@@ -319,18 +321,16 @@ class EngineCore:
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         with self.tracer.span(CpuSlice.UPDATE_FROM_OUTPUT.value, step=so.step) as span:
             outputs = self._advance_grammars(self.scheduler.update_from_output(so, out))
-            num_accepted = sum(o.num_accepted for o in outputs)
-            num_rejected = sum(o.num_draft_tokens - o.num_accepted for o in outputs)
-            num_finished = 0
+            num_accepted = num_drafts = num_finished = 0
             for o in outputs:
-                self.requests.tokens(o.req_id, len(o.new_token_ids))
-                if o.finished:
-                    num_finished += 1
-                    self.requests.finished(o.req_id)
+                num_accepted += o.num_accepted
+                num_drafts += o.num_draft_tokens
+                num_finished += o.finished
+            self.requests.committed(outputs)
             span.set_args(
                 **{
                     Arg.NUM_ACCEPTED.value: num_accepted,
-                    Arg.NUM_REJECTED.value: num_rejected,
+                    Arg.NUM_REJECTED.value: num_drafts - num_accepted,
                     Arg.NUM_FINISHED.value: num_finished,
                 }
             )

@@ -6,10 +6,12 @@ finishes, and writes three slices on the track ``request <id>`` when the request
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.scheduler.request_output import RequestOutput
 from instrument.schema import Arg, RequestSlice, request_track_name
 from instrument.tracer import Tracer, now_ns
 
@@ -71,15 +73,26 @@ class RequestTimeline:
             if timing is not None and timing.first_scheduled_ns is None:
                 timing.first_scheduled_ns = t
 
-    def tokens(self, req_id: str, num_tokens: int) -> None:
+    def tokens(self, req_id: str, num_tokens: int, t_ns: int | None = None) -> None:
+        """``num_tokens`` committed for the request at ``t_ns`` (default: now)."""
         timing = self.timings.get(req_id)
         if timing is None or num_tokens == 0:
             return
-        t = now_ns()
+        t = t_ns if t_ns is not None else now_ns()
         if timing.first_token_ns is None:
             timing.first_token_ns = t
         timing.last_token_ns = t
         timing.num_output_tokens += num_tokens
+
+    def committed(self, outputs: Sequence[RequestOutput]) -> None:
+        """One update's outputs: ``tokens`` for each (one timestamp: they came back together),
+        then ``finished`` for those that finished."""
+        t = now_ns()
+        for o in outputs:
+            self.tokens(o.req_id, len(o.new_token_ids), t)
+        for o in outputs:
+            if o.finished:
+                self.finished(o.req_id)
 
     def finished(self, req_id: str) -> None:
         timing = self.timings.get(req_id)
