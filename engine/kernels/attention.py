@@ -87,6 +87,35 @@ def paged_attention_torch(
     return out.to(q.dtype)  # [T, Hq, D]
 
 
+def _softmax_tile_src(
+    q, k, v, allowed, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.constexpr
+):  # fmt: skip
+    """One KV tile of the online softmax, in base 2: scores ``q kᵀ`` (scaled by
+    ``scale_log2``) where ``allowed``, then the running max ``m_i``, the running denominator
+    ``l_i`` and the accumulator ``acc`` updated with this tile. Returns the three."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+# The kernels call the tile step by this name; _jit() binds it (compiled or interpreted, as the
+# kernels are) before the first kernel is built.
+_softmax_tile: Any = None
+
+
+def _jit(src: Any) -> Any:
+    """``triton.jit(src)``, with the shared tile step bound first (same mode as the kernel)."""
+    global _softmax_tile
+    if _softmax_tile is None:
+        _softmax_tile = triton.jit(_softmax_tile_src)
+    return triton.jit(src)
+
+
 def _paged_attention_kernel_src(
     q_ptr, k_ptr, v_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_table_ptr,
     num_reqs, scale_log2, q_stride_t, q_stride_h, bt_stride, kv_stride_slot, kv_stride_head,
@@ -138,16 +167,10 @@ def _paged_attention_kernel_src(
             kv_mask = n_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
             v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
             allowed = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-            s = tl.where(allowed, s, float("-inf"))
-            # online softmax in base 2: m = running max, l = running denominator
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_tile(
+                q, k, v, allowed, m_i, l_i, acc, scale_log2, DOT_PRECISION
+            )
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / l_safe[:, None]
         tl.store(
@@ -207,14 +230,9 @@ def _paged_decode_kernel_src(
                 kv_mask = n_ok[:, None] & d_ok[None, :]
                 k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
                 v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-                s = tl.where(n_ok[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-                m_i = m_new
+                m_i, l_i, acc = _softmax_tile(
+                    q, k, v, n_ok[None, :], m_i, l_i, acc, scale_log2, DOT_PRECISION
+                )
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
             tl.store(
                 out_ptr + q_rows[:, None] + offs_d[None, :],
@@ -247,7 +265,7 @@ def decode_launch(num_programs: int, device: torch.device) -> dict[str, Any]:
 
 @functools.cache
 def _paged_decode_kernel() -> Any:
-    return triton.jit(_paged_decode_kernel_src)
+    return _jit(_paged_decode_kernel_src)
 
 
 # stepscope: hot
@@ -299,7 +317,7 @@ def paged_decode_attention_triton(
 @functools.cache
 def _paged_attention_kernel() -> Any:
     """JIT-compile on first use, so ``TRITON_INTERPRET`` is read at the first call, not import."""
-    return triton.jit(_paged_attention_kernel_src)
+    return _jit(_paged_attention_kernel_src)
 
 
 # stepscope: hot
