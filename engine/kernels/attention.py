@@ -263,6 +263,16 @@ def decode_launch(num_programs: int, device: torch.device) -> dict[str, Any]:
     return DECODE_LAUNCH
 
 
+def _launch_inputs(
+    q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+) -> tuple[torch.Tensor, int, int]:
+    """``(q made contiguous, num_reqs, GQA group size)``; the KV cache must be contiguous."""
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    num_reqs = attn_metadata.query_start_loc.shape[0] - 1
+    return q.contiguous(), num_reqs, q.shape[1] // kv_cache.shape[3]
+
+
 @functools.cache
 def _paged_decode_kernel() -> Any:
     return _jit(_paged_decode_kernel_src)
@@ -283,13 +293,9 @@ def paged_decode_attention_triton(
     (transposed when ``head_major``).
 
     Launch parameters default to :func:`decode_launch`'s; the tuning script overrides them."""
-    num_tokens, num_heads, head_dim = q.shape
+    q, num_reqs, group = _launch_inputs(q, kv_cache, attn_metadata)
+    num_tokens, _, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    group = num_heads // num_kv_heads
-    num_reqs = attn_metadata.query_start_loc.shape[0] - 1
-    q = q.contiguous()
-    if not kv_cache.is_contiguous():
-        raise ValueError("kv_cache must be contiguous")
     out = torch.empty_like(q)  # [T, Hq, D]: every row is written by the kernel
     if num_tokens == 0:
         return out
@@ -347,13 +353,9 @@ def paged_varlen_attention_triton(
     its q block by binary search over ``query_start_loc``. Programs whose q block is empty
     (query_len 0, padded requests) exit without writing; padded tokens keep the zeros the
     output starts with."""
-    num_tokens, num_heads, head_dim = q.shape
+    q, num_reqs, group = _launch_inputs(q, kv_cache, attn_metadata)
+    num_tokens, _, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    group = num_heads // num_kv_heads
-    num_reqs = attn_metadata.query_start_loc.shape[0] - 1
-    q = q.contiguous()
-    if not kv_cache.is_contiguous():
-        raise ValueError("kv_cache must be contiguous")
     out = torch.zeros_like(q)  # [T, Hq, D]
     if num_tokens == 0 or num_reqs == 0:
         return out
