@@ -18,7 +18,10 @@ FINISH_REASON_ERROR = "error"
 StopStringChecker = Callable[[Request], "str | None"]
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per request per step, and a frozen dataclass's __init__ (a
+# object.__setattr__ per field) costs ~3.5x a plain slotted one (1.21 vs 0.34 us here, about
+# 0.2 ms per step at batch 256). Treat instances as read-only; dataclasses.replace makes changes.
+@dataclass(slots=True)
 class RequestOutput:
     """What one step committed for one request.
 
