@@ -100,7 +100,7 @@ def _num(values: list[Any]) -> np.ndarray:
 
 
 def _columns(events: list[dict[str, Any]]) -> pd.DataFrame:
-    args = [e.get("args") if isinstance(e.get("args"), dict) else {} for e in events]
+    args: list[dict[str, Any]] = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
     df = pd.DataFrame(
         {
             "ph": [str(e.get("ph", "")) for e in events],

@@ -147,7 +147,15 @@ _EVENT_LAST = (_E_TYPE, _E_TRACK, _E_NAME, _E_NAME_IID, _E_COUNTER_INT, _E_COUNT
 _EVENT_ROWS = ((_E_ANNOT, WIRE_LEN),) + tuple(
     (f, w) for f, _ in _FLOW_FIELDS for w in (WIRE_I64, WIRE_VARINT, WIRE_LEN)
 )
-_ANNOT_LAST = (_A_NAME_IID, _A_NAME, _A_BOOL, _A_UINT, _A_INT, _A_DOUBLE, _A_STRING)
+_ANNOT_LAST: tuple[int, ...] = (
+    _A_NAME_IID,
+    _A_NAME,
+    _A_BOOL,
+    _A_UINT,
+    _A_INT,
+    _A_DOUBLE,
+    _A_STRING,
+)
 _ANNOT_LAST += (_A_STRING_IID, _A_POINTER)
 
 

@@ -94,7 +94,7 @@ def load_jsonl(path: str) -> list[WorkloadRequest]:
     """One JSON object per line: ``id``, ``prompt`` or ``prompt_token_ids``, vLLM's parameter
     names (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
     ``stop_token_ids``, ``ignore_eos``, ``logprobs``, ...), ``arrival_time_s``, ``structured``."""
-    requests = []
+    requests: list[WorkloadRequest] = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():

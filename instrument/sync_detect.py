@@ -122,15 +122,13 @@ class SyncDetector:
             hot = in_hot_region() if force_hot is None else force_hot
             hit = SyncHit(op, where, stack, hot)
             self.hits.append(hit)
-            self.tracer.instant(
-                Instant.SYNC.value,
-                **{
-                    Arg.OP.value: op,
-                    Arg.WHERE.value: where,
-                    Arg.STACK.value: stack,
-                    Arg.HOT.value: hot,
-                },
-            )
+            args: dict[str, Any] = {
+                Arg.OP.value: op,
+                Arg.WHERE.value: where,
+                Arg.STACK.value: stack,
+                Arg.HOT.value: hot,
+            }
+            self.tracer.instant(Instant.SYNC.value, **args)
         finally:
             self._recording.busy = False
 

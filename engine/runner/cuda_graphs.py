@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -92,7 +93,7 @@ class CudaGraphRunner:
     def _capture_all(
         self,
         stream: torch.cuda.Stream,
-        pool: object,
+        pool: Any,
         body: Callable[[int], torch.Tensor],
         prepare: Callable[[int], None],
     ) -> None:

@@ -125,7 +125,7 @@ class StagedWriteTensor:
 
     def stage(self, row: int, start: int, values: Sequence[int | float] | np.ndarray) -> None:
         """Queue ``gpu[row, start : start + len(values)] = values`` for the next flush."""
-        vals = np.asarray(values, dtype=_NUMPY_DTYPES[self.dtype]).reshape(-1)
+        vals: np.ndarray = np.asarray(values, dtype=_NUMPY_DTYPES[self.dtype]).reshape(-1)
         end = start + vals.shape[0]
         if not (0 <= row < self.shape[0] and 0 <= start and end <= self.shape[1]):
             raise IndexError(f"staged write row={row} [{start}, {end}) outside {self.shape}")
