@@ -1,4 +1,5 @@
-"""Dash callbacks: choosing a trace, loading it (with progress), zooming the timeline, comparing.
+"""Dash callbacks: choosing a trace or a rank set, loading it (with progress), zooming the
+timeline, comparing.
 
 Every callback catches trace errors at its edge and turns them into a banner, so a bad file never
 takes the app down; unexpected errors are logged with their traceback and shown the same way.
@@ -11,11 +12,19 @@ import binascii
 import logging
 from typing import Any
 
-from dash import Dash, Input, Output, State, ctx, no_update
+from dash import Dash, Input, Output, State, ctx, html, no_update
 
 from dashboard.config import DashboardConfig
 from dashboard.figures import empty_figure, steps_figure
 from dashboard.layout import IDS
+from dashboard.rank_callbacks import (
+    picker_options,
+    rank_set_outputs,
+    register_rank_callbacks,
+    trace_actions_in_set,
+    trace_options,
+)
+from dashboard.rank_sets import is_rank_set_id
 from dashboard.store import LoadedTrace, TraceRef, TraceStore, is_trace_error
 from dashboard.timeline import timeline_figure
 from dashboard.views import (
@@ -26,12 +35,12 @@ from dashboard.views import (
     silent_row_style,
     steps_bounds,
     sync_rows,
-    trace_actions,
 )
 
 __all__ = ["register_callbacks"]
 
 log = logging.getLogger("stepscope.dashboard")
+_RANK_SET_TAB = "a rank set is open: its ranks' own pages (Overview) show their timelines"
 
 
 def _error_text(exc: BaseException) -> str:
@@ -39,13 +48,6 @@ def _error_text(exc: BaseException) -> str:
         return str(exc)
     log.exception("dashboard callback failed")
     return f"internal error while analysing: {type(exc).__name__}: {exc}"
-
-
-def _options(store: TraceStore) -> list[dict[str, str]]:
-    return [
-        {"label": ("⇪ " if r.source == "uploads" else "") + r.name, "value": r.id}
-        for r in store.list_traces()
-    ]
 
 
 def _marks(lo: int, hi: int) -> dict[int, str]:
@@ -84,12 +86,15 @@ def _register_selection(app: Dash, store: TraceStore) -> None:
                 message = banner(f"{filename}: {exc}")
         elif ctx.triggered_id == IDS.PICKER and value:
             current = value
-        options = _options(store)
-        return current, value or no_update, options, options, options, message
+        singles = trace_options(store)  # compare takes single traces
+        return current, value or no_update, picker_options(store), singles, singles, message
 
 
 def _load(store: TraceStore, ref_id: str | None) -> LoadedTrace | None:
-    return store.load(TraceRef.parse(ref_id)) if ref_id else None
+    """The single trace ``ref_id`` names; None for nothing or a rank set."""
+    if not ref_id or is_rank_set_id(ref_id):
+        return None
+    return store.load(TraceRef.parse(ref_id))
 
 
 def _register_load(app: Dash, store: TraceStore, config: DashboardConfig) -> None:
@@ -114,10 +119,16 @@ def _register_load(app: Dash, store: TraceStore, config: DashboardConfig) -> Non
     )
     def load(ref_id: str | None) -> tuple[Any, ...]:
         try:
+            if is_rank_set_id(ref_id):
+                return rank_set_outputs(store, str(ref_id))
             loaded = _load(store, ref_id)
         except Exception as exc:  # the edge: any failure becomes a banner, the app stays up
-            title = f"{(ref_id or '').partition('/')[2]} · could not be loaded"
-            return (no_update,) * 9 + (title, banner(_error_text(exc)))
+            name = (ref_id or "").partition("/")[2]
+            title = f"{name} · could not be loaded"
+            # nothing of the previous trace stays under this title; the slider is left alone
+            nothing = html.P(f"{name} could not be loaded: nothing to show.", className="hint")
+            slider = (no_update,) * 4
+            return (nothing, *slider, [], no_update, [], [], title, banner(_error_text(exc)))
         if loaded is None:
             return (no_update,) * 11
         lo, hi = steps_bounds(loaded.report)
@@ -130,7 +141,7 @@ def _register_load(app: Dash, store: TraceStore, config: DashboardConfig) -> Non
             decision_rows(loaded.report),
             silent_row_style(),
             sync_rows(loaded.report),
-            trace_actions(loaded, config),
+            trace_actions_in_set(store, loaded, config),
             loaded.ref.name,
             None,
         )
@@ -203,7 +214,8 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
             loaded = _load(store, ref_id)
         except Exception:
             return empty_figure("this trace could not be loaded"), "", None
-        assert loaded is not None
+        if loaded is None:
+            return empty_figure(_RANK_SET_TAB), "", None
         lo, hi = _window_from_inputs(loaded, zoom, step_range)
         fig = timeline_figure(loaded.lanes, lo, hi, bar_budget=config.timeline_bar_budget)
         meta = fig.layout.meta
@@ -227,7 +239,8 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
             loaded = _load(store, ref_id)
         except Exception:
             return empty_figure("this trace could not be loaded"), None
-        assert loaded is not None
+        if loaded is None:
+            return empty_figure(_RANK_SET_TAB), None
         return steps_figure(loaded.report, tuple(step_range) if step_range else None), {
             "ref": ref_id
         }
@@ -269,5 +282,6 @@ def register_callbacks(app: Dash, store: TraceStore, config: DashboardConfig) ->
         prevent_initial_call=True,
     )
     _register_selection(app, store)
+    register_rank_callbacks(app)
     _register_load(app, store, config)
     _register_views(app, store, config)

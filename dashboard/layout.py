@@ -1,5 +1,8 @@
 """The page shell: header (trace picker, upload, Perfetto/download), banner, progress, tabs.
 
+The Overview tab shows a single trace's verdicts, or a rank set's (``dashboard.rank_view``);
+the single-trace tabs are disabled while a rank set is open.
+
 Component ids are module constants so callbacks and tests name them once.
 """
 
@@ -41,6 +44,16 @@ class IDS:
     COMPARE_A = "compare-a"
     COMPARE_B = "compare-b"
     COMPARE_BODY = "compare-body"
+    RANK_TABLE = "rank-table"
+    RANK_STRAGGLERS = "rank-stragglers"
+    RANK_COLLECTIVES = "rank-collectives"
+    OPEN_REF = "open-ref"  # pattern-matching type: {"type": OPEN_REF, "index": trace or set id}
+    # tabs that show one trace; greyed out while a rank set is open
+    SINGLE_TRACE_TABS = ("timeline", "steps", "tables")
+
+    @staticmethod
+    def tab(value: str) -> str:
+        return f"tab-{value}"
 
 
 TABLE_STYLE = {
@@ -100,10 +113,12 @@ def _header() -> html.Header:
 
 def _tab(label: str, value: str, children: list) -> dcc.Tab:
     return dcc.Tab(
+        id=IDS.tab(value),
         label=label,
         value=value,
         className="tab",
         selected_className="tab--selected",
+        disabled_className="tab tab--disabled",
         children=html.Div(children, className="tab-body"),
     )
 
