@@ -1,9 +1,13 @@
-"""Fixtures: a directory of real traces, the app served in-process, headless Chromium."""
+"""Fixtures: a directory of real traces (with the rank traces of a real TP=2 engine run), the app
+served in-process, headless Chromium."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +26,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "tests" / "artifacts" / "dashboard"
 UPLOAD_CAP_MB = 0.25
 BIG_STEPS = 3000
 
@@ -35,16 +40,44 @@ class TraceSet:
     other_model: Path
     big: Path
     outside: Path  # a file outside root, reachable only through the escaping symlink
+    ranks: tuple[Path, ...]  # tp.rank0.pftrace, tp.rank1.pftrace: a rank set
+    broken_ranks: tuple[Path, ...]  # broken.rank0 (a real rank trace), broken.rank1 (garbage)
+
+
+# A short run: 8 requests at once, a handful of steady decode steps on both ranks.
+TP_WORKLOAD = "synthetic:n=8,in=8-16,out=8-16,rate=1000,seed=0"
 
 
 @pytest.fixture(scope="session")
-def traces(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
+def tp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The rank traces of ``stepscope run --tensor-parallel-size 2`` on the CPU (2 gloo ranks,
+    one process each): about 7 s, once per session."""
+    out = tmp_path_factory.mktemp("tp_run")
+    cmd = [
+        sys.executable, "-m", "stepscope", "run",
+        "--model", str(REPO / "samples/models/pycoder-14m"), "--workload", TP_WORKLOAD,
+        "--tensor-parallel-size", "2", "--device", "cpu", "--no-progress",
+        "--trace", str(out / "tp.pftrace"),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out / "tp.rank0.pftrace", out / "tp.rank1.pftrace"
+
+
+@pytest.fixture(scope="session")
+def traces(tmp_path_factory: pytest.TempPathFactory, tp_run: tuple[Path, Path]) -> TraceSet:
     base = tmp_path_factory.mktemp("dashboard")
     root = base / "traces"
     (root / "nested").mkdir(parents=True)
     outside = base / "secret.pftrace"
     outside.write_bytes(b"not for the browser")
     os.symlink(outside, root / "escape.pftrace")
+    ranks = tuple(Path(shutil.copy(p, root / p.name)) for p in tp_run)
+    broken = (
+        Path(shutil.copy(tp_run[0], root / "broken.rank0.pftrace")),
+        root / "broken.rank1.pftrace",
+    )
+    broken[1].write_bytes(b"this is not a trace at all\n" * 40)
     return TraceSet(
         root=root,
         sync=write_engine_trace(root / "sync.pftrace", TraceRecipe(num_steps=40)),
@@ -59,6 +92,8 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
             root / "big.pftrace", TraceRecipe(num_steps=BIG_STEPS, async_scheduling=True)
         ),
         outside=outside,
+        ranks=ranks,
+        broken_ranks=broken,
     )
 
 

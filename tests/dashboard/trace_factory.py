@@ -214,11 +214,16 @@ def _requests(tracer: Tracer, recipe: TraceRecipe, t0: int, t1: int) -> None:
         tracer.slice_at(track, "decode", first, t1, request_id=f"r{i}")
 
 
-def write_engine_trace(path: str | Path, recipe: TraceRecipe | None = None) -> Path:
-    """Play ``recipe`` on an ``engine-core`` thread into a trace at ``path``; returns the path."""
+def write_engine_trace(
+    path: str | Path, recipe: TraceRecipe | None = None, metadata: dict[str, object] | None = None
+) -> Path:
+    """Play ``recipe`` on an ``engine-core`` thread into a trace at ``path``; returns the path.
+    ``metadata``: extra ``trace_metadata`` args (e.g. a tensor-parallel ``rank``/``world_size``)."""
     recipe = recipe or TraceRecipe()
     path = Path(path)
     tracer = Tracer(path, flush_interval_s=0.2)
+    if metadata:
+        tracer.metadata(**metadata)
     clock = SimClock(tracer_module.now_ns())
     errors: list[BaseException] = []
 
