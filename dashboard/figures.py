@@ -23,6 +23,7 @@ __all__ = [
     "blame_figure",
     "compare_steps_figure",
     "empty_figure",
+    "note_no_data",
     "STEP_PANELS",
 ]
 
@@ -56,6 +57,20 @@ STEP_PANELS: tuple[tuple[str, tuple[tuple[str, str, str, float, str], ...]], ...
     ),
     ("accepted tokens", (("accepted", "steps", "num_accepted", 1.0, "#e5732e"),)),
 )
+
+
+def note_no_data(fig: go.Figure, text: str, row: int | None = None) -> None:
+    """A muted note in the middle of subplot ``row`` (the only plot when None) with no data."""
+    ref = "" if row is None or row == 1 else str(row)
+    fig.add_annotation(
+        text=text,
+        xref=f"x{ref} domain",
+        yref=f"y{ref} domain",
+        x=0.5,
+        y=0.5,
+        showarrow=False,
+        font={"color": MUTED},
+    )
 
 
 def decimate_minmax(
@@ -122,15 +137,7 @@ def steps_figure(
             )
             drawn = True
         if not drawn:
-            fig.add_annotation(
-                text="not recorded in this trace",
-                xref=f"x{row} domain",
-                yref=f"y{row} domain",
-                x=0.5,
-                y=0.5,
-                showarrow=False,
-                font={"color": MUTED},
-            )
+            note_no_data(fig, "not recorded in this trace", row)
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=1)
     fig.update_xaxes(title_text="step", row=len(STEP_PANELS), col=1)
     fig.update_xaxes(gridcolor=GRID, showspikes=True, spikemode="across", spikethickness=1)

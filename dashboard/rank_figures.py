@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.rank_report import RankReport
-from dashboard.figures import MAX_POINTS, decimate_minmax
-from dashboard.theme import GRID, IDLE, MUTED, base_layout
+from dashboard.figures import MAX_POINTS, decimate_minmax, note_no_data
+from dashboard.theme import GRID, IDLE, base_layout
 
 __all__ = [
     "straggler_figure",
@@ -34,19 +34,6 @@ _WAIT_SCALE = [[0.0, "#f4f6fa"], [0.35, "#f3c98b"], [0.7, "#e5732e"], [1.0, "#9b
 
 def rank_color(rank: int) -> str:
     return _RANK_COLORS[rank % len(_RANK_COLORS)]
-
-
-def _no_data(fig: go.Figure, text: str, row: int | None = None) -> None:
-    ref = "" if row is None or row == 1 else str(row)
-    fig.add_annotation(
-        text=text,
-        xref=f"x{ref} domain",
-        yref=f"y{ref} domain",
-        x=0.5,
-        y=0.5,
-        showarrow=False,
-        font={"color": MUTED},
-    )
 
 
 def straggler_figure(report: RankReport, max_points: int = MAX_POINTS) -> go.Figure:
@@ -91,7 +78,7 @@ def straggler_figure(report: RankReport, max_points: int = MAX_POINTS) -> go.Fig
             col=1,
         )
     if df.empty:
-        _no_data(fig, "no step has a forward on every rank", row=1)
+        note_no_data(fig, "no step has a forward on every rank", row=1)
     fig.update_yaxes(
         title_text="straggler",
         tickvals=ranks,
@@ -126,7 +113,7 @@ def collective_wait_figure(report: RankReport, max_columns: int = MAX_HEAT_COLUM
     coll = report.tables["collectives"]
     fig = go.Figure()
     if coll.empty:
-        _no_data(fig, "no collectives in the window")
+        note_no_data(fig, "no collectives in the window")
         fig.update_layout(base_layout(height=200))
         return fig
     steps, ranks, z = wait_matrix(coll)
