@@ -331,8 +331,8 @@ def _engine_row(
     if kineto and res.kineto_steps > 0:
         busy_us, top = _kineto_per_step(kineto, res.kineto_steps)
         # The profiled steps come late in the run: their floor counts their own (longer) context.
-        first, last = KINETO_STEPS
-        ctx = args.prompt_len + (first + first + res.kineto_steps - 1) / 2 + 1
+        first = KINETO_STEPS[0]  # the window may end early if the run has fewer steps
+        ctx = args.prompt_len + first + (res.kineto_steps - 1) / 2 + 1
         window_floor_us = (weight_bytes + batch * ctx * kv_per_token) / bw * 1e6
         row["kineto_steps"] = res.kineto_steps
         row["kineto_mean_ctx"] = ctx
