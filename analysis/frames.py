@@ -49,6 +49,7 @@ __all__ = [
     "ROLE_CPU",
     "ROLE_COMPUTE",
     "ROLE_COPY",
+    "ROLE_KERNEL",
     "ROLE_REQUEST",
     "ROLE_ANNOTATION",
     "ROLE_OTHER",
@@ -57,6 +58,8 @@ __all__ = [
 ROLE_CPU = "cpu"
 ROLE_COMPUTE = "compute"
 ROLE_COPY = "copy"
+# One slice per CUPTI kernel / memcpy / memset (Kineto, or a --trace-kernels window).
+ROLE_KERNEL = "kernel"
 ROLE_REQUEST = "request"
 ROLE_ANNOTATION = "annotation"
 ROLE_OTHER = "other"

@@ -26,6 +26,7 @@ from analysis.frames import (
     ROLE_COMPUTE,
     ROLE_COPY,
     ROLE_CPU,
+    ROLE_KERNEL,
     ROLE_OTHER,
     ROLE_REQUEST,
     SLICE_COLUMNS,
@@ -38,6 +39,9 @@ from analysis.perfetto_events import PacketEvents, decode_events
 from analysis.profiles import Profile, get_profile
 from analysis.wire import WireError, padded, split_outer_packets
 from instrument.schema import (
+    DEVICE_COMPUTE,
+    DEVICE_COPY,
+    DEVICE_KERNELS,
     ENGINE_THREAD,
     Instant,
     parse_device_track_name,
@@ -49,6 +53,7 @@ __all__ = ["load_perfetto"]
 _TE = pb.TrackEvent
 ROLE_COUNTER = "counter"
 ROLE_PROCESS = "process"
+_LANE_ROLES = {DEVICE_COMPUTE: ROLE_COMPUTE, DEVICE_COPY: ROLE_COPY, DEVICE_KERNELS: ROLE_KERNEL}
 
 
 def _track_row(desc: Any) -> dict[str, Any]:
@@ -60,7 +65,7 @@ def _track_row(desc: Any) -> dict[str, Any]:
     name = name or f"track {desc.uuid}"
     device = parse_device_track_name(name)
     if device is not None:
-        role = ROLE_COMPUTE if device[1] == "compute" else ROLE_COPY
+        role = _LANE_ROLES[device[1]]
     elif parse_request_track_name(name) is not None:
         role = ROLE_REQUEST
     elif desc.HasField("counter"):

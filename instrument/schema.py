@@ -49,6 +49,8 @@ __all__ = [
     "parse_request_track_name",
     "DEVICE_COMPUTE",
     "DEVICE_COPY",
+    "DEVICE_KERNELS",
+    "DEVICE_LANES",
 ]
 
 SCHEMA_VERSION = 1
@@ -174,6 +176,14 @@ class Arg(str, Enum):
     WORLD_SIZE = "world_size"
     CLOCK_OFFSET_NS = "clock_offset_ns"
     CLOCK_RTT_NS = "clock_rtt_ns"
+    # On a device stage slice (``gpu:<i> compute`` / ``copy``): the host time at which the CPU
+    # recorded the stage's end event, i.e. finished enqueueing the stage. The slice's end is when
+    # the stream reached that event, so CPU lead = slice end - host_end_ns (docs/design.md).
+    HOST_END_NS = "host_end_ns"
+    # On a kernel slice (``gpu:<i> kernels``): the device stage it ran in (``forward``, ...) and
+    # its CUPTI activity kind (``kernel``, ``memcpy``, ``memset``).
+    STAGE = "stage"
+    ACTIVITY = "activity"
 
 
 class CaptureArg(str, Enum):
@@ -194,6 +204,10 @@ class CaptureArg(str, Enum):
     STEPS_KEPT = "steps_kept"
     DROPPED_STEPS_PREFIX = "dropped_steps_"
     DROPPED_EVENTS_PREFIX = "dropped_events_"
+    # --trace-kernels A:B: the engine steps whose CUPTI kernel activity is on ``gpu:<i> kernels``.
+    KERNEL_STEPS = "capture_kernel_steps"
+    # --trace-every N keeps runs of this many consecutive steps (one run in N).
+    RUN_LENGTH = "capture_run_length"
 
 
 @dataclass(frozen=True)
@@ -247,12 +261,15 @@ SLICE_SPECS: dict[str, SliceSpec] = {s.name: s for s in CPU_SLICES + DEVICE_SLIC
 
 DEVICE_COMPUTE = "compute"
 DEVICE_COPY = "copy"
+# CUPTI kernel / memcpy / memset activity of a --trace-kernels window, one slice per kernel.
+DEVICE_KERNELS = "kernels"
+DEVICE_LANES = (DEVICE_COMPUTE, DEVICE_COPY, DEVICE_KERNELS)
 
 
 def device_track_name(device_index: int, lane: str) -> str:
-    """``gpu:<i> compute`` or ``gpu:<i> copy``."""
-    if lane not in (DEVICE_COMPUTE, DEVICE_COPY):
-        raise ValueError(f"device lane must be {DEVICE_COMPUTE!r} or {DEVICE_COPY!r}, got {lane!r}")
+    """``gpu:<i> compute``, ``gpu:<i> copy`` or ``gpu:<i> kernels``."""
+    if lane not in DEVICE_LANES:
+        raise ValueError(f"device lane must be one of {DEVICE_LANES}, got {lane!r}")
     return f"gpu:{device_index} {lane}"
 
 
@@ -261,7 +278,7 @@ def parse_device_track_name(name: str) -> tuple[int, str] | None:
     if not name.startswith("gpu:"):
         return None
     head, _, lane = name[4:].partition(" ")
-    if not head.isdigit() or lane not in (DEVICE_COMPUTE, DEVICE_COPY):
+    if not head.isdigit() or lane not in DEVICE_LANES:
         return None
     return int(head), lane
 
