@@ -1,4 +1,4 @@
-"""A/B comparison of two traces: the contract check first, then deltas (DESIGN.md §4)."""
+"""A/B comparison of two traces: the contract check first, then deltas (docs/design.md §5.12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The diagnosis of one trace: headline numbers (DESIGN.md §4 names), tables, plain-words verdicts."""
+"""The diagnosis of one trace: headline numbers (docs/design.md §5.11 names), tables, plain-words verdicts."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def build_report(
     skip_steps: int = 1,
     window: str = WINDOW_STEADY,
 ) -> Report:
-    """Compute every metric of DESIGN.md §4 on loaded frames, over ``window`` (``steady``,
+    """Compute every metric of docs/design.md §5 on loaded frames, over ``window`` (``steady``,
     ``all`` or ``A:B``; see ``analysis.win.select_window``)."""
     prof = get_profile(profile or frames.metadata.get("profile", "stepscope"))
     if int(frames.metadata.get(CaptureArg.WARMUP_STEPS.value, 0) or 0) > 0:
