@@ -32,7 +32,7 @@ _CORE = {"track_id", "track", "scope", "name", "ts_ns"}
 
 def parse_requested(value: object) -> bool | None:
     """``requested``/``resolved`` as written by any producer: bool, "True"/"False", None/"auto",
-    or the name of a choice (``spec_method``: "ngram" is on, "none" is off; docs/design.md §4)."""
+    or the name of a choice (``spec_method``: "ngram" is on, "none" is not requested; docs/design.md §2.1)."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return None
     if isinstance(value, (bool, np.bool_)):
