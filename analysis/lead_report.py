@@ -91,10 +91,9 @@ def lead_section(
     starved = starved_busy(outside, steps)
     hidden = int(starved["hidden_idle_ns"].sum())
     spans = step_spans(slices, steps, runs)
-    kernel_busy = busy if windows[0].size else None
-    starvation = phase_starvation(spans, busy, starved, steps, kernel_busy)
+    starvation = phase_starvation(spans, busy, starved, steps)
     phases = lead_by_phase(steps).merge(
-        starvation[["phase", "bubble_ratio_starvation_aware", "hidden_idle_ns"]],
+        starvation[["phase", "hidden_idle_ns"]],
         on="phase",
         how="outer",
     )

@@ -161,7 +161,6 @@ def phase_starvation(
     busy: Union,
     starved: pd.DataFrame,
     steps: pd.DataFrame,
-    kernel_busy: Union | None = None,
 ) -> pd.DataFrame:
     """Per phase (only phases with device spans): ``num_steps``, ``span_ns`` (Σ step device
     spans), ``idle_ns`` (Σ|span \\ B|), ``bubble_ratio`` (idle / span: a lower bound where B came
@@ -169,8 +168,8 @@ def phase_starvation(
     launch gaps), ``unestimated_stages`` (starved stages without a reference),
     ``bubble_ratio_starvation_aware`` ((idle + hidden) / span), ``launch_ms_p50`` (host ``launch``
     time per step) and ``stage_ms_p50`` (device compute slices per step), over the phase's starved
-    steps when it has any, else all its steps; ``bubble_ratio_kernels`` ((span - |span ∩ K|) /
-    span with ``kernel_busy`` K, NaN without it); ``blame`` (``launch (<phase>)``).
+    steps when it has any, else all its steps; ``blame`` (``launch (<phase>)``). Where ``busy``
+    is the kernel union (``analysis.kernels``) ``bubble_ratio`` is measured, not a bound.
     """
     cols: dict[str, str] = {
         "phase": "object",
@@ -182,7 +181,6 @@ def phase_starvation(
         "hidden_idle_ns": "int64",
         "unestimated_stages": "int64",
         "bubble_ratio_starvation_aware": "float64",
-        "bubble_ratio_kernels": "float64",
         "launch_ms_p50": "float64",
         "stage_ms_p50": "float64",
         "blame": "object",
@@ -190,8 +188,6 @@ def phase_starvation(
     if spans.empty:
         return pd.DataFrame({k: pd.Series(dtype=v) for k, v in cols.items()})
     spans = spans.assign(idle_ns=_span_idle(spans, busy))
-    if kernel_busy is not None:
-        spans = spans.assign(k_idle_ns=_span_idle(spans, kernel_busy))
     phase_of = steps.set_index("step")["phase"]
     hidden = starved.assign(phase=starved["step"].map(phase_of))
     starved_steps = set(starved["step"].tolist())
@@ -216,9 +212,6 @@ def phase_starvation(
                 "hidden_idle_ns": hid,
                 "unestimated_stages": int((~mine["estimated"]).sum()),
                 "bubble_ratio_starvation_aware": min(idle + hid, span) / span if span else np.nan,
-                "bubble_ratio_kernels": int(group["k_idle_ns"].sum()) / span
-                if span and kernel_busy is not None
-                else np.nan,
                 "launch_ms_p50": float(launch.median()) / 1e6 if len(launch) else np.nan,
                 "stage_ms_p50": float(stage.median()) / 1e6 if len(stage) else np.nan,
                 "blame": launch_label(str(phase)),
