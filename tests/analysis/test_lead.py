@@ -120,7 +120,9 @@ def test_lead_and_starvation_have_the_known_answers(tmp_path: Path) -> None:
     assert h["busy_source"] == "stage_slices" and h["bubble_ratio_bound"] == "lower_bound"
     # Starved mixed forwards: reference fit over decode forwards is exactly 800 + 25 * tokens.
     hidden = sum(
-        (b - a) - (800 + 25 * 16) for (a, b), k in zip(truth["busy"], truth["kind"]) if k == "mixed"
+        (b - a) - (800 + 25 * 16)
+        for (a, b), k in zip(truth["busy"], truth["kind"], strict=True)
+        if k == "mixed"
     )
     assert report.tables["starved"]["hidden_idle_ns"].sum() == hidden * US
     assert h["bubble_ratio_starvation_aware"] == pytest.approx((idle + hidden) / (hi - lo))
