@@ -16,10 +16,10 @@ from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_hea
 from analysis.kernels import busy_with_kernels
 from analysis.latency import percentiles, request_latency
 from analysis.lead_report import LEAD_SECTION_KEYS, lead_section
-from analysis.overlap import overall_overlap, overlap_by_step
+from analysis.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
 from analysis.phases import phase_table
 from analysis.profiles import Profile, get_profile
-from analysis.runs import idle_in_runs, measured_ns, run_first_steps, run_spans
+from analysis.runs import clip_to_runs, idle_in_runs, measured_ns, run_spans
 from analysis.steps import step_table
 from analysis.syncs import hot_sync_count, sync_summary
 from analysis.verdicts import verdicts
@@ -123,8 +123,8 @@ def build_report(
     runs = run_spans(sl, win.start_ns, win.end_ns)
     span_ns = measured_ns(runs)
     idle = idle_in_runs(busy, runs) if span_ns else (np.zeros(0, np.int64),) * 2
-    # A run's first step has no kept predecessor: its scheduling is not paired with a forward.
-    paired = sl[~sl["step"].isin(run_first_steps(runs))]
+    # Scheduling is paired only with device work of its own run (none before a run's start).
+    paired = clip_to_runs(sl[sl["name"].isin(SCHEDULING_SLICES)], runs)
     overlap, _, _ = overall_overlap(paired, busy)
     bubbles, pieces = blame_bubbles(_bubbles(idle), sl, prof.envelopes)
     blame = blame_table(pieces)

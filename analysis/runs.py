@@ -23,7 +23,7 @@ __all__ = [
     "kept_runs",
     "run_spans",
     "in_runs",
-    "run_first_steps",
+    "clip_to_runs",
     "idle_in_runs",
     "measured_ns",
 ]
@@ -35,6 +35,7 @@ RUN_COLUMNS = {
     "num_steps": "int64",
     "start_ns": "int64",
     "end_ns": "int64",
+    "cycle_start_ns": "int64",
 }
 
 
@@ -64,16 +65,23 @@ def kept_runs(steps: np.ndarray) -> pd.DataFrame:
 def run_spans(slices: pd.DataFrame, window_start_ns: int, window_end_ns: int) -> pd.DataFrame:
     """The kept runs of ``slices`` (one window's slices) and the device span of each.
 
-    A run's span runs from the first start to the last end of the compute slices of its steps,
-    clipped to the window; with a single run it is the whole window, so an unsampled trace
-    measures exactly what it did before. Columns: ``RUN_COLUMNS``; a run whose steps have no
-    compute slice has an empty span (start = end).
+    A run's span (``start_ns``..``end_ns``) runs from the first start to the last end of the
+    compute slices of its steps, clipped to the window; scheduling is paired with device work
+    inside it. Idle is measured over its *cycles* (``cycle_start_ns``..``end_ns``): from the end
+    of the run's first step's device work, so each measured step brings its own device work and
+    the gap before it, as every step but the first does in a full trace; a run of L steps then
+    measures L - 1 step cycles whatever L is (no bias towards longer or shorter runs), and a
+    one-step run measures nothing. With a single run both spans are the whole window, so an
+    unsampled trace measures exactly what it did before. Columns: ``RUN_COLUMNS``; a run whose
+    steps have no compute slice has empty spans.
     """
     require_columns(slices, ["step", "role", "ts_ns", "end_ns"], "run_spans")
     step = slices["step"].to_numpy(np.int64)
     runs = kept_runs(step)
     if len(runs) <= 1:
-        return runs.assign(start_ns=window_start_ns, end_ns=window_end_ns).astype(RUN_COLUMNS)
+        return runs.assign(
+            start_ns=window_start_ns, end_ns=window_end_ns, cycle_start_ns=window_start_ns
+        ).astype(RUN_COLUMNS)
     compute = (slices["role"] == ROLE_COMPUTE).to_numpy(bool) & (step >= 0)
     c_step = step[compute]
     run_of = np.searchsorted(runs["first_step"].to_numpy(), c_step, side="right") - 1
@@ -83,7 +91,11 @@ def run_spans(slices: pd.DataFrame, window_start_ns: int, window_end_ns: int) ->
     end_ns = end.reindex(runs["run_id"]).fillna(window_start_ns).to_numpy(np.int64)
     start_ns = np.clip(start_ns, window_start_ns, window_end_ns)
     end_ns = np.clip(np.maximum(end_ns, start_ns), window_start_ns, window_end_ns)
-    return runs.assign(start_ns=start_ns, end_ns=end_ns).astype(RUN_COLUMNS)
+    is_first = c_step == runs["first_step"].to_numpy(np.int64)[np.maximum(run_of, 0)]
+    first_end = pd.Series(slices["end_ns"].to_numpy(np.int64)[compute][is_first])
+    first_end = first_end.groupby(run_of[is_first]).max().reindex(runs["run_id"])
+    cycle = np.clip(first_end.fillna(window_start_ns).to_numpy(np.int64), start_ns, end_ns)
+    return runs.assign(start_ns=start_ns, end_ns=end_ns, cycle_start_ns=cycle).astype(RUN_COLUMNS)
 
 
 def in_runs(u: Union, runs: pd.DataFrame) -> Union:
@@ -92,19 +104,39 @@ def in_runs(u: Union, runs: pd.DataFrame) -> Union:
     return intersect(u, spans)
 
 
-def run_first_steps(runs: pd.DataFrame) -> np.ndarray:
-    """First step of every run after the first: steps whose predecessor was dropped."""
-    return runs["first_step"].to_numpy(np.int64)[1:]
+def clip_to_runs(slices: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Slices of a sampled trace (more than one run) cut to their own run's device span.
+
+    A run's first step was scheduled while a dropped step's forward ran: that scheduling time
+    lies before the run's span and is left out, never paired with another run's work. Slices
+    without a step, and every slice of a single-run trace, are returned unchanged; slices left
+    empty are dropped.
+    """
+    if len(runs) <= 1:
+        return slices
+    step = slices["step"].to_numpy(np.int64)
+    first = runs["first_step"].to_numpy(np.int64)
+    run_of = np.searchsorted(first, step, side="right") - 1
+    in_run = (step >= 0) & (run_of >= 0)
+    in_run &= step <= runs["last_step"].to_numpy(np.int64)[np.maximum(run_of, 0)]
+    lo = runs["start_ns"].to_numpy(np.int64)[np.maximum(run_of, 0)]
+    hi = runs["end_ns"].to_numpy(np.int64)[np.maximum(run_of, 0)]
+    ts = slices["ts_ns"].to_numpy(np.int64)
+    end = slices["end_ns"].to_numpy(np.int64)
+    new_ts = np.where(in_run, np.clip(ts, lo, hi), ts)
+    new_end = np.where(in_run, np.clip(end, lo, hi), end)
+    out = slices.assign(ts_ns=new_ts, end_ns=new_end, dur_ns=new_end - new_ts)
+    return out[(new_end > new_ts) | ~in_run]
 
 
 def idle_in_runs(busy: Union, runs: pd.DataFrame) -> Union:
-    """Device idle: the gaps of ``busy`` inside the runs' spans (never between runs)."""
-    spans = union(runs["start_ns"].to_numpy(np.int64), runs["end_ns"].to_numpy(np.int64))
+    """Device idle: the gaps of ``busy`` inside the runs' cycles (never between runs)."""
+    spans = union(runs["cycle_start_ns"].to_numpy(np.int64), runs["end_ns"].to_numpy(np.int64))
     if spans[0].size == 0:
         return spans
     return intersect(complement(busy, int(spans[0][0]), int(spans[1][-1])), spans)
 
 
 def measured_ns(runs: pd.DataFrame) -> int:
-    """Σ run span lengths: the idle-time denominator."""
-    return int((runs["end_ns"] - runs["start_ns"]).clip(lower=0).sum())
+    """Σ run cycle lengths: the idle-time denominator."""
+    return int((runs["end_ns"] - runs["cycle_start_ns"]).clip(lower=0).sum())
