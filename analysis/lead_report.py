@@ -103,7 +103,7 @@ def lead_section(
         "bubble_ratio_bound": "measured" if source == BUSY_KERNELS else "lower_bound",
         "bubble_ratio_starvation_aware": aware,
     }
-    lead_cols = [c for c in per_step.columns if c != "step"]
+    lead_cols = [c for c in per_step.columns if c != "step"] if len(per_step) else []
     reason = no_lead_reason(slices) if head["cpu_lead_us_p50"] is None else ""
     return LeadSection(
         head,
