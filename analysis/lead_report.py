@@ -161,7 +161,8 @@ def _launch_bound(steps: pd.DataFrame, starvation: pd.DataFrame) -> list[str]:
             continue
         row = by_phase.loc[phase]
         text = (
-            f"{str(phase).replace('_', '-')} steps are launch-bound: the device waited for the "
+            f"{str(phase).replace('_', '-').capitalize()} steps are launch-bound: the device "
+            "waited for the "
             f"host in {100 * frac:.0f}% of them (host launch {row['launch_ms_p50']:.2f} ms vs "
             f"device slices {row['stage_ms_p50']:.2f} ms per step, p50)"
         )

@@ -19,7 +19,7 @@ from analysis.lead_report import LEAD_SECTION_KEYS, lead_section
 from analysis.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
 from analysis.phases import phase_table
 from analysis.profiles import Profile, get_profile
-from analysis.runs import clip_to_runs, idle_in_runs, measured_ns, run_spans
+from analysis.runs import clip_to_runs, idle_in_runs, measured_ns, run_spans, runs_verdict
 from analysis.steps import step_table
 from analysis.syncs import hot_sync_count, sync_summary
 from analysis.verdicts import verdicts
@@ -216,7 +216,8 @@ def build_report(
         **lead.tables,
     }
     says = verdicts(headline, frames, extra)
-    return Report(headline, says[:1] + lead.verdicts + says[1:], tables, frames, extra)
+    sampled = [runs_verdict(runs)] if len(runs) > 1 else []
+    return Report(headline, says[:1] + lead.verdicts + sampled + says[1:], tables, frames, extra)
 
 
 def _bubbles(idle: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:

@@ -26,6 +26,7 @@ __all__ = [
     "clip_to_runs",
     "idle_in_runs",
     "measured_ns",
+    "runs_verdict",
 ]
 
 RUN_COLUMNS = {
@@ -140,3 +141,18 @@ def idle_in_runs(busy: Union, runs: pd.DataFrame) -> Union:
 def measured_ns(runs: pd.DataFrame) -> int:
     """Σ run cycle lengths: the idle-time denominator."""
     return int((runs["end_ns"] - runs["cycle_start_ns"]).clip(lower=0).sum())
+
+
+def runs_verdict(runs: pd.DataFrame) -> str:
+    """A sentence for a sampled trace (more than one kept run); "" otherwise."""
+    if len(runs) <= 1:
+        return ""
+    lengths = runs["num_steps"].to_numpy(np.int64)
+    text = (
+        f"Sampled trace: measured inside {len(runs)} runs of consecutive kept steps "
+        f"({int(lengths.min())}-{int(lengths.max())} steps each); the time between runs is not "
+        "counted as idle and no step is paired with another run's work"
+    )
+    if lengths.max() < 2:
+        text += "; runs of one step measure neither overlap nor idle (keep runs of >= 2 steps)"
+    return text + "."

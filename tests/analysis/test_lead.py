@@ -134,7 +134,7 @@ def test_lead_and_starvation_have_the_known_answers(tmp_path: Path) -> None:
     assert st.loc["mixed", "launch_ms_p50"] == pytest.approx(3.1)
     assert st.loc["mixed", "stage_ms_p50"] == pytest.approx(2.92)
     says = " ".join(report.verdicts)
-    assert "mixed steps are launch-bound" in says and "100% of them" in says
+    assert "Mixed steps are launch-bound" in says and "100% of them" in says
     assert "host launch 3.10 ms vs device slices 2.92 ms" in says and "launch (mixed)" in says
     assert "lower bound" in says
     assert all(0.0 <= v <= 1.0 for _, v in _ratios(report.to_dict())), _ratios(report.to_dict())
