@@ -5,8 +5,10 @@ A Perfetto trace written with ``--trace-kernels A:B`` holds, for engine steps A.
 per CUPTI kernel / memcpy / memset on a ``gpu:<i> kernels`` track (role ``kernel``, args
 ``stage``, ``step``, ``activity``). The *kernel window* is the device span of those steps: from
 the first start to the last end of their stage and kernel slices, per run of consecutive kernel
-steps. Inside it device busy B is the union of the kernels (memcpy included: the stream is
-occupied); outside it B is the union of compute stage slices (an upper bound on busy time).
+steps. Inside it device busy B is the union of the compute activity (``activity`` ``kernel`` or
+``memset``; ``memcpy`` is copy work, as the Kineto loader files it; a kernel slice without an
+``activity`` counts as a kernel); outside it B is the union of compute stage slices (an upper
+bound on busy time).
 Kineto traces already load their kernels as compute slices, so they need nothing from here.
 """
 
@@ -18,6 +20,9 @@ import pandas as pd
 from analysis.frames import ROLE_COMPUTE, ROLE_KERNEL, require_columns
 from analysis.intervals import Union, complement, intersect, intersect_measure, union
 from analysis.runs import kept_runs
+from instrument.schema import Arg
+
+ACTIVITY_MEMCPY = "memcpy"
 
 __all__ = ["FILL_COLUMNS", "kernel_windows", "busy_with_kernels", "stage_fill", "has_kernels"]
 
@@ -29,6 +34,15 @@ FILL_COLUMNS = {
     "kernel_ns": "int64",
     "fill": "float64",
 }
+
+
+def _compute_kernels(slices: pd.DataFrame) -> np.ndarray:
+    """Mask of kernel-lane slices that are compute work (not memcpy)."""
+    kern = (slices["role"] == ROLE_KERNEL).to_numpy(bool)
+    if Arg.ACTIVITY.value in slices.columns:
+        activity = slices[Arg.ACTIVITY.value].astype(object).to_numpy(object)
+        kern = kern & (activity != ACTIVITY_MEMCPY)
+    return kern
 
 
 def has_kernels(slices: pd.DataFrame) -> bool:
@@ -77,7 +91,7 @@ def busy_with_kernels(slices: pd.DataFrame) -> tuple[Union, Union]:
     windows = kernel_windows(slices)
     if windows[0].size == 0:
         return stage_u, windows
-    kern = role == ROLE_KERNEL
+    kern = _compute_kernels(slices)
     lo = int(min(ts.min(), windows[0][0]))
     hi = int(max(end.max(), windows[1][-1]))
     outside = intersect(stage_u, complement(windows, lo, hi))
@@ -96,8 +110,8 @@ def stage_fill(slices: pd.DataFrame) -> pd.DataFrame:
     require_columns(slices, ["role", "name", "step", "ts_ns", "end_ns"], "stage_fill")
     role = slices["role"].to_numpy(object)
     step = slices["step"].to_numpy(np.int64)
-    kern = role == ROLE_KERNEL
-    kernel_steps = np.unique(step[kern & (step >= 0)])
+    kern = _compute_kernels(slices)
+    kernel_steps = np.unique(step[(role == ROLE_KERNEL) & (step >= 0)])
     sel = (role == ROLE_COMPUTE) & np.isin(step, kernel_steps)
     if not sel.any():
         return pd.DataFrame({k: pd.Series(dtype=v) for k, v in FILL_COLUMNS.items()})

@@ -75,6 +75,16 @@ def _trace(with_lead: bool = True, with_kernels: bool = False) -> tuple[TraceSpe
                         {"step": step, "stage": "forward", "activity": "kernel"},
                     )
                 )
+            # A copy before the forward: copy work, never compute busy.
+            t.slices.append(
+                (
+                    "gpu:0 kernels",
+                    "Memcpy HtoD",
+                    (f0 - 300) * US,
+                    (f0 - 100) * US,
+                    {"step": step, "stage": "h2d_inputs", "activity": "memcpy"},
+                )
+            )
     return t, truth
 
 
