@@ -393,7 +393,13 @@ def _table(rows: list[dict[str, Any]], table_id: str) -> dash_table.DataTable:
 def _delta_rows(cmp: Comparison) -> list[dict[str, str]]:
     out = []
     for name, d in cmp.deltas.items():
-        pct = name in ("overlap", "bubble_ratio", "grammar_hidden_frac")
+        pct = name in (
+            "overlap",
+            "bubble_ratio",
+            "grammar_hidden_frac",
+            "starved_steps_frac",
+            "bubble_ratio_starvation_aware",
+        )
         fmt = (lambda v: fmt_pct(v)) if pct else (lambda v: fmt_num(v, digits=3))
         delta = d["delta"]
         shown = "n/a" if delta is None else (f"{100 * delta:+.1f} pp" if pct else f"{delta:+,.3f}")
