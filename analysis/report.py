@@ -63,7 +63,8 @@ class Report:
     ``headline``: the §4 numbers by their fixed names (JSON-ready); ``verdicts``: plain sentences,
     most important first; ``tables``: ``steps``, ``overlap``, ``bubbles``, ``blame``, ``waits``,
     ``grammar`` (``analysis.grammar.grammar_by_step``), ``syncs``, ``decisions``,
-    ``silent_fallbacks``, ``ineffective``, ``latency`` frames;
+    ``silent_fallbacks``, ``ineffective``, ``latency``, ``runs`` (``analysis.runs``),
+    ``stage_lead``, ``starved``, ``starvation`` and ``fill`` (``analysis.lead_report``) frames;
     ``frames``: the loaded trace; ``extra``: secondary numbers (throughput, step time, e2e).
     """
 
