@@ -88,7 +88,8 @@ def lead_section(
     outside = stages
     if windows[0].size:
         outside = stages[assign(stages["ts_ns"].to_numpy(), *windows) < 0]
-    starved = starved_busy(outside, steps)
+    fill = stage_fill(slices)
+    starved = starved_busy(outside, steps, _starved_fill(fill, stages, steps))
     hidden = int(starved["hidden_idle_ns"].sum())
     spans = step_spans(slices, steps, runs)
     starvation = phase_starvation(spans, busy, starved, steps)
@@ -113,11 +114,25 @@ def lead_section(
             "stage_lead": stages,
             "starved": starved,
             "starvation": starvation,
-            "fill": stage_fill(slices),
+            "fill": fill,
         },
         _verdicts(head, steps, starvation, idle_ns, measured_ns, reason),
         {"lead_note": reason, "starved_lead_us": STARVED_LEAD_NS / 1e3},
     )
+
+
+def _starved_fill(
+    fill: pd.DataFrame, stages: pd.DataFrame, steps: pd.DataFrame
+) -> dict[tuple[str, str], float]:
+    """Median measured fill of the starved stages inside kernel windows, per (stage, phase)."""
+    if fill.empty or stages.empty:
+        return {}
+    measured = fill.merge(
+        stages[stages["starved"]][["step", "stage", "ts_ns"]], on=["step", "stage", "ts_ns"]
+    )
+    measured = measured.assign(phase=measured["step"].map(steps.set_index("step")["phase"]))
+    medians = measured.dropna(subset=["fill"]).groupby(["stage", "phase"])["fill"].median()
+    return {(str(k[0]), str(k[1])): float(v) for k, v in medians.items()}
 
 
 def _verdicts(

@@ -19,6 +19,11 @@ The estimator (``starved_busy``), from stage slices alone:
 4. A stage name with no unstarved slice gets no estimate (its slice counts as busy) and the
    report says so.
 
+Where the trace also has a kernel window (``--trace-kernels``), kernel data calibrates the
+estimate instead: a starved stage outside the window whose (stage, phase) was also starved inside
+it gets busy = the median fill (kernel union / slice) of those measured starved stages x its slice
+(``method`` ``kernel_fill``; the regression is ``reference_fit``).
+
 The hidden idle is blamed on the CPU slice that was launching: ``launch``, named by phase
 (``launch (mixed)``). A phase is *launch-bound* when most of its steps are starved.
 """
@@ -56,6 +61,7 @@ STARVED_COLUMNS = {
     "hidden_idle_ns": "int64",
     "estimated": "bool",
     "extrapolated": "bool",
+    "method": "object",
 }
 SPAN_COLUMNS = {"step": "int64", "start_ns": "int64", "end_ns": "int64", "phase": "object"}
 
@@ -79,11 +85,16 @@ def _fit(tokens: np.ndarray, dur: np.ndarray) -> tuple[float, float, float, floa
     return float(a), float(b), float(tokens.min()), float(tokens.max())
 
 
-def starved_busy(stages: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def starved_busy(
+    stages: pd.DataFrame,
+    steps: pd.DataFrame,
+    fill_by: dict[tuple[str, str], float] | None = None,
+) -> pd.DataFrame:
     """The estimator of the module docstring, for every starved compute stage of ``stages``
     (``analysis.lead.stage_lead`` rows; pass only those outside any kernel window).
 
-    ``steps``: a step table (``step``, and ``num_tokens`` when the trace has it). Columns:
+    ``steps``: a step table (``step``, ``phase``, and ``num_tokens`` when the trace has it);
+    ``fill_by``: measured fill of starved stages per (stage, phase) from a kernel window. Columns:
     ``STARVED_COLUMNS``; ``estimated`` False where no reference existed (then est_busy = slice).
     """
     require_columns(stages, ["step", "stage", "role", "ts_ns", "end_ns", "starved"], "starved")
@@ -108,6 +119,12 @@ def starved_busy(stages: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         est[sel] = np.clip(a + b * tokens[sel], 0.0, dur[sel])
         estimated[sel] = True
         extrapolated[sel] = (tokens[sel] < lo) | (tokens[sel] > hi)
+    method = np.where(estimated, "reference_fit", "none").astype(object)
+    phase = comp["step"].map(steps.set_index("step")["phase"]).fillna("unknown").to_numpy(object)
+    for (name, ph), fill in (fill_by or {}).items():
+        sel = starved & (stage == name) & (phase == ph)
+        est[sel] = np.clip(fill, 0.0, 1.0) * dur[sel]
+        estimated[sel], extrapolated[sel], method[sel] = True, False, "kernel_fill"
     est_busy = np.rint(est).astype(np.int64)
     out = pd.DataFrame(
         {
@@ -121,6 +138,7 @@ def starved_busy(stages: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             "hidden_idle_ns": dur - est_busy,
             "estimated": estimated,
             "extrapolated": extrapolated,
+            "method": method,
         }
     )
     return out[starved].reset_index(drop=True).astype(STARVED_COLUMNS)

@@ -135,6 +135,7 @@ def test_lead_and_starvation_have_the_known_answers(tmp_path: Path) -> None:
         if k == "mixed"
     )
     assert report.tables["starved"]["hidden_idle_ns"].sum() == hidden * US
+    assert (report.tables["starved"]["method"] == "reference_fit").all()
     assert h["bubble_ratio_starvation_aware"] == pytest.approx((idle + hidden) / (hi - lo))
     phases = report.tables["phases"].set_index("phase")
     assert phases.loc["mixed", "starved_steps_frac"] == 1.0
@@ -172,9 +173,13 @@ def test_kernel_window_replaces_stage_slices(tmp_path: Path) -> None:
         a, b = truth["busy"][step]
         kern = sum(min(k1, b) - max(k0, a) for k0, k1 in _kernels(truth["kind"][step], a, b))
         assert fill.loc[step, "fill"] == pytest.approx(kern / (b - a))
-    # Starved stages inside the kernel window are measured, not estimated.
+    # Starved stages inside the kernel window are measured, not estimated; outside it the
+    # window's measured fill of starved mixed forwards (5 x 100 µs of 2920) calibrates them.
     starved = report.tables["starved"]
     assert not starved["step"].isin(list(KERNEL_STEPS)).any() and len(starved) == REPEATS - 2
+    assert (starved["method"] == "kernel_fill").all()
+    dur = (starved["end_ns"] - starved["ts_ns"]).to_numpy()
+    np.testing.assert_allclose(starved["est_busy_ns"], np.rint(dur * 500 / 2920), atol=1)
     # Over the kernel window alone, busy is all kernels: bubble_ratio is measured.
     window = analyze_trace(tmp_path / "t.pftrace", window="8:16", skip_steps=0)
     assert window.headline["busy_source"] == "kernels"
