@@ -160,8 +160,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
     print(table.to_string(index=False))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--trace-path", help="analyse this trace instead of running the engine")
     p.add_argument("--kernel-steps", default="4:44", help="engine steps A:B with kernels")
     p.add_argument("--model-config", default="qwen3-0.6b")
@@ -173,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--num-kv-blocks", type=int, default=16384)
     p.add_argument("--out", help="write the JSON here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     trace = args.trace_path
     command: list[str] = []
     if trace is None:

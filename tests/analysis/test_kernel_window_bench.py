@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis import load_trace
-from bench.bench_kernel_window import compare_window, main
+from bench.bench_kernel_window import build_parser, compare_window, engine_command, main
 from tests.analysis.test_lead import KERNEL_STEPS, _bitmap, _kernels, _trace
 from tests.analysis.tracegen import write
 
@@ -78,3 +78,19 @@ def test_a_trace_without_kernels_is_refused(tmp_path: Path) -> None:
     spec, _ = _trace()
     with pytest.raises(SystemExit, match="no gpu:<i> kernels"):
         compare_window(load_trace(write(spec, tmp_path / "k.pftrace")), WINDOW)
+
+
+def test_the_engine_command_is_a_valid_stepscope_run() -> None:
+    from engine.cli import build_parser as run_parser
+    from engine.cli import config_from_args
+
+    command = engine_command(build_parser().parse_args([]), "kw.pftrace")
+    assert command[1:4] == ["-m", "stepscope.cli", "run"]
+    argv = command[4:]
+    parser = run_parser()
+    known = {o for a in parser._actions for o in a.option_strings}
+    if "--trace-kernels" not in known:  # the instrument half of issue 15 adds it
+        i = argv.index("--trace-kernels")
+        argv = argv[:i] + argv[i + 2 :]
+    config = config_from_args(parser.parse_args(argv))
+    assert config.max_num_seqs == 256
