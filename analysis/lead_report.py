@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.intervals import Union, assign
-from analysis.kernels import stage_fill
+from analysis.kernel_window import stage_fill
 from analysis.lead import (
     LEAD_HEADLINE_KEYS,
     STARVED_LEAD_NS,

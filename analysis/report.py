@@ -13,7 +13,7 @@ from analysis.bubbles import BUBBLE_COLUMNS, blame_bubbles, blame_table
 from analysis.decisions import ineffective_features, silent_fallbacks
 from analysis.frames import TraceFrames
 from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_headline
-from analysis.kernels import busy_with_kernels
+from analysis.kernel_window import busy_with_kernels
 from analysis.latency import percentiles, request_latency
 from analysis.lead_report import LEAD_SECTION_KEYS, lead_section
 from analysis.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
