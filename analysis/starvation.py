@@ -187,7 +187,7 @@ def phase_starvation(
     ``bubble_ratio_starvation_aware`` ((idle + hidden) / span), ``launch_ms_p50`` (host ``launch``
     time per step) and ``stage_ms_p50`` (device compute slices per step), over the phase's starved
     steps when it has any, else all its steps; ``blame`` (``launch (<phase>)``). Where ``busy``
-    is the kernel union (``analysis.kernels``) ``bubble_ratio`` is measured, not a bound.
+    is the kernel union (``analysis.kernel_window``) ``bubble_ratio`` is measured, not a bound.
     """
     cols: dict[str, str] = {
         "phase": "object",
