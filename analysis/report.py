@@ -183,7 +183,7 @@ def build_report(
     in_window = (all_steps["step"] >= win.first_step) & (all_steps["step"] <= win.last_step)
     steps = all_steps[in_window].reset_index(drop=True)
     overlap_steps = overlap_by_step(sl, busy)
-    phases = phase_table(steps, overlap_steps, waits, bubbles, sl)
+    phases = phase_table(steps, overlap_steps, waits, bubbles, sl, (win.start_ns, win.end_ns))
     extra = _extra(steps, latency, win.duration_ns)
     extra["phases"] = {
         r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in _records(phases)
