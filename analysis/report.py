@@ -13,7 +13,7 @@ from analysis.bubbles import blame_bubbles, blame_table, find_bubbles
 from analysis.decisions import ineffective_features, silent_fallbacks
 from analysis.frames import TraceFrames
 from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_headline
-from analysis.intervals import complement
+from analysis.intervals import complement, measure
 from analysis.latency import percentiles, request_latency
 from analysis.overlap import overall_overlap, overlap_by_step
 from analysis.phases import phase_table
@@ -30,6 +30,7 @@ __all__ = ["Report", "build_report", "HEADLINE_KEYS"]
 HEADLINE_KEYS = (
     "overlap",
     "bubble_ratio",
+    "device_idle_ratio",
     "bubbles",
     "top_blame",
     "wait_accepted_total_us",
@@ -151,10 +152,16 @@ def build_report(
     )
     latency = request_latency(frames.slices)
     idle_ns = int(bubbles["dur_ns"].sum())
+    device_idle_ns = (
+        int(measure(complement(device_busy(frames.slices, True), win.start_ns, win.end_ns)))
+        if win.duration_ns
+        else 0
+    )
     largest = bubbles.sort_values("dur_ns", ascending=False).head(MAX_HEADLINE_BUBBLES)
     headline: dict[str, Any] = {
         "overlap": _clean(overlap),
         "bubble_ratio": idle_ns / win.duration_ns if win.duration_ns else None,
+        "device_idle_ratio": device_idle_ns / win.duration_ns if win.duration_ns else None,
         "bubbles": {
             "count": len(bubbles),
             "idle_ms": idle_ns / 1e6,

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.frames import ROLE_COMPUTE, SLICE_COLUMNS, TraceError, require_columns
+from analysis.frames import ROLE_COMPUTE, ROLE_COPY, SLICE_COLUMNS, TraceError, require_columns
 from analysis.intervals import Union, union
 from analysis.steady import steady_range
 
@@ -63,12 +63,14 @@ def parse_window(text: str) -> tuple[str, int, int | None]:
     return "steps", first, end
 
 
-def device_busy(slices: pd.DataFrame) -> Union:
-    """B: the union of slices on device compute tracks (whole trace)."""
+def device_busy(slices: pd.DataFrame, with_copies: bool = False) -> Union:
+    """B: the union of slices on device compute tracks (whole trace); with ``with_copies``,
+    copy tracks too (the complement is then *device idle*: no kernel and no copy)."""
     require_columns(slices, ["role", "ts_ns", "end_ns"], "device_busy")
-    compute = (slices["role"] == ROLE_COMPUTE).to_numpy(bool)
+    roles = [ROLE_COMPUTE, ROLE_COPY] if with_copies else [ROLE_COMPUTE]
+    busy = slices["role"].isin(roles).to_numpy(bool)
     return union(
-        slices["ts_ns"].to_numpy(np.int64)[compute], slices["end_ns"].to_numpy(np.int64)[compute]
+        slices["ts_ns"].to_numpy(np.int64)[busy], slices["end_ns"].to_numpy(np.int64)[busy]
     )
 
 
