@@ -15,7 +15,7 @@ Each instant of a bubble gets one label, chosen in tiers (the first tier running
 
 Never labels: the profile's envelopes (``step``), the profiler's own whole-trace span
 (``PyTorch Profiler (0)``, Kineto ``"cat": "Trace"``). When several threads of one tier run at
-once, each gets the time. A bubble's blame is the label with the largest share of its time, so a
+once, the deepest slice (trace nesting depth) wins, so each instant has one label. A bubble's blame is the label with the largest share of its time, so a
 10 µs sync inside a 1 ms bubble spent in ``aten::copy_`` does not name the bubble.
 """
 
@@ -198,6 +198,32 @@ def _segments(cpu: pd.DataFrame, keep: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return s, e, rows[o]
 
 
+def _deepest_across_threads(
+    seg: tuple[np.ndarray, np.ndarray, np.ndarray], depth: np.ndarray, track: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One owner per instant: where several threads' segments overlap, the deepest slice wins
+    (ties: the lower track id), so a thread parked in a shallow range (a main thread inside
+    ``## backward ##`` while the autograd thread launches) does not take the time."""
+    s, e, owner = seg
+    if s.size == 0:
+        return seg
+    edges = np.unique(np.concatenate((s, e)))
+    lo, hi = edges[:-1], edges[1:]
+    best_depth = np.full(lo.size, -1, dtype=np.int64)
+    best_owner = np.full(lo.size, -1, dtype=np.int64)
+    owner_track = track[owner]
+    for t in np.unique(owner_track):  # one pass per thread; segments of a thread are disjoint
+        mine = np.flatnonzero(owner_track == t)
+        mine = mine[np.argsort(s[mine], kind="stable")]
+        k = assign(lo, s[mine], e[mine])
+        who = owner[mine][np.maximum(k, 0)]
+        d = np.where(k >= 0, depth[who], -1)
+        better = d > best_depth
+        best_depth[better], best_owner[better] = d[better], who[better]
+    keep = best_owner >= 0
+    return lo[keep], hi[keep], best_owner[keep]
+
+
 def blame_bubbles(
     bubbles: pd.DataFrame, slices: pd.DataFrame, envelopes: tuple[str, ...] = ("step",)
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -208,7 +234,9 @@ def blame_bubbles(
     """
     require_columns(bubbles, BUBBLE_COLUMNS, "blame_bubbles")
     require_columns(
-        slices, ["role", "name", "raw_name", "kind", "track_id", "ts_ns", "end_ns"], "blame_bubbles"
+        slices,
+        ["role", "name", "raw_name", "kind", "track_id", "ts_ns", "end_ns", "depth"],
+        "blame_bubbles",
     )
     cpu = slices[(slices["role"] == ROLE_CPU).to_numpy(bool)]
     cpu = cpu[~cpu["name"].isin(envelopes).to_numpy(bool) & ~is_profiler_span(cpu["raw_name"])]
@@ -222,14 +250,18 @@ def blame_bubbles(
         if launchers.size
         else np.ones(len(cpu), bool)
     )
+    depth = cpu["depth"].to_numpy(np.int64)
+    track = cpu["track_id"].to_numpy(np.int64)
     seg_all = _segments(cpu, np.ones(len(cpu), bool))
     working = ~waiting[seg_all[2]]
+    launcher_seg = on_launcher[seg_all[2]]
     tiers = [
         (_segments(cpu, canonical), labels),
-        (tuple(a[working & on_launcher[seg_all[2]]] for a in seg_all), labels),
-        (tuple(a[working & ~on_launcher[seg_all[2]]] for a in seg_all), labels),
+        (tuple(a[working & launcher_seg] for a in seg_all), labels),
+        (tuple(a[working & ~launcher_seg] for a in seg_all), labels),
         (tuple(a[~working] for a in seg_all), np.full(len(cpu), CPU_WAITING, dtype=object)),
     ]
+    tiers = [(_deepest_across_threads(seg, depth, track), names) for seg, names in tiers]
     b_s = bubbles["start_ns"].to_numpy(np.int64)
     b_e = bubbles["end_ns"].to_numpy(np.int64)
     left: Union = (b_s, b_e)
