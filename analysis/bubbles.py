@@ -9,9 +9,9 @@ Each instant of a bubble gets one label, chosen in tiers (the first tier running
    kernel's ``correlation``, or a thread holding canonical slices); every CPU thread when no
    thread is known to launch;
 3. the deepest slice of any other thread doing work;
-4. ``(cpu waiting)``: only threads that are themselves waiting ran (a ``threading.py(...): wait``,
-   sleep, lock or queue wait frame, a tqdm monitor, or anything nested in one);
-5. ``(no cpu slice)``: nothing ran.
+4. ``(cpu waiting)``: a launching thread was itself waiting (a ``threading.py(...): wait``,
+   sleep, lock or queue wait frame, or anything nested in one): the host had nothing to do;
+5. ``(no cpu slice)``: nothing ran (other threads that wait, a tqdm monitor, do not count).
 
 Never labels: the profile's envelopes (``step``), the profiler's own whole-trace span
 (``PyTorch Profiler (0)``, Kineto ``"cat": "Trace"``). When several threads of one tier run at
@@ -259,7 +259,10 @@ def blame_bubbles(
         (_segments(cpu, canonical), labels),
         (tuple(a[working & launcher_seg] for a in seg_all), labels),
         (tuple(a[working & ~launcher_seg] for a in seg_all), labels),
-        (tuple(a[~working] for a in seg_all), np.full(len(cpu), CPU_WAITING, dtype=object)),
+        (
+            tuple(a[~working & launcher_seg] for a in seg_all),
+            np.full(len(cpu), CPU_WAITING, dtype=object),
+        ),
     ]
     tiers = [(_deepest_across_threads(seg, depth, track), names) for seg, names in tiers]
     b_s = bubbles["start_ns"].to_numpy(np.int64)

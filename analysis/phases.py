@@ -131,7 +131,7 @@ def phase_table(
     )
     spans["span_ns"] = spans["end_ns"] - spans["start_ns"]
     phase = steps.set_index("step")["phase"]
-    spans["phase"] = spans["step"].map(phase).fillna("no_step")
+    spans["phase"] = spans["step"].map(phase).astype(object).fillna("no_step")
     by_span = spans.groupby("phase")[["span_ns", "idle_ns"]].sum()
     ov = (
         overlap.assign(phase=overlap["step"].map(phase))
