@@ -35,6 +35,7 @@ from analysis.intervals import (
     intersect,
     overlap_pairs,
     union,
+    unique_sorted,
 )
 from instrument.schema import CpuSlice
 
@@ -76,10 +77,12 @@ _LAUNCH_CALL = re.compile(r"^(cuda|hip|cu)(Ext)?(Module)?(Launch|GraphLaunch|Mem
 
 def _name_flags(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """``pattern.search`` per row, evaluated once per distinct name."""
-    values = names.astype(str).to_numpy(object)
-    distinct, inverse = np.unique(values, return_inverse=True) if values.size else (values, values)
-    hit = np.fromiter((bool(pattern.search(v)) for v in distinct), bool, distinct.size)
-    return hit[inverse] if values.size else np.zeros(0, bool)
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes, distinct = names.cat.codes.to_numpy(), names.cat.categories
+    else:
+        codes, distinct = pd.factorize(names.astype(str))
+    hit = np.fromiter((bool(pattern.search(str(v))) for v in distinct), bool, len(distinct))
+    return np.append(hit, False)[codes]  # code -1 (missing) -> the appended False
 
 
 def is_profiler_span(names: pd.Series) -> np.ndarray:
@@ -92,6 +95,14 @@ def is_wait_frame(names: pd.Series) -> np.ndarray:
     return _name_flags(names, _WAIT_FRAME)
 
 
+def _member(values: np.ndarray, distinct: np.ndarray) -> np.ndarray:
+    """``values[i] in distinct`` for a sorted distinct array (no ``np.isin``/``np.unique``)."""
+    if distinct.size == 0:
+        return np.zeros(values.shape, bool)
+    at = np.minimum(np.searchsorted(distinct, values), distinct.size - 1)
+    return distinct[at] == values
+
+
 def launch_tracks(slices: pd.DataFrame) -> np.ndarray:
     """Track ids of the CPU threads that put work on a device: a launch/memcpy runtime call, a
     slice sharing a device slice's ``correlation`` (Kineto), or a canonical slice (the engine
@@ -101,9 +112,9 @@ def launch_tracks(slices: pd.DataFrame) -> np.ndarray:
     if "correlation" in slices.columns:
         dev = slices["role"].isin([ROLE_COMPUTE, ROLE_COPY]).to_numpy(bool)
         corr = slices["correlation"].to_numpy(np.float64, na_value=np.nan)
-        dev_corr = np.unique(corr[dev & ~np.isnan(corr)])
-        hit |= np.isin(corr[(slices["role"] == ROLE_CPU).to_numpy(bool)], dev_corr)
-    return np.unique(cpu["track_id"].to_numpy(np.int64)[hit])
+        dev_corr = unique_sorted(corr[dev & ~np.isnan(corr)])
+        hit |= _member(corr[(slices["role"] == ROLE_CPU).to_numpy(bool)], dev_corr)
+    return unique_sorted(cpu["track_id"].to_numpy(np.int64)[hit])
 
 
 def _waiting(cpu: pd.DataFrame) -> np.ndarray:
@@ -112,7 +123,7 @@ def _waiting(cpu: pd.DataFrame) -> np.ndarray:
     out = wait.copy()
     track = cpu["track_id"].to_numpy(np.int64)
     ts, end = cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64)
-    for t in np.unique(track[wait]):  # few threads ever wait
+    for t in unique_sorted(track[wait]):  # few threads ever wait
         mine = track == t
         w_s, w_e = union(ts[mine & wait], end[mine & wait])
         k = assign(ts[mine], w_s, w_e)
@@ -207,12 +218,12 @@ def _deepest_across_threads(
     s, e, owner = seg
     if s.size == 0:
         return seg
-    edges = np.unique(np.concatenate((s, e)))
+    edges = unique_sorted(np.concatenate((s, e)))
     lo, hi = edges[:-1], edges[1:]
     best_depth = np.full(lo.size, -1, dtype=np.int64)
     best_owner = np.full(lo.size, -1, dtype=np.int64)
     owner_track = track[owner]
-    for t in np.unique(owner_track):  # one pass per thread; segments of a thread are disjoint
+    for t in unique_sorted(owner_track):  # one pass per thread; segments of a thread are disjoint
         mine = np.flatnonzero(owner_track == t)
         mine = mine[np.argsort(s[mine], kind="stable")]
         k = assign(lo, s[mine], e[mine])

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.frames import ROLE_COMPUTE, ROLE_COPY, SLICE_COLUMNS, TraceError, require_columns
-from analysis.intervals import Union, union
+from analysis.intervals import Union, union, unique_sorted
 from analysis.steady import steady_range
 
 __all__ = ["Window", "select_window", "device_busy", "parse_window", "WINDOW_ALL", "WINDOW_STEADY"]
@@ -144,10 +144,10 @@ def select_window(
     if skip_steps < 0:
         raise TraceError(f"skip_steps must be >= 0, got {skip_steps}")
     step = slices["step"].to_numpy(np.int64)
-    steps = np.unique(step[step >= 0])
+    steps = unique_sorted(step[step >= 0])
     rule, note = WINDOW_ALL, ""
     if steps.size:
-        compute_steps = np.unique(step[(slices["role"] == ROLE_COMPUTE).to_numpy(bool)])
+        compute_steps = unique_sorted(step[(slices["role"] == ROLE_COMPUTE).to_numpy(bool)])
         first, last, rule, note = _step_bounds(steps, window, skip_steps, step_table, compute_steps)
         stepped = (step >= first) & (step <= last)
         ts, ends = slices["ts_ns"].to_numpy(np.int64), slices["end_ns"].to_numpy(np.int64)
