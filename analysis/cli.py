@@ -40,7 +40,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "step time, see README), all, or A:B (steps A..B-1)",
     )
     parser.add_argument(
-        "--skip-steps", type=int, default=1, help="with --window all: warm-up steps left out"
+        "--skip-steps",
+        type=int,
+        default=1,
+        help="with --window all: warm-up steps left out (only when 2 steps remain and the "
+        "warm-up does not hold all the device work)",
     )
     parser.add_argument("--json", action="store_true", help="print every number as JSON")
 
