@@ -28,6 +28,11 @@ def pct(x: float) -> str:
 _pct = pct
 
 
+def _duration(us: float) -> str:
+    """``1.23 ms``, or ``4.5 µs`` below a millisecond (so a short wait does not print 0.00 ms)."""
+    return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+
+
 def _grammar(headline: dict[str, Any]) -> str:
     """The grammar-work sentence (structured output), or "" when the trace has no grammar work."""
     mask_ms, wait_us = headline["grammar_mask_ms"], headline["grammar_wait_total_us"]
@@ -98,7 +103,7 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
     if total:
         exposed = headline["wait_accepted_exposed_us"]
         out.append(
-            f"Waiting for accepted counts took {total / 1e3:.2f} ms; {exposed / 1e3:.2f} ms of it "
+            f"Waiting for accepted counts took {_duration(total)}; {_duration(exposed)} of it "
             f"({_pct(exposed / total)}) left the device idle (recoverable)."
         )
     grammar = _grammar(headline)
