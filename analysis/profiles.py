@@ -9,8 +9,9 @@ ordered list of regex rules (first match wins). Built in: ``stepscope`` (identit
     name = "myengine"                         # shown in reports
     step_pattern = "^ProfilerStep#(\\d+)$"     # optional: ranges that envelope one step;
                                               # group 1, when present, is the step number
-    step_fallback_pattern = "execute_model$"  # optional: envelopes when no name matches
-                                              # step_pattern
+    step_fallback_pattern = ["run_step$", "execute_model$"]  # optional: envelopes when no
+                                              # name matches step_pattern; the first pattern
+                                              # that matches a name wins (a string works too)
     ineffective_overlap = 0.5                 # optional: async "on" but overlap below this
     [[rules]]
     pattern = "^MyScheduler\\.schedule$"      # Python regex, searched in the raw name
@@ -71,7 +72,7 @@ class Profile:
     name: str
     rules: tuple[NameRule, ...] = ()
     step_pattern: str | None = None
-    step_fallback_pattern: str | None = None
+    step_fallback_patterns: tuple[str, ...] = ()
     ineffective_overlap: float = 0.5
     async_features: tuple[str, ...] = ("async_scheduling", "async_schedule", "async")
     envelopes: tuple[str, ...] = field(default=(_STEP,))
@@ -83,9 +84,11 @@ class Profile:
             raise ValueError(
                 f"ineffective_overlap must be in [0, 1], got {self.ineffective_overlap}"
             )
-        for pattern in (self.step_pattern, self.step_fallback_pattern):
-            if pattern is not None:
-                re.compile(pattern)
+        for pattern in (self.step_pattern, *self.step_fallback_patterns):
+            try:
+                re.compile(pattern) if pattern is not None else None
+            except re.error as exc:
+                raise ValueError(f"step pattern {pattern!r} is not a valid regex: {exc}") from None
 
     def map_name(self, raw: str, step_pattern: str | None | bool = True) -> tuple[str, str, int]:
         """``(canonical name, kind, step)`` for one raw name; unmapped names keep themselves.
@@ -95,7 +98,8 @@ class Profile:
         if isinstance(step_re, str):
             match = re.search(step_re, raw)
             if match:
-                step = int(match.group(1)) if match.groups() and match.group(1) else -1
+                group = match.group(1) if match.groups() else None
+                step = int(group) if group and group.isdigit() else -1
                 return _STEP, "", step
         for rule in self.rules:
             if re.search(rule.pattern, raw):
@@ -104,13 +108,14 @@ class Profile:
 
     def envelope_pattern(self, names: Any) -> str | None:
         """The step envelope regex for a trace with these distinct raw names: ``step_pattern``
-        when some name matches it, else ``step_fallback_pattern`` (e.g. vLLM's
-        ``execute_model`` when the trace has no ``ProfilerStep#``)."""
-        if self.step_pattern is not None:
-            primary = re.compile(self.step_pattern)
-            if any(primary.search(str(n)) for n in names) or self.step_fallback_pattern is None:
-                return self.step_pattern
-        return self.step_fallback_pattern
+        when some name matches it, else the first of ``step_fallback_patterns`` that matches
+        one (e.g. vLLM's engine ``step``, else ``execute_model``, when the trace has no
+        ``ProfilerStep#``), else ``step_pattern``."""
+        names = [str(n) for n in names]
+        for pattern in (self.step_pattern, *self.step_fallback_patterns):
+            if pattern is not None and any(re.search(pattern, n) for n in names):
+                return pattern
+        return self.step_pattern
 
     def apply(self, slices: pd.DataFrame) -> pd.DataFrame:
         """Rename mapped CPU/annotation slices in place of ``name``; ``raw_name`` keeps the original.
@@ -119,9 +124,9 @@ class Profile:
 
         Works per distinct name, so the cost is one dict lookup per row.
         """
-        if (
-            not self.rules and self.step_pattern is None and self.step_fallback_pattern is None
-        ) or (slices.empty):
+        if (not self.rules and self.step_pattern is None and not self.step_fallback_patterns) or (
+            slices.empty
+        ):
             return slices
         target = slices["role"].isin([ROLE_CPU, ROLE_ANNOTATION]).to_numpy()
         raw = slices.loc[target, "raw_name"]
@@ -192,7 +197,10 @@ PROFILES: dict[str, Profile] = {
             ),
         ),
         step_pattern=r"^ProfilerStep#(\d+)$",
-        step_fallback_pattern=_VLLM_RUNNER + r"execute_model$",
+        step_fallback_patterns=(
+            _VLLM + r"engine/core\.py\(\d+\): (?:step|step_with_batch_queue)$",
+            _VLLM_RUNNER + r"execute_model$",
+        ),
     ),
     "sglang": Profile(
         "sglang",
@@ -229,6 +237,15 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+def _patterns(value: Any) -> tuple[str, ...]:
+    """A string or a list of strings, as a tuple."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TypeError(f"step_fallback_pattern must be a string or a list of strings, got {value!r}")
+
+
 def _from_mapping(raw: dict[str, Any], source: str) -> Profile:
     known = {"name", "rules", "step_pattern", "step_fallback_pattern", "ineffective_overlap"}
     unknown = set(raw) - known
@@ -243,7 +260,7 @@ def _from_mapping(raw: dict[str, Any], source: str) -> Profile:
             name=str(raw.get("name", Path(source).stem)),
             rules=rules,
             step_pattern=raw.get("step_pattern"),
-            step_fallback_pattern=raw.get("step_fallback_pattern"),
+            step_fallback_patterns=_patterns(raw.get("step_fallback_pattern", ())),
             ineffective_overlap=float(raw.get("ineffective_overlap", 0.5)),
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -204,13 +204,18 @@ def test_profile_names(profile: str, raw: str, want: str | None) -> None:
     assert name == (want or raw)
 
 
-def _vllm_default(path: Path, profiler_steps: bool) -> Path:
+def _vllm_default(path: Path, envelope: str) -> Path:
+    """Three vLLM steps with default (Python-stack) names; ``envelope``: ``profiler`` (with
+    ``ProfilerStep#``), ``engine`` (the engine core's ``step`` around each iteration) or
+    ``runner`` (only the worker's ``execute_model``)."""
     runner = "vllm/v1/worker/gpu_model_runner.py"
     events = [thread(1, "python")]
     for i in range(3):
         base = i * 1000
-        if profiler_steps:
+        if envelope == "profiler":
             events.append(x("user_annotation", f"ProfilerStep#{i + 7}", base, 1000))
+        if envelope in ("profiler", "engine"):
+            events.append(x("python_function", "vllm/v1/engine/core.py(390): step", base, 990))
         events += [
             x("python_function", "vllm/v1/core/sched/scheduler.py(301): schedule", base, 100),
             x("python_function", f"{runner}(3380): execute_model", base + 100, 800),
@@ -222,21 +227,28 @@ def _vllm_default(path: Path, profiler_steps: bool) -> Path:
     return write_kineto(events, path)
 
 
-@pytest.mark.parametrize("profiler_steps", [False, True])
-def test_vllm_execute_model_envelopes_steps_only_without_profiler_steps(
-    tmp_path: Path, profiler_steps: bool
+@pytest.mark.parametrize(
+    ("envelope", "raw_prefix", "schedule_in_step"),
+    [
+        ("profiler", "ProfilerStep#", True),
+        ("engine", "vllm/v1/engine/core.py", True),
+        ("runner", "vllm/v1/worker/gpu_model_runner.py", False),
+    ],
+)
+def test_vllm_step_envelopes_without_profiler_steps(
+    tmp_path: Path, envelope: str, raw_prefix: str, schedule_in_step: bool
 ) -> None:
-    path = _vllm_default(tmp_path / "v.json", profiler_steps)
+    path = _vllm_default(tmp_path / "v.json", envelope)
     report = analyze_trace(path, window="all", skip_steps=0)
     steps = report.tables["steps"]
     assert len(steps) == 3
-    if profiler_steps:
+    if envelope == "profiler":
         assert steps["step"].tolist() == [7, 8, 9]
-        assert steps["schedule_ns"].tolist() == [100 * US] * 3
+    assert steps["schedule_ns"].tolist() == [100 * US if schedule_in_step else 0] * 3
+    assert steps["prepare_inputs_ns"].tolist() == [100 * US] * 3
     sl = report.frames.slices
-    envelopes = set(sl.loc[sl["name"] == "step", "raw_name"])
-    assert len(envelopes) == (3 if profiler_steps else 1)
-    assert all(("ProfilerStep#" in r) == profiler_steps for r in envelopes)
+    envelopes = sl.loc[sl["name"] == "step", "raw_name"].astype(str)
+    assert len(envelopes) == 3 and envelopes.str.startswith(raw_prefix).all()
     assert set(sl["name"]) >= {"schedule", "prepare_inputs", "launch"}
 
 
@@ -271,7 +283,7 @@ def test_percentages_show_small_values(x_: float, text: str) -> None:
 def test_compare_of_identical_kineto_traces_holds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _vllm_default(tmp_path / "v.json", True)
+    path = _vllm_default(tmp_path / "v.json", "profiler")
     assert compare_main([str(path), str(path)]) == 0
     out = capsys.readouterr().out
     assert "BROKEN" not in out and "cannot be checked" in out
