@@ -33,7 +33,8 @@ _DELTAS = (
 
 @dataclass
 class Comparison:
-    """``contract_ok``: configs equal except the declared variables; ``differences``: key ->
+    """``contract_ok``: configs equal except the declared variables (True when neither trace
+    carries a config: nothing contradicts it, and ``checked`` is False); ``differences``: key ->
     (A, B) for every differing config key; ``violations``: differing keys not declared;
     ``deltas``: name -> {a, b, delta}; ``outputs_agree``: True/False, None without digests."""
 
@@ -43,10 +44,12 @@ class Comparison:
     deltas: dict[str, dict[str, float | None]]
     outputs_agree: bool | None
     notes: list[str] = field(default_factory=list)
+    checked: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "contract_ok": self.contract_ok,
+            "contract_checked": self.checked,
             "differences": {k: list(v) for k, v in self.differences.items()},
             "violations": self.violations,
             "deltas": self.deltas,
@@ -92,4 +95,5 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
     agree = None if ga is None or gb is None else ga == gb
     if agree is None:
         notes.append(f"outputs not compared: '{OUTPUT_DIGEST_KEY}' missing from one or both traces")
-    return Comparison(not violations and bool(ca or cb), diffs, violations, deltas, agree, notes)
+    checked = bool(ca or cb)
+    return Comparison(not violations, diffs, violations, deltas, agree, notes, checked)

@@ -11,8 +11,9 @@ import pandas as pd
 
 from analysis.bubbles import BUBBLE_COLUMNS, blame_bubbles, blame_table
 from analysis.decisions import ineffective_features, silent_fallbacks
-from analysis.frames import TraceFrames
+from analysis.frames import ROLE_COPY, TraceFrames
 from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_headline
+from analysis.intervals import measure, union
 from analysis.kernel_window import busy_with_kernels
 from analysis.latency import percentiles, request_latency
 from analysis.lead_report import LEAD_SECTION_KEYS, lead_section
@@ -24,7 +25,7 @@ from analysis.steps import step_table
 from analysis.syncs import hot_sync_count, sync_summary
 from analysis.verdicts import verdicts
 from analysis.waits import accepted_wait_by_step
-from analysis.window import WINDOW_STEADY, select_window
+from analysis.window import WINDOW_STEADY, device_busy, select_window
 from instrument.schema import CaptureArg
 
 __all__ = ["Report", "build_report", "HEADLINE_KEYS"]
@@ -32,6 +33,7 @@ __all__ = ["Report", "build_report", "HEADLINE_KEYS"]
 HEADLINE_KEYS = (
     "overlap",
     "bubble_ratio",
+    "device_idle_ratio",
     "bubbles",
     "top_blame",
     "wait_accepted_total_us",
@@ -154,10 +156,15 @@ def build_report(
     )
     latency = request_latency(frames.slices)
     idle_ns = int(bubbles["dur_ns"].sum())
+    # Device idle: no compute and no copy, measured in the same runs as compute idle.
+    copies = device_busy(frames.slices[frames.slices["role"] == ROLE_COPY], True)
+    device_busy_u = union(*(np.concatenate(p) for p in zip(busy, copies, strict=True)))
+    device_idle_ns = int(measure(idle_in_runs(device_busy_u, runs))) if span_ns else 0
     largest = bubbles.sort_values("dur_ns", ascending=False).head(MAX_HEADLINE_BUBBLES)
     headline: dict[str, Any] = {
         "overlap": _clean(overlap),
         "bubble_ratio": idle_ns / span_ns if span_ns else None,
+        "device_idle_ratio": device_idle_ns / span_ns if span_ns else None,
         "bubbles": {
             "count": len(bubbles),
             "idle_ms": idle_ns / 1e6,
@@ -186,7 +193,7 @@ def build_report(
     in_window = (all_steps["step"] >= win.first_step) & (all_steps["step"] <= win.last_step)
     steps = all_steps[in_window].reset_index(drop=True)
     overlap_steps = overlap_by_step(paired, busy)
-    phases = phase_table(steps, overlap_steps, waits, bubbles, sl)
+    phases = phase_table(steps, overlap_steps, waits, bubbles, sl, (win.start_ns, win.end_ns))
     lead = lead_section(
         sl, steps, runs, busy, kernel_windows, idle_ns, span_ns, frames.metadata.get("format", "")
     )
