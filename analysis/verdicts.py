@@ -88,6 +88,12 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
             f"{hidden} request(s) prefilled in steps left out of the trace (warm-up, step range "
             "or sampling): counted, but without TTFT/TPOT (use --trace-warmup to see them)."
         )
+    interrupted = frames.metadata.get("interrupted")
+    if interrupted:
+        out.append(
+            f"The run was interrupted by {interrupted}: requests in flight were aborted and "
+            "later arrivals never ran."
+        )
     dropped = frames.metadata.get("bytes_dropped", 0)
     if dropped:
         out.append(

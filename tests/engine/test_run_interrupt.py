@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from analysis import analyze_frames
 from analysis.load import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +89,8 @@ def test_first_sigint_stops_in_order(tmp_path):
     frames = load_trace(tmp_path / "t.pftrace")
     assert frames.metadata.get("interrupted") == signal.Signals(signum).name
     assert frames.metadata.get("bytes_dropped", 0) == 0  # closed properly
+    verdicts = analyze_frames(frames).verdicts
+    assert any(v.startswith("The run was interrupted by SIGINT") for v in verdicts)
 
 
 def test_second_sigint_exits_at_once(tmp_path):
