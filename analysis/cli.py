@@ -16,6 +16,8 @@ __all__ = ["analyze_main", "compare_main"]
 
 _SHOWN_TABLES = (
     "phases",
+    "starvation",
+    "fill",
     "blame",
     "overlap",
     "waits",

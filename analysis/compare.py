@@ -1,4 +1,4 @@
-"""A/B comparison of two traces: the contract check first, then deltas (DESIGN.md §4)."""
+"""A/B comparison of two traces: the contract check first, then deltas (docs/design.md §5.12)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ _DELTAS = (
     ("ttft_ms_p50", ("ttft_ms", "p50")),
     ("tokens_per_s", ("extra", "tokens_per_s")),
     ("output_tokens_per_s", ("extra", "output_tokens_per_s")),
+    ("cpu_lead_us_p50", ("cpu_lead_us_p50",)),
+    ("starved_steps_frac", ("starved_steps_frac",)),
+    ("bubble_ratio_starvation_aware", ("bubble_ratio_starvation_aware",)),
 )
 
 

@@ -1,4 +1,4 @@
-"""Request latency from per-request tracks: TTFT, TPOT, end-to-end (DESIGN.md §4).
+"""Request latency from per-request tracks: TTFT, TPOT, end-to-end (docs/design.md §5.9).
 
 Per request: arrival = start of its first slice (``queued``, else ``prefill``); first token =
 end of the last ``prefill`` slice (chunked prefill writes several); finish = end of its last

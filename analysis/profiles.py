@@ -1,7 +1,7 @@
 """Trace profiles: which range names of an engine mean stepscope's ``schedule``, ``launch``, ...
 
 A profile maps raw CPU range names (``record_function`` / ``user_annotation`` names in Kineto
-traces, span names in Perfetto traces) onto the canonical names of DESIGN.md §3 through an
+traces, span names in Perfetto traces) onto the canonical names of docs/design.md §4.2 (profiles: §6) through an
 ordered list of regex rules (first match wins). Built in: ``stepscope`` (identity), ``vllm``,
 ``sglang``. A user profile is a JSON or TOML file::
 
@@ -12,7 +12,7 @@ ordered list of regex rules (first match wins). Built in: ``stepscope`` (identit
     ineffective_overlap = 0.5                 # optional: async "on" but overlap below this
     [[rules]]
     pattern = "^MyScheduler\\.schedule$"      # Python regex, searched in the raw name
-    name = "schedule"                         # canonical name (DESIGN.md §3 CPU slices)
+    name = "schedule"                         # canonical name (docs/design.md §4.2)
     [[rules]]
     pattern = "wait_for_accepted"
     name = "wait_output"
