@@ -250,6 +250,11 @@ def _extra(steps: pd.DataFrame, latency: pd.DataFrame, window_ns: int) -> dict[s
     return {
         "step_ms": percentiles(cadence),
         "e2e_ms": percentiles(latency["e2e_ms"]),
+        # every request the trace holds; those whose prefill it left out have no TTFT/TPOT
+        "requests": {
+            "count": len(latency),
+            "prefill_hidden": int(latency["prefill_hidden"].sum()),
+        },
         "batch_tokens": tokens,
         "tokens_per_s": tokens / (window_ns / 1e9) if tokens and window_ns else None,
         "output_tokens_per_s": (int(latency["num_output_tokens"].sum()) / (window_ns / 1e9))

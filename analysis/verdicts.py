@@ -115,11 +115,26 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
         out.append(
             f"{headline['hot_syncs']} host-device syncs on the hot path after warm-up (defects)."
         )
+    requests = extra.get("requests", {})
+    hidden = requests.get("prefill_hidden", 0)
     if headline["ttft_ms"]["count"]:
         t, p = headline["ttft_ms"], headline["tpot_ms"]
         tpot = f", TPOT p50 {p['p50']:.2f} ms" if p["count"] else ""
+        total = requests.get("count", t["count"])
         out.append(
-            f"{t['count']} requests: TTFT p50 {t['p50']:.2f} ms / p99 {t['p99']:.2f} ms{tpot}."
+            f"{total} requests: TTFT p50 {t['p50']:.2f} ms / p99 {t['p99']:.2f} ms{tpot}"
+            + (f" (TTFT of {t['count']})." if hidden else ".")
+        )
+    if hidden:
+        out.append(
+            f"{hidden} request(s) prefilled in steps left out of the trace (warm-up, step range "
+            "or sampling): counted, but without TTFT/TPOT (use --trace-warmup to see them)."
+        )
+    interrupted = frames.metadata.get("interrupted")
+    if interrupted:
+        out.append(
+            f"The run was interrupted by {interrupted}: requests in flight were aborted and "
+            "later arrivals never ran."
         )
     dropped = frames.metadata.get("bytes_dropped", 0)
     if dropped:

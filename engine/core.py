@@ -30,7 +30,13 @@ import torch
 from engine.config import EngineConfig, ResolvedFeatures, resolve_features
 from engine.device import Device
 from engine.distributed.rank_context import RankContext
-from engine.engine_parts import DTYPES, build_device, build_model, scheduler_config_for
+from engine.engine_parts import (
+    DTYPES,
+    build_device,
+    build_model,
+    check_state_fits,
+    scheduler_config_for,
+)
 from engine.request import Request, RequestStatus
 from engine.request_timeline import RequestTimeline
 from engine.runner.async_output import AsyncOutput, PendingSample
@@ -106,6 +112,7 @@ class EngineCore:
             self.model, self.model_config = tp.build_model(config, self.features, self.device)
         sched_config = scheduler_config_for(config, self.model_config)
         self.max_model_len = sched_config.max_model_len
+        check_state_fits(config, self.model_config, self.max_model_len, self.device)
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
         self.scheduler: Scheduler = scheduler_cls(sched_config, stop_string_checker)
         self.proposer = self._build_proposer()

@@ -169,6 +169,9 @@ class Arg(str, Enum):
     NUM_OUTPUT_TOKENS = "num_output_tokens"  # on a request's decode slice (TPOT's denominator)
     NUM_PROMPT_TOKENS = "num_prompt_tokens"  # on a request's prefill slice
     OUTPUT_DIGEST = "output_digest"  # trace_metadata: digest of every request's output tokens
+    # trace_metadata: the signal ("SIGINT", "SIGTERM") that stopped the run early; absent when
+    # the run ended on its own. Requests in flight were aborted, those not arrived never ran.
+    INTERRUPTED = "interrupted"
     SCHEMA_VERSION = "schema_version"
     # trace_metadata of a tensor-parallel rank: its rank, the world size, and its clock minus
     # rank 0's (measured at start-up; error within clock_rtt_ns / 2).

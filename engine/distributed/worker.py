@@ -9,6 +9,8 @@ receives each :class:`~engine.distributed.messages.StepMessage` and makes the sa
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -98,10 +100,25 @@ class WorkerLoop:
             self._in_flight.popleft().get()
 
 
+def _leave_interrupts_to_rank0() -> None:
+    """Ctrl-C reaches every process of the terminal's group: a rank > 0 leaves it to rank 0, which
+    stops in order and then closes the ranks (engine/interrupt.py). SIGINT still ends this rank
+    when rank 0 is gone (torch's spawn turns the parent's death into a SIGINT)."""
+    parent = os.getppid()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if os.getppid() != parent:
+            raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_sigint)
+
+
 def worker_main(index: int, spec: WorkerSpec) -> None:
     """Entry point of rank ``index + 1`` (``torch.multiprocessing`` passes ``index``)."""
     from engine.core import EngineCore  # the child imports the engine here, not at unpickling
 
+    _leave_interrupts_to_rank0()
     rank = index + 1
     config = spec.config
     tracer = (
