@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from analysis import Report, TraceError, analyze_trace, compare_reports
+from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.rank_cli import is_rank_set, rank_analyze_main
 
 __all__ = ["analyze_main", "compare_main"]
@@ -43,6 +44,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--skip-steps", type=int, default=1, help="with --window all: warm-up steps left out"
     )
     parser.add_argument("--json", action="store_true", help="print every number as JSON")
+    parser.add_argument(
+        "--max-decompressed-mb",
+        type=float,
+        default=DEFAULT_MAX_DECOMPRESSED_MB,
+        metavar="MB",
+        help="refuse a .gz trace that decompresses to more than this (default %(default).0f)",
+    )
 
 
 def _print_json(obj: Any) -> None:
@@ -68,6 +76,8 @@ def _print_report(report: Report) -> None:
     )
     if w["note"]:
         print(f"  note: {w['note']}")
+    for note in report.frames.metadata.get("notes", []):
+        print(f"  note: {note}")
     capture = report.extra.get("capture", {})
     dropped = {k: v for k, v in capture.items() if k.startswith("dropped_steps_") and v}
     if capture.get("sampled") or dropped:
@@ -100,7 +110,9 @@ def analyze_main(argv: list[str]) -> int:
         return rank_analyze_main(args)
     args.trace = args.trace[0]
     try:
-        report = analyze_trace(args.trace, args.profile, args.skip_steps, args.window)
+        report = analyze_trace(
+            args.trace, args.profile, args.skip_steps, args.window, args.max_decompressed_mb
+        )
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
@@ -126,8 +138,10 @@ def compare_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     try:
-        a = analyze_trace(args.a, args.profile, args.skip_steps, args.window)
-        b = analyze_trace(args.b, args.profile, args.skip_steps, args.window)
+        a, b = (
+            analyze_trace(p, args.profile, args.skip_steps, args.window, args.max_decompressed_mb)
+            for p in (args.a, args.b)
+        )
     except TraceError as exc:
         print(f"stepscope compare: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""``stepscope analyze`` on a rank set (several traces, or a directory of ``*.rank<i>.pftrace``)."""
+"""``stepscope analyze`` on a rank set (several traces, or a directory of ``*.rank<i>.pftrace`` or
+of Kineto ``.json[.gz]`` rank traces)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def print_rank_report(report: RankReport) -> None:
 def rank_analyze_main(args: argparse.Namespace) -> int:
     """The rank-set branch of ``stepscope analyze`` (``args.trace`` is a list)."""
     try:
-        report = analyze_ranks(args.trace, args.profile, args.skip_steps, args.window)
+        report = analyze_ranks(
+            args.trace, args.profile, args.skip_steps, args.window, args.max_decompressed_mb
+        )
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
