@@ -16,6 +16,8 @@ from analysis.rank_cli import is_rank_set, rank_analyze_main
 __all__ = ["analyze_main", "compare_main"]
 
 _SHOWN_TABLES = (
+    "kernel_types",
+    "top_kernels",
     "phases",
     "blame",
     "overlap",
@@ -65,6 +67,10 @@ def _fmt(df: pd.DataFrame) -> str:
         return df.head(_MAX_ROWS).to_string(index=False)
 
 
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _print_report(report: Report) -> None:
     for line in report.verdicts:
         print(f"* {line}")
@@ -87,6 +93,8 @@ def _print_report(report: Report) -> None:
         print(f"  capture: {sampled}steps left out of the trace {dropped or 'none'}")
     for name in _SHOWN_TABLES:
         df = report.tables[name]
+        if name == "top_kernels":  # C++ kernel names run to hundreds of characters
+            df = df.assign(name=df["name"].map(_short))
         if len(df):
             print(
                 f"\n{name} ({len(df)} rows{', first ' + str(_MAX_ROWS) if len(df) > _MAX_ROWS else ''})"

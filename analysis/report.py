@@ -14,6 +14,7 @@ from analysis.decisions import ineffective_features, silent_fallbacks
 from analysis.frames import TraceFrames
 from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_headline
 from analysis.intervals import complement
+from analysis.kernels import kernel_breakdown, kernel_slices
 from analysis.latency import percentiles, request_latency
 from analysis.overlap import overall_overlap, overlap_by_step
 from analysis.phases import phase_table
@@ -60,7 +61,8 @@ class Report:
     ``headline``: the §4 numbers by their fixed names (JSON-ready); ``verdicts``: plain sentences,
     most important first; ``tables``: ``steps``, ``overlap``, ``bubbles``, ``blame``, ``waits``,
     ``grammar`` (``analysis.grammar.grammar_by_step``), ``syncs``, ``decisions``,
-    ``silent_fallbacks``, ``ineffective``, ``latency`` frames;
+    ``silent_fallbacks``, ``ineffective``, ``latency``, ``kernel_types`` and ``top_kernels``
+    (``analysis.kernels.kernel_breakdown`` over the window) frames;
     ``frames``: the loaded trace; ``extra``: secondary numbers (throughput, step time, e2e).
     """
 
@@ -116,6 +118,7 @@ def build_report(
     all_steps = step_table(frames.slices)
     sl, win = select_window(frames.slices, skip_steps, window, all_steps)
     busy = device_busy(frames.slices)
+    kernel_types, top_kernels = kernel_breakdown(kernel_slices(frames), win.start_ns, win.end_ns)
     idle = (
         complement(busy, win.start_ns, win.end_ns)
         if win.duration_ns
@@ -202,6 +205,8 @@ def build_report(
         "silent_fallbacks": silent,
         "ineffective": ineffective,
         "latency": latency,
+        "kernel_types": kernel_types,
+        "top_kernels": top_kernels,
     }
     return Report(headline, verdicts(headline, frames, extra), tables, frames, extra)
 
