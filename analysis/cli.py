@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import pandas as pd
 
 from analysis import Report, TraceError, analyze_trace, compare_reports
+from analysis.jsonout import dump_json
 from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.rank_cli import is_rank_set, rank_analyze_main
 
@@ -56,8 +56,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str, allow_nan=False)
-    sys.stdout.write("\n")
+    dump_json(obj)
 
 
 def _fmt(df: pd.DataFrame) -> str:

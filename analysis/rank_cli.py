@@ -4,13 +4,13 @@ of Kineto ``.json[.gz]`` rank traces)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import pandas as pd
 
 from analysis.frames import TraceError
+from analysis.jsonout import dump_json
 from analysis.rank_report import RankReport, analyze_ranks
 
 __all__ = ["is_rank_set", "rank_analyze_main", "print_rank_report"]
@@ -62,8 +62,7 @@ def rank_analyze_main(args: argparse.Namespace) -> int:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2, default=str, allow_nan=False)
-        sys.stdout.write("\n")
+        dump_json(report.to_dict())
     else:
         print_rank_report(report)
     return 0
