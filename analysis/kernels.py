@@ -51,20 +51,23 @@ _NEEDED = ["role", "raw_name", "ts_ns", "end_ns"]
 
 
 def kernel_slices(frames: TraceFrames) -> pd.DataFrame:
-    """The device kernels of ``frames`` (see the module docstring); columns of ``slices``."""
+    """The device kernels of ``frames`` (see the module docstring): ``role``, ``raw_name``,
+    ``ts_ns``, ``end_ns`` of their slices."""
     s = frames.slices
     require_columns(s, _NEEDED, "kernel_slices")
-    lane = s[s["role"] == ROLE_KERNEL]
-    if len(lane) or frames.metadata.get("format") != "kineto":
-        return lane
-    return s[s["role"].isin([ROLE_COMPUTE, ROLE_COPY])]
+    lane = (s["role"] == ROLE_KERNEL).to_numpy()
+    if not lane.any() and frames.metadata.get("format") == "kineto":
+        lane = s["role"].isin([ROLE_COMPUTE, ROLE_COPY]).to_numpy()
+    return s.loc[lane, _NEEDED]
 
 
 def kernel_type(names: pd.Series, roles: pd.Series) -> np.ndarray:
     """``computation`` / ``communication`` / ``memory`` for each kernel (name and role)."""
-    names = names.astype(object).astype(str)
-    comm = names.str.contains(_COMMUNICATION, regex=True).to_numpy()
-    memory = names.str.contains(_MEMORY, regex=True).to_numpy() | (roles == ROLE_COPY).to_numpy()
+    names = pd.Series(pd.Categorical(names.to_numpy(object)))  # match each distinct name once
+    comm = names.str.contains(_COMMUNICATION, regex=True).to_numpy(bool)
+    memory = (
+        names.str.contains(_MEMORY, regex=True).to_numpy(bool) | (roles == ROLE_COPY).to_numpy()
+    )
     return np.where(comm, COMMUNICATION, np.where(memory, MEMORY, COMPUTATION)).astype(object)
 
 

@@ -252,15 +252,15 @@ def _assign_steps(x: pd.DataFrame) -> None:
 
 
 def _syncs(x: pd.DataFrame) -> pd.DataFrame:
-    cpu = x[x["role"] == ROLE_CPU]
-    hit = cpu[
-        (cpu["name"] == CpuSlice.WAIT_OUTPUT.value) & cpu["kind"].isin([WAIT_SYNC, WAIT_D2H])
-        | cpu["raw_name"].isin(_SCALAR_OPS)
-    ]
+    cpu = (x["role"] == ROLE_CPU).to_numpy()
+    waits = (x["name"] == CpuSlice.WAIT_OUTPUT.value).to_numpy() & x["kind"].isin(
+        [WAIT_SYNC, WAIT_D2H]
+    ).to_numpy()
+    hit = x.loc[cpu & (waits | x["raw_name"].isin(_SCALAR_OPS).to_numpy())]
     if hit.empty:
         return empty_frame(SYNC_COLUMNS)
-    hot_ranges = cpu[cpu["name"].isin(_HOT)]
-    hot_u = union(hot_ranges["ts_ns"].to_numpy(), hot_ranges["end_ns"].to_numpy())
+    hot = cpu & x["name"].isin(_HOT).to_numpy()
+    hot_u = union(x["ts_ns"].to_numpy()[hot], x["end_ns"].to_numpy()[hot])
     return pd.DataFrame(
         {
             "ts_ns": hit["ts_ns"].to_numpy(np.int64),

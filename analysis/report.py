@@ -100,8 +100,21 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _column(s: pd.Series) -> list[Any]:
+    """JSON-ready values of one column: numeric numpy columns vectorised, the rest per value."""
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind in "iub":
+        return s.to_numpy().tolist()
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind == "f":
+        v = s.to_numpy()
+        out = v.astype(object)
+        out[~np.isfinite(v)] = None
+        return out.tolist()
+    return [_clean(v) for v in s.astype(object).where(s.notna(), None).tolist()]
+
+
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [_clean(r) for r in df.astype(object).where(df.notna(), None).to_dict("records")]
+    cols = {str(c): _column(df[c]) for c in df.columns}
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
 def build_report(
