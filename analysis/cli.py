@@ -109,7 +109,8 @@ def analyze_main(argv: list[str]) -> int:
         "trace",
         nargs="+",
         help="a .pftrace (stepscope/Perfetto) or Kineto .json[.gz] file; several files or a "
-        "directory: the rank traces of one tensor-parallel run (per-rank and straggler tables)",
+        "directory: the rank traces of one tensor-parallel run (*.rank<i>.pftrace, or Kineto "
+        "traces ranked by their distributedInfo; per-rank and straggler tables)",
     )
     _common(parser)
     args = parser.parse_args(argv)
