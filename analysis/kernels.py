@@ -15,6 +15,8 @@ kernels on concurrent streams add up, so the sum may exceed the window's wall ti
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -31,8 +33,8 @@ __all__ = [
 
 COMPUTATION, COMMUNICATION, MEMORY = "computation", "communication", "memory"
 KERNEL_TYPES = (COMPUTATION, COMMUNICATION, MEMORY)
-_COMMUNICATION = r"(?i)^(?:void\s+)?(?:nccl|rccl)"  # ncclDevKernel_*, ncclKernel_*, rccl...
-_MEMORY = r"(?i)^(?:memcpy|memset)"  # Kineto's "Memcpy DtoH (...)", "Memset (Device)"
+_COMMUNICATION_RE = re.compile(r"(?:void\s+)?(?:nccl|rccl)", re.IGNORECASE)  # ncclDevKernel_*...
+_MEMORY_RE = re.compile(r"memcpy|memset", re.IGNORECASE)  # "Memcpy DtoH (...)", "Memset (Device)"
 KERNEL_TYPE_COLUMNS = {
     "kernel_type": "object",
     "num_kernels": "int64",
@@ -61,14 +63,19 @@ def kernel_slices(frames: TraceFrames) -> pd.DataFrame:
     return s.loc[lane, _NEEDED]
 
 
+def _type_of(name: str, is_copy: bool) -> str:
+    if _COMMUNICATION_RE.match(name):
+        return COMMUNICATION
+    return MEMORY if is_copy or _MEMORY_RE.match(name) else COMPUTATION
+
+
 def kernel_type(names: pd.Series, roles: pd.Series) -> np.ndarray:
     """``computation`` / ``communication`` / ``memory`` for each kernel (name and role)."""
-    names = pd.Series(pd.Categorical(names.to_numpy(object)))  # match each distinct name once
-    comm = names.str.contains(_COMMUNICATION, regex=True).to_numpy(bool)
-    memory = (
-        names.str.contains(_MEMORY, regex=True).to_numpy(bool) | (roles == ROLE_COPY).to_numpy()
-    )
-    return np.where(comm, COMMUNICATION, np.where(memory, MEMORY, COMPUTATION)).astype(object)
+    codes, uniques = pd.factorize(names.to_numpy(object))
+    is_copy = (roles == ROLE_COPY).to_numpy().astype(np.int64)
+    keys, inverse = np.unique(codes * 2 + is_copy, return_inverse=True)  # per distinct pair
+    labels = [_type_of(str(uniques[k // 2]), bool(k % 2)) for k in keys.tolist()]
+    return np.asarray(labels, dtype=object)[inverse]
 
 
 def _empty(columns: dict[str, str]) -> pd.DataFrame:
