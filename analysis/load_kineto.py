@@ -380,7 +380,7 @@ def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrame
             "track": x["track"],
             "role": x["role"],
             "name": x["name"],
-            "raw_name": x["raw_name"],
+            "raw_name": x["raw_name"].cat.remove_unused_categories(),
             "ts_ns": x["ts_ns"].to_numpy(),
             "dur_ns": x["dur_ns"].to_numpy(),
             "end_ns": x["end_ns"].to_numpy(),
