@@ -105,6 +105,16 @@ def _strings(values: list[Any], lower: bool = False) -> pd.Categorical:
     return categorical_from_codes(codes, text)
 
 
+def _ids(values: list[Any]) -> pd.Categorical:
+    """Process/thread ids as text categories; integer ids (the usual case) factorized in numpy."""
+    try:
+        ints = np.fromiter(values, dtype=np.int64, count=len(values))
+    except (TypeError, ValueError, OverflowError):  # a named pid/tid ("Spans", "stream 7", ...)
+        return _strings(values)
+    uniq, inverse = np.unique(ints, return_inverse=True)
+    return categorical_from_codes(inverse.astype(np.int64), [str(u) for u in uniq.tolist()])
+
+
 def _typed(data: bytes) -> KinetoColumns:
     first = data.lstrip()[:1]
     if first == b"[":
@@ -126,8 +136,8 @@ def _typed(data: bytes) -> KinetoColumns:
             "ph": _strings(list(map(attrgetter("ph"), events))),
             "cat": _strings(list(map(attrgetter("cat"), events)), lower=True),
             "name": _strings(list(map(attrgetter("name"), events))),
-            "pid": _strings(list(map(attrgetter("pid"), events))),
-            "tid": _strings(list(map(attrgetter("tid"), events))),
+            "pid": _ids(list(map(attrgetter("pid"), events))),
+            "tid": _ids(list(map(attrgetter("tid"), events))),
             "ts_us": floats(map(attrgetter("ts"), events)),
             "dur_us": floats(map(attrgetter("dur"), events)),
             "device": floats(map(attrgetter("device"), args)),
