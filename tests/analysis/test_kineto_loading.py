@@ -235,3 +235,16 @@ def test_every_real_trace_loads(path: Path) -> None:
     info = raw.get("distributedInfo") if isinstance(raw, dict) else None
     if isinstance(info, dict) and "rank" in info:
         assert frames.metadata["rank"] == info["rank"]
+
+
+def test_counters_and_named_threads(tmp_path: Path) -> None:
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": "Spans", "tid": "t1", "args": {"name": "main"}},
+        _x("cpu_op", "aten::mm", 0, 10, tid="t1", pid="Spans"),
+        {"ph": "C", "name": "mem", "pid": 1, "tid": 1, "ts": 5, "args": {"used": 3, "free": 7.5}},
+    ]
+    frames = load_trace(_write(tmp_path / "c.json", events))
+    assert frames.slices["track"].tolist() == ["main"]
+    got = sorted(zip(frames.counters["name"], frames.counters["value"], strict=True))
+    assert got == [("mem.free", 7.5), ("mem.used", 3.0)]
+    assert frames.counters["ts_ns"].tolist() == [5000, 5000]
