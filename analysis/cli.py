@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import pandas as pd
 
 from analysis import Report, TraceError, analyze_trace, compare_reports
+from analysis.jsonout import dump_json
+from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.rank_cli import is_rank_set, rank_analyze_main
 
 __all__ = ["analyze_main", "compare_main"]
 
 _SHOWN_TABLES = (
+    "kernel_types",
+    "top_kernels",
     "phases",
     "starvation",
     "fill",
@@ -49,11 +52,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "warm-up does not hold all the device work)",
     )
     parser.add_argument("--json", action="store_true", help="print every number as JSON")
+    parser.add_argument(
+        "--max-decompressed-mb",
+        type=float,
+        default=DEFAULT_MAX_DECOMPRESSED_MB,
+        metavar="MB",
+        help="refuse a .gz trace that decompresses to more than this (default %(default).0f)",
+    )
 
 
 def _print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str, allow_nan=False)
-    sys.stdout.write("\n")
+    dump_json(obj)
 
 
 def _fmt(df: pd.DataFrame) -> str:
@@ -61,6 +70,10 @@ def _fmt(df: pd.DataFrame) -> str:
         "display.width", 120, "display.max_columns", 12, "display.float_format", "{:.3f}".format
     ):
         return df.head(_MAX_ROWS).to_string(index=False)
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _print_report(report: Report) -> None:
@@ -74,6 +87,8 @@ def _print_report(report: Report) -> None:
     )
     if w["note"]:
         print(f"  note: {w['note']}")
+    for note in report.frames.metadata.get("notes", []):
+        print(f"  note: {note}")
     capture = report.extra.get("capture", {})
     dropped = {k: v for k, v in capture.items() if k.startswith("dropped_steps_") and v}
     if capture.get("sampled") or dropped:
@@ -83,6 +98,8 @@ def _print_report(report: Report) -> None:
         print(f"  capture: {sampled}steps left out of the trace {dropped or 'none'}")
     for name in _SHOWN_TABLES:
         df = report.tables[name]
+        if name == "top_kernels":  # C++ kernel names run to hundreds of characters
+            df = df.assign(name=df["name"].map(_short))
         if len(df):
             print(
                 f"\n{name} ({len(df)} rows{', first ' + str(_MAX_ROWS) if len(df) > _MAX_ROWS else ''})"
@@ -98,7 +115,8 @@ def analyze_main(argv: list[str]) -> int:
         "trace",
         nargs="+",
         help="a .pftrace (stepscope/Perfetto) or Kineto .json[.gz] file; several files or a "
-        "directory: the rank traces of one tensor-parallel run (per-rank and straggler tables)",
+        "directory: the rank traces of one tensor-parallel run (*.rank<i>.pftrace, or Kineto "
+        "traces ranked by their distributedInfo; per-rank and straggler tables)",
     )
     _common(parser)
     args = parser.parse_args(argv)
@@ -106,7 +124,9 @@ def analyze_main(argv: list[str]) -> int:
         return rank_analyze_main(args)
     args.trace = args.trace[0]
     try:
-        report = analyze_trace(args.trace, args.profile, args.skip_steps, args.window)
+        report = analyze_trace(
+            args.trace, args.profile, args.skip_steps, args.window, args.max_decompressed_mb
+        )
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
@@ -132,8 +152,10 @@ def compare_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     try:
-        a = analyze_trace(args.a, args.profile, args.skip_steps, args.window)
-        b = analyze_trace(args.b, args.profile, args.skip_steps, args.window)
+        a, b = (
+            analyze_trace(p, args.profile, args.skip_steps, args.window, args.max_decompressed_mb)
+            for p in (args.a, args.b)
+        )
     except TraceError as exc:
         print(f"stepscope compare: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from analysis.frames import ROLE_COPY, TraceFrames
 from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_headline
 from analysis.intervals import measure, union
 from analysis.kernel_window import busy_with_kernels
+from analysis.kernels import kernel_breakdown, kernel_slices
 from analysis.latency import percentiles, request_latency
 from analysis.lead_report import LEAD_SECTION_KEYS, lead_section
 from analysis.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
@@ -66,7 +67,9 @@ class Report:
     most important first; ``tables``: ``steps``, ``overlap``, ``bubbles``, ``blame``, ``waits``,
     ``grammar`` (``analysis.grammar.grammar_by_step``), ``syncs``, ``decisions``,
     ``silent_fallbacks``, ``ineffective``, ``latency``, ``runs`` (``analysis.runs``),
-    ``stage_lead``, ``starved``, ``starvation`` and ``fill`` (``analysis.lead_report``) frames;
+    ``stage_lead``, ``starved``, ``starvation`` and ``fill`` (``analysis.lead_report``),
+    ``kernel_types`` and ``top_kernels`` (``analysis.kernels.kernel_breakdown`` over the window)
+    frames;
     ``frames``: the loaded trace; ``extra``: secondary numbers (throughput, step time, e2e).
     """
 
@@ -104,8 +107,21 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _column(s: pd.Series) -> list[Any]:
+    """JSON-ready values of one column: numeric numpy columns vectorised, the rest per value."""
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind in "iub":
+        return s.to_numpy().tolist()
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind == "f":
+        v = s.to_numpy()
+        out = v.astype(object)
+        out[~np.isfinite(v)] = None
+        return out.tolist()
+    return [_clean(v) for v in s.astype(object).where(s.notna(), None).tolist()]
+
+
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [_clean(r) for r in df.astype(object).where(df.notna(), None).to_dict("records")]
+    cols = {str(c): _column(df[c]) for c in df.columns}
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
 def build_report(
@@ -130,6 +146,7 @@ def build_report(
     paired = clip_to_runs(sl[sl["name"].isin(SCHEDULING_SLICES)], runs)
     overlap, _, _ = overall_overlap(paired, busy)
     bubbles, pieces = blame_bubbles(_bubbles(idle), sl, prof.envelopes)
+    kernel_types, top_kernels = kernel_breakdown(kernel_slices(frames), win.start_ns, win.end_ns)
     blame = blame_table(pieces)
     waits = accepted_wait_by_step(sl, busy, idle)
     grammar = grammar_by_step(sl, busy, idle)
@@ -222,6 +239,8 @@ def build_report(
         "latency": latency,
         "runs": runs,
         **lead.tables,
+        "kernel_types": kernel_types,
+        "top_kernels": top_kernels,
     }
     says = verdicts(headline, frames, extra)
     sampled = [runs_verdict(runs)] if len(runs) > 1 else []
