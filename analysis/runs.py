@@ -80,7 +80,9 @@ def run_spans(slices: pd.DataFrame, window_start_ns: int, window_end_ns: int) ->
     step = slices["step"].to_numpy(np.int64)
     runs = kept_runs(step)
     if len(runs) == 0:  # no step numbers (a stepless Kineto window): one run, the window
-        runs = pd.DataFrame({"run_id": [0], "first_step": [-1], "last_step": [-1], "num_steps": [0]})
+        runs = pd.DataFrame(
+            {"run_id": [0], "first_step": [-1], "last_step": [-1], "num_steps": [0]}
+        )
     if len(runs) <= 1:
         return runs.assign(
             start_ns=window_start_ns, end_ns=window_end_ns, cycle_start_ns=window_start_ns
