@@ -11,6 +11,7 @@ import torch
 
 from engine.distributed.parallel_linear import shard_specs
 from engine.distributed.parallel_state import TPGroup
+from engine.kernels.backend import KernelBackend
 from engine.model.config import ModelConfig
 from engine.model.layers import merge_weights
 from engine.model.llama import LlamaForCausalLM
@@ -33,7 +34,7 @@ def load_model(
     path: str | Path,
     dtype: torch.dtype,
     device: torch.device | str,
-    use_triton: bool = False,
+    kernels: KernelBackend | None = None,
     tp: TPGroup | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Load ``config.json`` and the ``*.safetensors`` weights of a HF checkpoint folder
@@ -47,7 +48,7 @@ def load_model(
     folder = Path(path)
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
     config = ModelConfig.from_hf_config(hf_config)
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
+    model = LlamaForCausalLM(config, dtype, device, kernels=kernels, tp=tp)
     load_state_dict(model, _read_safetensors(folder))
     model.eval()
     return model, config
@@ -108,7 +109,7 @@ def build_random_model(
     dtype: torch.dtype,
     device: torch.device | str,
     seed: int,
-    use_triton: bool = False,
+    kernels: KernelBackend | None = None,
     tp: TPGroup | None = None,
 ) -> LlamaForCausalLM:
     """A model of ``config``'s shape with seeded weights (for real-shape benchmarks).
@@ -118,7 +119,7 @@ def build_random_model(
     With ``tp`` each rank draws every full tensor in the same order and keeps its shard, so the
     weights equal the single-rank model's (one full tensor at a time in memory).
     """
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
+    model = LlamaForCausalLM(config, dtype, device, kernels=kernels, tp=tp)
     generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
     specs = shard_specs(model)
     with torch.no_grad():

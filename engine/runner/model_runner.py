@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from engine.device import Device
+from engine.kernels.backend import KernelBackend, TorchKernels
 from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
 from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
 from engine.runner.forward_pass import ForwardPass
@@ -44,7 +45,6 @@ from engine.runner.states import RequestStates
 from engine.sample.sampler import Sampler, SamplerOutput
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.proposer import Proposer
-from engine.structured.bitmask import apply_token_bitmask
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
@@ -62,7 +62,6 @@ class RunnerConfig:
     block_size: int
     num_blocks: int
     seed: int = 0
-    use_triton: bool = False
     cuda_graphs: bool | None = None  # None = auto (on for CUDA)
     max_cuda_graph_batch: int | None = None  # None = max_num_reqs
 
@@ -93,7 +92,9 @@ class ModelRunner:
         config: RunnerConfig,
         tracer: Tracer | None = None,
         proposer: Proposer | None = None,
+        kernels: KernelBackend | None = None,
     ) -> None:
+        kernels = kernels or TorchKernels()  # the engine passes the one backend it chose
         self.model = model
         self.device = device
         self.config = config
@@ -107,19 +108,15 @@ class ModelRunner:
             max_blocks_per_req=config.max_blocks_per_req,
             vocab_size=self.vocab_size,
             seed=config.seed,
-            use_triton=config.use_triton,
+            kernels=kernels,
             device_owns_frontier=proposer is not None,
         )
         cap = packed_capacity(config.max_num_reqs, config.max_num_tokens)
         self.step_inputs = StagedWriteTensor(
-            device, (1, cap), torch.int32, initial_max_values=cap, use_triton=config.use_triton
+            device, (1, cap), torch.int32, initial_max_values=cap, kernels=kernels
         )
-        self.sampler = Sampler(use_triton=config.use_triton)
-        self.spec = (
-            None
-            if proposer is None
-            else SpecDecoder(proposer, self.states, self.sampler, config.use_triton)
-        )
+        self.sampler = Sampler(kernels)
+        self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
         num_rows = config.max_num_reqs * (
             1 + (0 if self.spec is None else self.spec.num_spec_tokens)
         )
@@ -128,7 +125,9 @@ class ModelRunner:
             resolve_cuda_graphs(config.cuda_graphs, device),
             max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
         )
-        self.fwd = ForwardPass(model, device, config, self.states, self.step_inputs, graphs)
+        self.fwd = ForwardPass(
+            model, device, config, self.states, self.step_inputs, graphs, kernels
+        )
 
     @property
     def cuda_graph_decision(self) -> FeatureDecision:
@@ -306,7 +305,7 @@ class ModelRunner:
         if logits is None:
             logits = self.fwd.logits(batch, box["hidden"])
         if mask is not None:
-            apply_token_bitmask(logits, mask, self.config.use_triton)
+            self.sampler.kernels.apply_token_bitmask(logits, mask)
         return logits
 
     # stepscope: hot

@@ -65,15 +65,12 @@ class StepTensors:
 class SpecDecoder:
     """Owns the proposer, the rejection sampler and the per-row draft distributions."""
 
-    def __init__(
-        self, proposer: Proposer, states: RequestStates, sampler: Sampler, use_triton: bool
-    ) -> None:
+    def __init__(self, proposer: Proposer, states: RequestStates, sampler: Sampler) -> None:
         self.proposer = proposer
         self.states = states
         self.sampler = sampler
-        self.use_triton = use_triton
         self.num_spec_tokens = proposer.num_spec_tokens
-        self.rejection = RejectionSampler(sampler, use_triton)
+        self.rejection = RejectionSampler(sampler)
         self.draft_probs: torch.Tensor | None = None  # [R + 1, k, V] f32
         if proposer.has_draft_probs:
             rows, vocab = states.max_num_reqs + 1, states.output_bin_counts.shape[1]
@@ -118,7 +115,7 @@ class SpecDecoder:
         if meta.max_num_logprobs is None:
             return SamplerOutput(sampled_token_ids=tokens)
         lp = compute_topk_logprobs(
-            logits, meta.max_num_logprobs, tokens.clamp(min=0), self.use_triton
+            logits, meta.max_num_logprobs, tokens.clamp(min=0), self.sampler.kernels
         )
         return SamplerOutput(tokens, lp.token_ids, lp.logprobs, lp.ranks)
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine.device import Device
+from engine.kernels.backend import KernelBackend
 from engine.runner.staged_write import StagedFlush, StagedWriteTensor
 from engine.sampling_params import SamplingParams
 from engine.scheduler.outputs import CachedRequestData, NewRequestData
@@ -65,7 +66,7 @@ class RequestStates:
         max_blocks_per_req: int,
         vocab_size: int,
         seed: int = 0,
-        use_triton: bool = False,
+        kernels: KernelBackend | None = None,
         device_owns_frontier: bool = False,
     ) -> None:
         if min(max_num_reqs, max_model_len, max_blocks_per_req, vocab_size) <= 0:
@@ -81,7 +82,7 @@ class RequestStates:
         dev = device.torch_device
 
         def staged(cols: int, dtype: torch.dtype, fill: float | int = 0) -> StagedWriteTensor:
-            return StagedWriteTensor(device, (rows, cols), dtype, fill=fill, use_triton=use_triton)
+            return StagedWriteTensor(device, (rows, cols), dtype, fill=fill, kernels=kernels)
 
         # Staged from the host (diffs only).
         self.token_ids = staged(max_model_len, torch.int64)  # [R+1, max_model_len]
