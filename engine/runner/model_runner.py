@@ -38,7 +38,7 @@ from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_
 from engine.runner.forward_pass import ForwardPass
 from engine.runner.grammar_bitmask import DeviceBitmask
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
-from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metadata
+from engine.runner.sampling_inputs import gather_sampling_metadata
 from engine.runner.spec_decode import SpecDecoder
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
@@ -323,7 +323,9 @@ class ModelRunner:
         else:
             meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
             out = self.sampler.sample(logits, meta)
-        commit_sampled(self.states, batch, commit_rows, sample_positions, out.sampled_token_ids)
+        self.states.commit_sampled(
+            commit_rows, sample_positions, out.sampled_token_ids, batch.any_penalties
+        )
         return out
 
     def _host_buffers(self, batch: InputBatch, with_drafts: bool) -> HostOutputBuffers:
