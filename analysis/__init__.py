@@ -1,4 +1,4 @@
-"""stepscope analysis: trace files in, diagnosis out (DESIGN.md §3–§4).
+"""stepscope analysis: trace files in, diagnosis out (docs/design.md §4–§5).
 
 Public API (what the CLI and the dashboard call)::
 

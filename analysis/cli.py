@@ -16,6 +16,8 @@ __all__ = ["analyze_main", "compare_main"]
 
 _SHOWN_TABLES = (
     "phases",
+    "starvation",
+    "fill",
     "blame",
     "overlap",
     "waits",
@@ -40,7 +42,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "step time, see README), all, or A:B (steps A..B-1)",
     )
     parser.add_argument(
-        "--skip-steps", type=int, default=1, help="with --window all: warm-up steps left out"
+        "--skip-steps",
+        type=int,
+        default=1,
+        help="with --window all: warm-up steps left out (only when 2 steps remain and the "
+        "warm-up does not hold all the device work)",
     )
     parser.add_argument("--json", action="store_true", help="print every number as JSON")
 
@@ -135,13 +141,14 @@ def compare_main(argv: list[str]) -> int:
     if args.json:
         _print_json({"comparison": cmp.to_dict(), "a": a.to_dict(False), "b": b.to_dict(False)})
         return 0 if cmp.contract_ok else 1
-    if cmp.contract_ok:
+    # Unchecked (no engine_config in either trace): the notes below say so.
+    if cmp.checked and cmp.contract_ok:
         varied = (
             ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in cmp.differences.items())
             or "nothing"
         )
         print(f"* A/B contract holds; the variable under test: {varied}.")
-    else:
+    elif cmp.checked:
         print(
             f"* A/B contract BROKEN: the traces differ in {', '.join(cmp.violations) or 'an unknown config'}"
             " — the deltas below mix several causes."

@@ -4,7 +4,7 @@ Synchronous: schedule N -> launch N -> wait N -> update N. With the batch queue 
 vLLM's ``step_with_batch_queue``): schedule and launch N+1 before waiting on N, so the CPU's
 scheduling and input preparation of N+1 run while the device computes N.
 
-Structured output (DESIGN.md §1, deferred sampling): a grammar's mask for step N+1 exists only once
+Structured output (docs/design.md §2.9, deferred sampling): a grammar's mask for step N+1 exists only once
 output N is committed and the grammar has accepted t_N. With the batch queue, a step holding a
 structured request behind a step still in flight is split: its forward (and logits) is enqueued at
 once, its sampling after ``update_from_output(N)`` and the ``grammar_mask`` of N+1; the wait on
@@ -12,7 +12,7 @@ output N is then ``wait_output(kind=grammar)``. Free-only steps keep the single 
 deferred sampling (async off, or turned off) a structured step is launched with its mask built
 first (async: only after the step before it is updated).
 
-Every CPU phase is a slice of DESIGN.md §3 on the ``engine-core`` thread; the runner adds
+Every CPU phase is a slice of docs/design.md §4.2 on the ``engine-core`` thread; the runner adds
 ``prepare_inputs``/``launch`` and the device slices; counters are sampled after each update.
 """
 
@@ -33,6 +33,7 @@ from engine.engine_parts import (
     build_kernels,
     build_model,
     build_runner,
+    check_state_fits,
     record_start,
     scheduler_config_for,
 )
@@ -104,6 +105,7 @@ class EngineCore:
             self.model, self.model_config = tp.build_model(config, self.device, self.kernels)
         sched_config = scheduler_config_for(config, self.model_config)
         self.max_model_len = sched_config.max_model_len
+        check_state_fits(config, self.model_config, self.max_model_len, self.device)
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
         self.scheduler: Scheduler = scheduler_cls(sched_config, stop_string_checker)
         # The older way: the CPU waits for step N's accepted counts before preparing N+1.

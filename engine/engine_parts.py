@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -37,12 +38,17 @@ __all__ = [
     "build_model",
     "build_proposer",
     "build_runner",
+    "check_state_fits",
+    "estimate_state_bytes",
     "load_model_config",
     "record_start",
     "scheduler_config_for",
 ]
 
 _log = logging.getLogger("stepscope.engine")
+# Host bytes per KV block in the scheduler's block pool (a Python object and its list/dict
+# entries; measured ~150 B with CPython 3.12, rounded up).
+_HOST_BYTES_PER_BLOCK = 200
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -196,6 +202,17 @@ def scheduler_config_for(config: EngineConfig, model_config: ModelConfig) -> Sch
     """Scheduler limits; ``max_model_len`` defaults to what the model and the KV pool allow."""
     kv_capacity = config.num_kv_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, kv_capacity)
+    if config.max_model_len is None and kv_capacity < model_config.max_position_embeddings:
+        _log.warning(
+            "the KV pool (%d blocks x %d slots = %d tokens) is smaller than the model's "
+            "max_position_embeddings=%d: max_model_len is %d; a request whose prompt + max_tokens "
+            "exceeds it is refused (raise --num-kv-blocks for longer requests)",
+            config.num_kv_blocks,
+            config.block_size,
+            kv_capacity,
+            model_config.max_position_embeddings,
+            max_model_len,
+        )
     if max_model_len > model_config.max_position_embeddings:
         raise ConfigError(
             f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
@@ -220,3 +237,84 @@ def scheduler_config_for(config: EngineConfig, model_config: ModelConfig) -> Sch
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def estimate_state_bytes(
+    config: EngineConfig, model_config: ModelConfig, max_model_len: int
+) -> dict[str, int]:
+    """A lower bound on the bytes the KV pool and the request state table will take.
+
+    ``kv_cache``: layers x 2 (K, V) x blocks x block_size x KV heads (this rank's share) x
+    head_dim x dtype size, on the device. ``request_state``: per state-table row (max_num_seqs + 1)
+    the token ids (int64 x max_model_len), the block table (int32 x max blocks per request) and
+    the penalty books (int32 + bool per vocab entry), on the device. ``host_blocks``: the
+    scheduler's block pool on the host. Draft/EAGLE state and activations are not counted.
+    """
+    dtype_bytes = DTYPES[config.dtype].itemsize
+    kv_heads = math.ceil(model_config.num_key_value_heads / config.tensor_parallel_size)
+    kv = (
+        model_config.num_hidden_layers
+        * 2
+        * config.num_kv_blocks
+        * config.block_size
+        * kv_heads
+        * model_config.head_dim
+        * dtype_bytes
+    )
+    rows = config.max_num_seqs + 1
+    blocks_per_req = math.ceil(max_model_len / config.block_size)
+    per_row = max_model_len * 8 + blocks_per_req * 4 + model_config.vocab_size * 5
+    return {
+        "kv_cache": kv,
+        "request_state": rows * per_row,
+        "host_blocks": config.num_kv_blocks * _HOST_BYTES_PER_BLOCK,
+    }
+
+
+def _host_available_bytes() -> int | None:
+    """The kernel's MemAvailable (what can be allocated without swapping), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_state_fits(
+    config: EngineConfig, model_config: ModelConfig, max_model_len: int, device: Device
+) -> None:
+    """Refuse at start-up, with the numbers, sizes whose state cannot fit in free memory
+    (instead of a MemoryError or an allocator error deep in the runner)."""
+    need = estimate_state_bytes(config, model_config, max_model_len)
+    on_device = need["kv_cache"] + need["request_state"]
+    host = _host_available_bytes()
+    if device.is_cuda:
+        checks = [
+            (
+                on_device,
+                int(torch.cuda.mem_get_info(device.torch_device)[0]),
+                str(device.torch_device),
+            ),
+            (need["host_blocks"], host, "the host"),
+        ]
+    else:
+        checks = [(on_device + need["host_blocks"], host, "the host (cpu device)")]
+    gib = 2**30
+    for wanted, available, where in checks:
+        if available is None or wanted <= available:
+            continue
+        raise ConfigError(
+            f"the engine's state does not fit: at least {wanted / gib:.2f} GiB needed on {where} "
+            f"but {available / gib:.2f} GiB is free (KV cache {need['kv_cache'] / gib:.2f} GiB = "
+            f"{config.num_kv_blocks} blocks x {config.block_size} slots x "
+            f"{model_config.num_hidden_layers} layers; request state "
+            f"{need['request_state'] / gib:.2f} GiB = {config.max_num_seqs} seqs x max_model_len "
+            f"{max_model_len}; block pool {need['host_blocks'] / gib:.2f} GiB on the host); lower "
+            "--num-kv-blocks, --max-num-seqs or --max-model-len"
+        )

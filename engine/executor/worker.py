@@ -10,6 +10,8 @@ receives each :class:`~engine.executor.messages.StepMessage` and makes the same 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -100,8 +102,23 @@ class WorkerLoop:
             self._in_flight.popleft().get()
 
 
+def _leave_interrupts_to_rank0() -> None:
+    """Ctrl-C reaches every process of the terminal's group: a rank > 0 leaves it to rank 0, which
+    stops in order and then closes the ranks (engine/interrupt.py). SIGINT still ends this rank
+    when rank 0 is gone (torch's spawn turns the parent's death into a SIGINT)."""
+    parent = os.getppid()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if os.getppid() != parent:
+            raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_sigint)
+
+
 def worker_main(index: int, spec: WorkerSpec) -> None:
     """Entry point of rank ``index + 1`` (``torch.multiprocessing`` passes ``index``)."""
+    _leave_interrupts_to_rank0()
     rank = index + 1
     config = spec.config
     tracer = (
@@ -132,7 +149,13 @@ def _run_rank(
     """Build this rank's parts as ``EngineCore`` builds rank 0's, then mirror its steps."""
     # The child imports the engine's factories here, once it has joined the group (rank 0
     # builds its own parts meanwhile), not when it unpickles ``worker_main``.
-    from engine.engine_parts import build_kernels, build_runner, record_start, scheduler_config_for
+    from engine.engine_parts import (
+        build_kernels,
+        build_runner,
+        check_state_fits,
+        record_start,
+        scheduler_config_for,
+    )
 
     threading.current_thread().name = ENGINE_THREAD  # this rank's CPU slices: its engine track
     features = resolve_features(config)
@@ -142,6 +165,7 @@ def _run_rank(
         try:
             model, model_config = ctx.build_model(config, device, kernels)
             max_model_len = scheduler_config_for(config, model_config).max_model_len
+            check_state_fits(config, model_config, max_model_len, device)
             runner = build_runner(config, features, device, model, max_model_len, tracer, kernels)
             try:
                 runner = ctx.attach(runner, tracer)

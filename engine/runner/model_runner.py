@@ -15,7 +15,7 @@ reads it; the host only learns it from the d2h copy, in :meth:`AsyncOutput.get`.
 With a proposer (speculative decoding) the compute stream runs ``verify`` instead of ``sample``
 when the step has drafts, then ``draft``: see :mod:`engine.runner.spec_decode`.
 
-Structured output (DESIGN.md §1): a grammar bitmask ``[num_logits, ceil(V / 32)]`` int32 is
+Structured output (docs/design.md §2.9): a grammar bitmask ``[num_logits, ceil(V / 32)]`` int32 is
 uploaded on the h2d stream and applied to the logits before ``sample``/``verify``. When the mask is
 known at launch, ``execute_model(out, bitmask)`` enqueues the step at once as above. Under async
 scheduling it is not (it needs output N), so the step is split: ``execute_forward`` enqueues input

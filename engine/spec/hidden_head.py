@@ -110,9 +110,13 @@ def load_head_weights(head: nn.Module, folder: Path, architecture: str) -> None:
 
     config = json.loads((folder / "config.json").read_text())
     if config.get("architecture") != architecture:
-        raise ConfigError(
-            f"{folder}: architecture {config.get('architecture')!r}, expected {architecture!r}"
+        kind = (
+            f"a HF model checkpoint (model_type {config['model_type']!r}; a draft model is "
+            "--spec-method draft)"
+            if "model_type" in config
+            else f"architecture {config.get('architecture')!r}"
         )
+        raise ConfigError(f"{folder}: {kind}, expected a {architecture!r} head folder")
     tensors = load_file(str(folder / "model.safetensors"))
     params = dict(head.named_parameters())
     missing, unexpected = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))

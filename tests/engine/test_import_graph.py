@@ -20,8 +20,9 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine"
 # above the scheduler because it consumes the scheduler's typed records (``SchedulerOutput``);
 # ``core`` is the first node that owns both.
 LAYERS: list[set[str]] = [
-    {"kernels", "config", "device", "sampling_params"},  # import nothing of the engine
-    {"distributed", "request", "workload"},  # TP collectives + parallel linears; request books
+    {"kernels", "config", "device", "fields"},  # import nothing of the engine
+    {"distributed", "sampling_params"},  # TP collectives + parallel linears; request parameters
+    {"request", "workload"},
     {"model", "scheduler"},
     {"sample", "structured", "request_timeline"},
     {"spec"},
@@ -29,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"engine_parts"},  # the factories EngineCore and every TP worker build through
     {"executor"},  # the tensor-parallel ranks
     {"core"},
-    {"llm"},
+    {"llm", "interrupt", "output_writer"},  # the run driver and the CLI's helpers
     {"cli"},
 ]
 
