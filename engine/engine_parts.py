@@ -1,4 +1,9 @@
-"""Factories that turn an :class:`EngineConfig` into the engine's parts (device, model, limits)."""
+"""Factories that turn an :class:`EngineConfig` into the engine's parts (device, kernels, model,
+limits, proposer, runner).
+
+``EngineCore`` and every tensor-parallel worker build their runner through :func:`build_runner`,
+with the one kernel backend :func:`build_kernels` chose from the resolved features, and record the
+same start-up instants (:func:`record_start`)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import torch
 
 from engine.config import ConfigError, EngineConfig, ResolvedFeatures
 from engine.device import CpuDevice, CudaDevice, Device
+from engine.kernels.backend import KernelBackend, create_kernel_backend
 from engine.model.config import ModelConfig
 from engine.model.loader import (
     build_random_model,
@@ -19,16 +25,24 @@ from engine.model.loader import (
     qwen3_0_6b_config,
     qwen3_8b_config,
 )
+from engine.runner.model_runner import ModelRunner, RunnerConfig
 from engine.scheduler.scheduler_config import SchedulerConfig
+from engine.spec.proposer import Proposer, ProposerContext, create_proposer
+from instrument.schema import REQUESTED_AUTO, Arg, Instant
+from instrument.tracer import Tracer
 
 __all__ = [
-    "build_device",
-    "build_model",
-    "load_model_config",
-    "scheduler_config_for",
-    "estimate_state_bytes",
-    "check_state_fits",
     "DTYPES",
+    "build_device",
+    "build_kernels",
+    "build_model",
+    "build_proposer",
+    "build_runner",
+    "check_state_fits",
+    "estimate_state_bytes",
+    "load_model_config",
+    "record_start",
+    "scheduler_config_for",
 ]
 
 _log = logging.getLogger("stepscope.engine")
@@ -74,22 +88,114 @@ def load_model_config(source: str) -> ModelConfig:
     return ModelConfig.from_hf_config(AutoConfig.for_model(model_type, **data))
 
 
+def build_kernels(features: ResolvedFeatures) -> KernelBackend:
+    """The engine's one kernel backend, from the resolved ``triton_kernels`` feature."""
+    return create_kernel_backend("triton" if features.triton_kernels else "torch")
+
+
 def build_model(
-    config: EngineConfig, features: ResolvedFeatures, device: Device
+    config: EngineConfig, device: Device, kernels: KernelBackend
 ) -> tuple[Any, ModelConfig]:
     dtype = DTYPES[config.dtype]
     if config.model is not None:
         if not os.path.isdir(config.model):
             raise ConfigError(f"model folder not found: {config.model}")
-        return load_model(
-            config.model, dtype, device.torch_device, use_triton=features.triton_kernels
-        )
+        return load_model(config.model, dtype, device.torch_device, kernels=kernels)
     assert config.model_config is not None
     model_config = load_model_config(config.model_config)
     model = build_random_model(
-        model_config, dtype, device.torch_device, config.seed, use_triton=features.triton_kernels
+        model_config, dtype, device.torch_device, config.seed, kernels=kernels
     )
     return model, model_config
+
+
+def build_proposer(
+    config: EngineConfig,
+    features: ResolvedFeatures,
+    model: Any,
+    device: Device,
+    kernels: KernelBackend,
+) -> Proposer | None:
+    """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None."""
+    method = features.spec_method
+    if method is None:
+        return None
+    spec_model = config.spec_model
+    if method == "mtp" and spec_model is None and config.model is not None:
+        spec_model = os.path.join(config.model, "mtp")
+    ctx = ProposerContext(
+        target=model,
+        spec_model=spec_model,
+        num_spec_tokens=config.num_spec_tokens,
+        num_blocks=config.num_kv_blocks,
+        block_size=config.block_size,
+        max_num_reqs=config.max_num_seqs,
+        dtype=DTYPES[config.dtype],
+        device=device.torch_device,
+        kernels=kernels,
+    )
+    return create_proposer(method, ctx)
+
+
+def build_runner(
+    config: EngineConfig,
+    features: ResolvedFeatures,
+    device: Device,
+    model: Any,
+    max_model_len: int,
+    tracer: Tracer,
+    kernels: KernelBackend,
+) -> ModelRunner:
+    """The model runner of ``model`` (with the resolved proposer): the one factory that
+    ``EngineCore`` and every tensor-parallel worker use."""
+    return ModelRunner(
+        model,
+        device,
+        RunnerConfig(
+            max_num_reqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size,
+            num_blocks=config.num_kv_blocks,
+            seed=config.seed,
+            cuda_graphs=features.cuda_graphs,
+        ),
+        tracer,
+        proposer=build_proposer(config, features, model, device, kernels),
+        kernels=kernels,
+    )
+
+
+def record_start(
+    tracer: Tracer, config: EngineConfig, features: ResolvedFeatures, max_model_len: int
+) -> None:
+    """The ``engine_config`` instant and one ``feature_decision`` instant per feature
+    (docs/design.md §4.6), each decision also logged."""
+    tracer.instant(
+        Instant.ENGINE_CONFIG.value,
+        scope="process",
+        **config.flat(),
+        max_model_len_resolved=max_model_len,
+    )
+    for d in features.decisions:
+        tracer.instant(
+            Instant.FEATURE_DECISION.value,
+            scope="process",
+            **{
+                Arg.FEATURE.value: d.feature,
+                Arg.REQUESTED.value: REQUESTED_AUTO if d.requested is None else d.requested,
+                Arg.RESOLVED.value: d.resolved,
+                Arg.REASON.value: d.reason,
+                Arg.SHOWN.value: True,
+            },
+        )
+        _log.info(
+            "feature %s: requested=%s resolved=%s (%s)",
+            d.feature,
+            REQUESTED_AUTO if d.requested is None else d.requested,
+            d.resolved,
+            d.reason,
+        )
 
 
 def scheduler_config_for(config: EngineConfig, model_config: ModelConfig) -> SchedulerConfig:

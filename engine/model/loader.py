@@ -12,6 +12,7 @@ import torch
 from engine.config import ConfigError
 from engine.distributed.parallel_linear import shard_specs
 from engine.distributed.parallel_state import TPGroup
+from engine.kernels.backend import KernelBackend
 from engine.model.config import ModelConfig
 from engine.model.layers import merge_weights
 from engine.model.llama import LlamaForCausalLM
@@ -34,7 +35,7 @@ def load_model(
     path: str | Path,
     dtype: torch.dtype,
     device: torch.device | str,
-    use_triton: bool = False,
+    kernels: KernelBackend | None = None,
     tp: TPGroup | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Load ``config.json`` and the ``*.safetensors`` weights of a HF checkpoint folder
@@ -52,7 +53,7 @@ def load_model(
     except (OSError, ValueError) as err:
         raise ConfigError(f"{folder}: cannot read its config.json as a HF model: {err}") from None
     config = ModelConfig.from_hf_config(hf_config)
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
+    model = LlamaForCausalLM(config, dtype, device, kernels=kernels, tp=tp)
     load_state_dict(model, _read_safetensors(folder))
     model.eval()
     return model, config
@@ -139,7 +140,7 @@ def build_random_model(
     dtype: torch.dtype,
     device: torch.device | str,
     seed: int,
-    use_triton: bool = False,
+    kernels: KernelBackend | None = None,
     tp: TPGroup | None = None,
 ) -> LlamaForCausalLM:
     """A model of ``config``'s shape with seeded weights (for real-shape benchmarks).
@@ -149,7 +150,7 @@ def build_random_model(
     With ``tp`` each rank draws every full tensor in the same order and keeps its shard, so the
     weights equal the single-rank model's (one full tensor at a time in memory).
     """
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
+    model = LlamaForCausalLM(config, dtype, device, kernels=kernels, tp=tp)
     generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
     specs = shard_specs(model)
     with torch.no_grad():

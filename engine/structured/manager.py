@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from engine.kernels.bitmask import num_bitmask_words
 from engine.scheduler.outputs import SchedulerOutput
-from engine.structured.bitmask import num_bitmask_words
 from engine.structured.grammar import GrammarCompiler, GrammarError, RequestGrammar, StructuredSpec
 
 __all__ = ["StructuredOutputManager"]

@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from analysis import load_trace
 from analysis.rank_report import analyze_ranks
 from engine.config import ConfigError, EngineConfig
-from engine.distributed.executor import TensorParallelError, TPDriver, TPOptions
 from engine.distributed.parallel_state import destroy_tp_group, init_tp_group
+from engine.executor.tp_driver import TensorParallelError, TPDriver, TPOptions
 from engine.llm import LLM
 from engine.model.loader import load_model
 from engine.model.paged_batch import build_attention_metadata
