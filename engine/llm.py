@@ -100,7 +100,7 @@ class LLM:
         self.config = config if config is not None else EngineConfig(**engine_kwargs)
         self.tokenizer = self._load_tokenizer()
         checker = _StopStrings(self.tokenizer) if self.tokenizer is not None else None
-        # tp: a started ``engine.distributed.executor.TPDriver`` (for its options); None with
+        # tp: a started ``engine.executor.tp_driver.TPDriver`` (for its options); None with
         # tensor_parallel_size > 1 starts one with the defaults.
         self.engine = EngineCore(
             self.config, tracer, checker, trace_requests, tokenizer=self.tokenizer, tp=tp

@@ -120,7 +120,7 @@ class Instant(str, Enum):
 
 
 class ParallelSlice(str, Enum):
-    """Tensor-parallel slices (``engine.distributed``); each rank writes its own trace.
+    """Tensor-parallel slices (``engine.executor``); each rank writes its own trace.
 
     ``broadcast_step``: CPU, engine thread, arg ``step``: rank 0 sends a step's runner call to the
     other ranks / another rank waits for and receives it. ``all_reduce`` / ``all_gather``: on the
