@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many first steps are warm-up (default 2)",
     )
     p.add_argument(
+        "--trace-kernels",
+        default=None,
+        metavar="A:B",
+        help="also record the CUPTI kernel, memcpy and memset activity of engine steps A..B-1 "
+        "(torch.profiler, device activity only) onto a 'gpu:<i> kernels' track of the trace, "
+        "aligned to the host clock; needs --trace and a CUDA device (off by default)",
+    )
+    p.add_argument(
         "--detect-syncs",
         action="store_true",
         help="record every host<-device sync as a trace instant (slower)",
@@ -166,7 +174,20 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_spec_tokens=args.num_spec_tokens,
         spec_sync_accepted=args.spec_sync_accepted,
         tensor_parallel_size=args.tensor_parallel_size,
+        trace_kernel_steps=_kernel_steps(args),
     )
+
+
+def _kernel_steps(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--trace-kernels A:B`` as a bounded step window (raises ValueError with the reason)."""
+    if args.trace_kernels is None:
+        return None
+    first, end = parse_step_range(args.trace_kernels)
+    if end is None:
+        raise ValueError(f"--trace-kernels needs a bounded window A:B, got {args.trace_kernels!r}")
+    if not args.trace:
+        raise ValueError("--trace-kernels writes into the trace: give --trace PATH too")
+    return first, end
 
 
 def capture_from_args(args: argparse.Namespace) -> CaptureConfig:

@@ -45,6 +45,7 @@ from engine.scheduler.request_output import (
 from engine.scheduler.scheduler import Scheduler
 from engine.spec.proposer import Proposer, ProposerContext, create_proposer
 from engine.structured.manager import StructuredOutputManager
+from instrument.kernel_window import KernelWindow
 from instrument.schema import (
     ENGINE_THREAD,
     REQUESTED_AUTO,
@@ -129,6 +130,7 @@ class EngineCore:
         )
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)
+        self.kernel_window = self._build_kernel_window()
         self.requests = RequestTimeline(self.tracer, write_tracks=trace_requests)
         self.structured = StructuredOutputManager(
             tokenizer, self.model_config.vocab_size, self.eos_token_ids
@@ -157,6 +159,34 @@ class EngineCore:
             use_triton=self.features.triton_kernels,
         )
         return create_proposer(method, ctx)
+
+    def _build_kernel_window(self) -> KernelWindow | None:
+        """The ``--trace-kernels`` window (only with a CUDA device and an enabled tracer)."""
+        steps = self.config.trace_kernel_steps
+        if steps is None or not self.features.trace_kernels or not self.tracer.enabled:
+            return None
+        device, timeline = self.device, self.runner.timeline
+        compute = device.compute_stream
+
+        def marker() -> None:  # a ~1 us spin kernel on the compute stream: the clock marker
+            device.submit(compute, lambda: torch.cuda._sleep(2000))
+
+        def synchronize() -> None:
+            device.synchronize()
+            timeline.poll()
+
+        window = KernelWindow(
+            self.tracer,
+            device.index,
+            steps[0],
+            steps[1],
+            timeline.new_event,
+            compute,
+            marker,
+            synchronize,
+        )
+        timeline.observer = window.observe_stage
+        return window
 
     # ---- requests -------------------------------------------------------------------------
     @property
@@ -283,6 +313,8 @@ class EngineCore:
 
     # ---- phases ---------------------------------------------------------------------------
     def _schedule(self) -> SchedulerOutput | None:
+        if self.kernel_window is not None:
+            self.kernel_window.before_schedule(self.scheduler.next_step)
         with self.tracer.span(CpuSlice.SCHEDULE.value) as span:
             so = self.scheduler.schedule()
             span.set_args(
@@ -335,6 +367,8 @@ class EngineCore:
                 }
             )
         self._sample_counters()
+        if self.kernel_window is not None:
+            self.kernel_window.after_update(so.step)
         return outputs
 
     def _advance_grammars(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
@@ -422,6 +456,8 @@ class EngineCore:
     def close(self) -> None:
         try:
             self.drain()
+            if self.kernel_window is not None:
+                self.kernel_window.close()
             self.runner.close()
             self.device.close()
         finally:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from instrument.schema import DEVICE_COMPUTE, Arg, device_track_name
-from instrument.tracer import Tracer
+from instrument.tracer import Tracer, now_ns
 
 __all__ = ["TimedEvent", "DeviceTimeline", "CudaClock", "CudaTimedEvent", "PendingStage"]
 
@@ -44,6 +44,7 @@ class PendingStage:
     begin: TimedEvent
     end: TimedEvent
     args: dict[str, object]
+    host_end_ns: int  # host clock when ``end.record`` returned: the CPU finished enqueueing
 
 
 class CudaClock:
@@ -117,6 +118,8 @@ class DeviceTimeline:
         self._pending: deque[PendingStage] = deque()
         self._max_pending = max_pending
         self.num_emitted = 0
+        # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
+        self.observer: Callable[[str, str, int, int, int], None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -141,7 +144,9 @@ class DeviceTimeline:
         yield
         end = self._event_factory()
         end.record(stream)
-        self.add(PendingStage(name, lane, step, begin, end, args))
+        # CPU lead = (when the stream reached ``end``) - (when the host recorded it): docs/design.md.
+        host_end_ns = now_ns()
+        self.add(PendingStage(name, lane, step, begin, end, args, host_end_ns))
 
     def add(self, stage: PendingStage) -> None:
         """Queue a recorded pair (for callers that record events themselves)."""
@@ -177,6 +182,10 @@ class DeviceTimeline:
         self._pending = still
         return emitted
 
+    def new_event(self) -> TimedEvent:
+        """A fresh timing event on the timeline's host clock (for markers outside stages)."""
+        return self._event_factory()
+
     @property
     def num_pending(self) -> int:
         return len(self._pending)
@@ -189,7 +198,9 @@ class DeviceTimeline:
             stage.name,
             start_ns,
             end_ns,
-            **{Arg.STEP.value: stage.step},
+            **{Arg.STEP.value: stage.step, Arg.HOST_END_NS.value: stage.host_end_ns},
             **stage.args,
         )
         self.num_emitted += 1
+        if self.observer is not None:
+            self.observer(stage.lane, stage.name, stage.step, start_ns, end_ns)

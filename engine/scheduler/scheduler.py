@@ -397,6 +397,11 @@ class Scheduler:
             self.kv_cache_manager.free(request)
 
     # -- observability -------------------------------------------------------------------------
+    @property
+    def next_step(self) -> int:
+        """The number the next ``schedule()`` call gives its step."""
+        return self._next_step
+
     def get_stats(self) -> SchedulerStats:
         return SchedulerStats(
             running_requests=len(self._queues.running),
