@@ -12,7 +12,7 @@ from typing import Any
 from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
 from engine.llm import LLM, CompletionOutput, outputs_digest
 from engine.workload import WorkloadError, load_workload
-from instrument.capture import CaptureConfig, parse_step_range
+from instrument.capture import DEFAULT_RUN_LENGTH, CaptureConfig, parse_step_range
 from instrument.schema import Arg, rank_trace_path
 
 __all__ = ["run_main", "build_parser"]
@@ -64,7 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace only engine steps A..B-1 ('A:' = from A on)",
     )
     p.add_argument(
-        "--trace-every", type=int, default=1, metavar="N", help="trace one step in N (sampled)"
+        "--trace-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="trace one step in N (sampled), in runs of --trace-run-length consecutive steps",
+    )
+    p.add_argument(
+        "--trace-run-length",
+        type=int,
+        default=DEFAULT_RUN_LENGTH,
+        metavar="R",
+        help=f"with --trace-every N: keep runs of R consecutive steps, one run in N (default "
+        f"{DEFAULT_RUN_LENGTH}; overlap and bubbles are measured inside runs)",
     )
     p.add_argument(
         "--trace-max-mb", type=float, default=None, metavar="M", help="trace file size budget"
@@ -201,6 +213,7 @@ def capture_from_args(args: argparse.Namespace) -> CaptureConfig:
         mode=args.trace_mode,
         warmup_steps=args.trace_warmup_steps,
         include_warmup=args.trace_warmup,
+        run_length=args.trace_run_length,
     )
 
 

@@ -17,8 +17,8 @@ covers drift between the clocks over the window). The markers are not written as
 
 **Stage attribution.** A kernel belongs to the stage slice that contains its midpoint. Copy-lane
 slices of step N+1 can run during compute-lane slices of step N, so a kernel inside two slices
-goes to the one whose stage its CUDA stream ran most often among kernels with one candidate;
-a kernel inside none (alignment error) goes to the nearest slice within ``tolerance_ns``, else it
+goes to the one whose stage its CUDA stream ran most often among kernels with one candidate,
+then to the lane of its kind (memcpy: copy; kernel, memset: compute); a kernel inside none (alignment error) goes to the nearest slice within ``tolerance_ns``, else it
 is written with ``stage = "unattributed"``. Kernels of steps outside ``[first, end)`` (the window
 starts while step ``first - 1`` may still run, and stops after step ``end`` was launched) are not
 written and are counted as ``dropped_kernels_outside_window``.
@@ -93,8 +93,8 @@ def attribute_kernels(
     """For each kernel, the stage slice it ran in (None: no slice within ``tolerance_ns``).
 
     Rule: the slice containing the kernel's midpoint; among several, the stage its stream ran
-    most often (counted over kernels with a single containing slice), then the compute lane,
-    then the shortest slice; among none, the nearest slice within ``tolerance_ns``.
+    most often (counted over kernels with a single containing slice), then the lane of its kind
+    (a memcpy on the copy lane, a kernel or memset on the compute lane), then the shortest slice; among none, the nearest slice within ``tolerance_ns``.
     """
     ordered = sorted(stages, key=lambda s: s.start_ns)
     starts = [s.start_ns for s in ordered]
@@ -125,7 +125,7 @@ def attribute_kernels(
                 cands,
                 key=lambda s: (
                     -home[(s.lane, s.name)],
-                    s.lane != "compute",
+                    (s.lane == "copy") != (k.activity == "memcpy"),
                     s.end_ns - s.start_ns,
                 ),
             )
@@ -246,7 +246,9 @@ class KernelWindow:
             if kind is None:
                 continue
             start = int(e.start_ns())
-            out.append(KernelRecord(e.name(), kind, int(e.device_resource_id()), start, int(e.end_ns())))
+            out.append(
+                KernelRecord(e.name(), kind, int(e.device_resource_id()), start, int(e.end_ns()))
+            )
         out.sort(key=lambda r: r.start_ns)
         return out
 

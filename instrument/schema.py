@@ -212,7 +212,7 @@ class CaptureArg(str, Enum):
     KERNELS_UNATTRIBUTED = "kernels_unattributed"
     KERNEL_CLOCK_OFFSET_NS = "kernel_clock_offset_ns"
     KERNEL_CLOCK_ERROR_NS = "kernel_clock_error_ns"
-    # --trace-every N keeps runs of this many consecutive steps (one run in N).
+    # --trace-every N keeps runs of this many consecutive steps (one run in N); 0 = not sampled.
     RUN_LENGTH = "capture_run_length"
 
 
