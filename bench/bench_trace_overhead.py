@@ -9,9 +9,13 @@ tok/s, the spread (min..max), the ratio to ``off``, and per engine step:
 
 * ``host us/step``: wall time of ``run_step`` minus the time blocked in ``wait_output`` (the
   engine thread's own work; includes waiting for the GIL the tracer's flush thread holds);
+* ``median step``: the median over steps of that same host time (robust to steps preempted by
+  other processes on a shared machine);
 * ``cpu us/step``: process CPU time (all threads) per step.
 
-The tracer's added host time per step is the median of a mode's ``host us/step`` minus off's.
+The tracer's added host time per step (``+host``, ``+med``) is a mode's value minus off's
+(medians over the rounds). ``--modes`` can add ``trace-thread`` / ``trace+requests-thread``: the
+same with ``--trace-writer thread`` (encoding on a thread of the engine's process).
 The output digest of every run must match (tracing changes no tokens).
 
 CPU (default, small model, short):
@@ -37,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.cli import build_parser, capture_from_args, config_from_args
+from engine.cli import build_parser, capture_from_args, config_from_args, tracer_from_args
 from engine.llm import LLM, outputs_digest
 from engine.workload import load_workload
 from instrument.tracer import Tracer, set_tracer
@@ -46,7 +50,13 @@ MODES: dict[str, list[str]] = {
     "off": [],
     "trace": ["--trace", "{dir}/trace.pftrace"],
     "trace+requests": ["--trace", "{dir}/trace_req.pftrace", "--trace-requests"],
-}
+    # Not run by default: the encoding on a thread of the engine's process (the old writer).
+    "trace-thread": ["--trace", "{dir}/trace_thread.pftrace", "--trace-writer", "thread"],
+    "trace+requests-thread": [
+        "--trace", "{dir}/trace_req_thread.pftrace", "--trace-requests", "--trace-writer", "thread"
+    ],
+}  # fmt: skip
+DEFAULT_MODES = "off,trace,trace+requests"
 
 
 @dataclass
@@ -56,18 +66,21 @@ class StepTimer:
     steps: int = 0
     step_ns: int = 0
     wait_ns: int = 0
+    host_ns: list[int] = field(default_factory=list)  # per step: run_step minus its waits
 
     def install(self, engine: Any) -> None:
         run_step, wait = engine.run_step, engine._wait
         clock = time.perf_counter_ns
 
         def timed_step() -> Any:
-            start = clock()
+            start, wait0 = clock(), self.wait_ns
             try:
                 return run_step()
             finally:
-                self.step_ns += clock() - start
+                took = clock() - start
+                self.step_ns += took
                 self.steps += 1
+                self.host_ns.append(took - (self.wait_ns - wait0))
 
         def timed_wait(*args: Any) -> Any:
             start = clock()
@@ -108,7 +121,7 @@ def build_mode(name: str, args: argparse.Namespace, trace_dir: str) -> Mode:
     config = config_from_args(run_args)
     tracer = None
     if run_args.trace:
-        tracer = Tracer(run_args.trace, capture=capture_from_args(run_args))
+        tracer = tracer_from_args(run_args, run_args.trace, capture_from_args(run_args))
     set_tracer(tracer)
     llm = LLM(config, tracer=tracer, trace_requests=run_args.trace_requests)
     set_tracer(None)
@@ -129,6 +142,7 @@ def timed_run(mode: Mode, workloads: list[list[Any]]) -> dict[str, float]:
     """Run the workloads back to back; throughput and per-step host/CPU time."""
     timer = mode.timer
     timer.steps = timer.step_ns = timer.wait_ns = 0
+    timer.host_ns = []
     cpu0, start = time.process_time_ns(), time.perf_counter_ns()
     outputs = []
     for w in workloads:
@@ -143,6 +157,8 @@ def timed_run(mode: Mode, workloads: list[list[Any]]) -> dict[str, float]:
         "tok_s": sum(len(o.output_token_ids) for o in outputs) / (elapsed_ns / 1e9),
         "steps": timer.steps,
         "host_us_per_step": (timer.step_ns - timer.wait_ns) / steps / 1e3,
+        # The median step: robust to a step preempted by another process on a shared machine.
+        "host_us_median_step": statistics.median(timer.host_ns) / 1e3 if timer.host_ns else 0.0,
         "wait_us_per_step": timer.wait_ns / steps / 1e3,
         "cpu_us_per_step": cpu_ns / steps / 1e3,
     }
@@ -159,25 +175,29 @@ def report(modes: list[Mode]) -> dict[str, Any]:
     off = modes[0]
     base_tok = statistics.median(r["tok_s"] for r in off.runs)
     base_host = statistics.median(r["host_us_per_step"] for r in off.runs)
+    base_med = statistics.median(r["host_us_median_step"] for r in off.runs)
     base_cpu = statistics.median(r["cpu_us_per_step"] for r in off.runs)
     out: dict[str, Any] = {"modes": {}}
     print(f"{'mode':<16} {'tok/s median':>12} {'min..max':>19} {'spread':>7} {'ratio':>6} "
-          f"{'host us/step':>12} {'+host':>7} {'cpu us/step':>11} {'+cpu':>7}")  # fmt: skip
+          f"{'host us/step':>12} {'+host':>7} {'median step':>11} {'+med':>7} "
+          f"{'cpu us/step':>11} {'+cpu':>7}")  # fmt: skip
     for m in modes:
-        tok, host, cpu = (
-            _summary(m.runs, k) for k in ("tok_s", "host_us_per_step", "cpu_us_per_step")
-        )
+        keys = ("tok_s", "host_us_per_step", "cpu_us_per_step", "host_us_median_step")
+        tok, host, cpu, med = (_summary(m.runs, k) for k in keys)
         entry = {
             "runs": m.runs, "tok_s": tok, "host_us_per_step": host, "cpu_us_per_step": cpu,
             "ratio_to_off": tok["median"] / base_tok,
             "added_host_us_per_step": host["median"] - base_host,
+            "host_us_median_step": med,
+            "added_host_us_median_step": med["median"] - base_med,
             "added_cpu_us_per_step": cpu["median"] - base_cpu,
             "digests": m.digests,
         }  # fmt: skip
         out["modes"][m.name] = entry
         print(f"{m.name:<16} {tok['median']:>12.1f} {tok['min']:>9.1f}..{tok['max']:<9.1f} "
               f"{tok['spread']:>7.3f} {entry['ratio_to_off']:>6.3f} {host['median']:>12.1f} "
-              f"{entry['added_host_us_per_step']:>+7.1f} {cpu['median']:>11.1f} "
+              f"{entry['added_host_us_per_step']:>+7.1f} {med['median']:>11.1f} "
+              f"{entry['added_host_us_median_step']:>+7.1f} {cpu['median']:>11.1f} "
               f"{entry['added_cpu_us_per_step']:>+7.1f}")  # fmt: skip
     # Each round runs the same prompts in every mode: its digests must all agree.
     out["same_tokens"] = all(
@@ -204,7 +224,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-kv-blocks", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=3, help="timed runs per mode (alternated)")
     p.add_argument("--min-run-s", type=float, default=2.0, help="each timed run lasts this long")
-    p.add_argument("--modes", default=",".join(MODES), help="comma list of " + ",".join(MODES))
+    p.add_argument("--modes", default=DEFAULT_MODES, help="comma list of " + ",".join(MODES))
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
@@ -239,6 +259,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         m.llm.close()
         if m.tracer is not None:
             m.tracer.close()
+    if args.out:  # the raw runs first: a failing report loses nothing
+        with open(args.out, "w") as f:
+            json.dump({m.name: m.runs for m in modes}, f, indent=2)
     result = report(modes)
     result["config"] = vars(args) | {"repeats_per_run": int(repeats), "trace_dir": trace_dir}
     if args.out:

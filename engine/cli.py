@@ -14,6 +14,7 @@ from engine.llm import LLM, CompletionOutput, outputs_digest
 from engine.workload import WorkloadError, load_workload
 from instrument.capture import DEFAULT_RUN_LENGTH, CaptureConfig, parse_step_range
 from instrument.schema import Arg, rank_trace_path
+from instrument.tracer import WRITERS, Tracer
 
 __all__ = ["run_main", "build_parser"]
 
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         metavar="K",
         help="how many first steps are warm-up (default 2)",
+    )
+    p.add_argument(
+        "--trace-writer",
+        choices=WRITERS,
+        default="process",
+        help="who encodes the trace: a child process (default; keeps the encoding off the "
+        "engine's GIL) or a thread of this process",
     )
     p.add_argument(
         "--trace-kernels",
@@ -217,6 +225,17 @@ def capture_from_args(args: argparse.Namespace) -> CaptureConfig:
     )
 
 
+def tracer_from_args(args: argparse.Namespace, path: str, capture: CaptureConfig) -> Tracer:
+    """The tracer ``stepscope run`` writes ``path`` with (flushes on SIGTERM/SIGINT)."""
+    return Tracer(
+        path,
+        nvtx=args.nvtx,
+        install_signal_handlers=True,
+        capture=capture,
+        writer=args.trace_writer,
+    )
+
+
 def _fmt_pcts(d: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:8.2f}" for k, v in d.items()) if d else "n/a"
 
@@ -261,7 +280,7 @@ def _progress(total: int, enabled: bool) -> tuple[Any, Any]:
 def run_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from instrument.sync_detect import SyncDetector
-    from instrument.tracer import Tracer, set_tracer
+    from instrument.tracer import set_tracer
 
     try:
         config = config_from_args(args)
@@ -276,7 +295,7 @@ def run_main(argv: list[str]) -> int:
         trace = rank_trace_path(trace, 0)
     if trace:
         os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
-        tracer = Tracer(trace, nvtx=args.nvtx, install_signal_handlers=True, capture=capture)
+        tracer = tracer_from_args(args, trace, capture)
         set_tracer(tracer)
     detector = SyncDetector(tracer) if (tracer and args.detect_syncs) else None
     try:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from instrument.schema import DEVICE_COMPUTE, Arg, device_track_name
+from instrument.schema import DEVICE_COMPUTE, DEVICE_LANES, Arg, device_track_name
 from instrument.tracer import Tracer, now_ns
 
 __all__ = ["TimedEvent", "DeviceTimeline", "CudaClock", "CudaTimedEvent", "PendingStage"]
@@ -95,6 +94,58 @@ class CudaTimedEvent:
         return self._clock.to_host_ns(self._event)
 
 
+class _NullScope:
+    """The stage scope of a disabled timeline: does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        return False
+
+
+_NULL_SCOPE = _NullScope()
+
+
+class _StageScope:
+    """Records the begin event on enter, the end event (and the host time) on exit."""
+
+    __slots__ = ("_timeline", "_name", "_step", "_lane", "_stream", "_args", "_begin")
+
+    def __init__(
+        self,
+        timeline: DeviceTimeline,
+        name: str,
+        step: int,
+        lane: str,
+        stream: Any,
+        args: dict[str, object],
+    ) -> None:
+        self._timeline, self._name, self._step = timeline, name, step
+        self._lane, self._stream, self._args = lane, stream, args
+
+    def __enter__(self) -> None:
+        self._begin = self._timeline._event()
+        self._begin.record(self._stream)
+
+    def __exit__(self, exc_type: object, *exc: object) -> Literal[False]:
+        if exc_type is not None:  # the stage was not enqueued whole: no slice
+            return False
+        timeline = self._timeline
+        end = timeline._event()
+        end.record(self._stream)
+        # CPU lead = (when the stream reached ``end``) - (when the host recorded it): docs/design.md.
+        host_end_ns = now_ns()
+        timeline.add(
+            PendingStage(
+                self._name, self._lane, self._step, self._begin, end, self._args, host_end_ns
+            )
+        )
+        return False
+
+
 class DeviceTimeline:
     """Records event pairs around device stages and emits them as device-track slices.
 
@@ -118,6 +169,9 @@ class DeviceTimeline:
         self._pending: deque[PendingStage] = deque()
         self._max_pending = max_pending
         self.num_emitted = 0
+        # Events of emitted stages, recorded again by later stages (no create/destroy per stage).
+        self._free: list[TimedEvent] = []
+        self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
         # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
         self.observer: Callable[[str, str, int, int, int], None] | None = None
 
@@ -125,7 +179,6 @@ class DeviceTimeline:
     def enabled(self) -> bool:
         return self.tracer.enabled
 
-    @contextmanager
     def stage(
         self,
         name: str,
@@ -134,19 +187,17 @@ class DeviceTimeline:
         lane: str = DEVICE_COMPUTE,
         stream: Any = None,
         **args: object,
-    ) -> Iterator[None]:
-        """Bracket the enqueue of one device stage with a begin and an end event."""
+    ) -> _StageScope | _NullScope:
+        """Bracket the enqueue of one device stage with a begin and an end event (a context
+        manager; a shared no-op one when tracing is off)."""
         if not self.tracer.enabled:
-            yield
-            return
-        begin = self._event_factory()
-        begin.record(stream)
-        yield
-        end = self._event_factory()
-        end.record(stream)
-        # CPU lead = (when the stream reached ``end``) - (when the host recorded it): docs/design.md.
-        host_end_ns = now_ns()
-        self.add(PendingStage(name, lane, step, begin, end, args, host_end_ns))
+            return _NULL_SCOPE
+        return _StageScope(self, name, step, lane, stream, args)
+
+    def _event(self) -> TimedEvent:
+        """A timing event: one from the pool of emitted stages' events, or a fresh one."""
+        free = self._free
+        return free.pop() if free else self._event_factory()
 
     def add(self, stage: PendingStage) -> None:
         """Queue a recorded pair (for callers that record events themselves)."""
@@ -193,8 +244,9 @@ class DeviceTimeline:
     def _emit(self, stage: PendingStage) -> None:
         start_ns = stage.begin.host_ns()
         end_ns = max(stage.end.host_ns(), start_ns)
+        self._free += (stage.begin, stage.end)  # completed and read: free to record again
         self.tracer.slice_at(
-            device_track_name(self.device_index, stage.lane),
+            self._lane_tracks[stage.lane],
             stage.name,
             start_ns,
             end_ns,

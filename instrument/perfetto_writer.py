@@ -60,6 +60,7 @@ class PerfettoWriter:
         path: str | os.PathLike[str],
         process_name: str = PROCESS_NAME,
         capture: CaptureConfig | None = None,
+        pid: int | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.capture = capture or CaptureConfig()
@@ -70,7 +71,7 @@ class PerfettoWriter:
         )
         self._lock = threading.Lock()
         self._closed = False
-        self._pid = os.getpid()
+        self._pid = pid if pid is not None else os.getpid()  # the traced process
         self._next_uuid = (self._pid << 20) + 1
         self._process_uuid = self._next_uuid  # set by the first _describe
         self._tracks: dict[tuple[str, object], bytes] = {}  # key -> encoded track_uuid field
@@ -321,6 +322,17 @@ class PerfettoWriter:
         with self._lock:
             if not self._closed:
                 self._out.write(self._encode_sticky(ts_ns, Instant.TRACE_METADATA.value, args))
+
+    def finish(self, dropped: dict[str, int], ts_ns: int) -> None:
+        """End of trace: the closing ``trace_metadata`` (the tracer's own ``dropped`` counts, the
+        gate's and the ring's; zero drop counts left out), a small "closed" instant, close."""
+        counts: dict[str, object] = {f"dropped_{k}": v for k, v in dropped.items()}
+        counts.update(self.gate.counts())
+        counts.update(self.ring_counts())
+        self.write_metadata(
+            {k: v for k, v in counts.items() if v or not k.startswith("dropped_")}, ts_ns
+        )
+        self.close({"closed": True}, ts_ns)
 
     def close(self, final_metadata: dict[str, object] | None = None, ts_ns: int = 0) -> None:
         """Write a last ``trace_metadata`` instant (when given), then close (assemble a ring)."""
