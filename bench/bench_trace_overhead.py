@@ -207,6 +207,91 @@ def report(modes: list[Mode]) -> dict[str, Any]:
     return out
 
 
+class _HostEvent:
+    """A timing event stamped on the host when recorded (the micro benchmark has no device)."""
+
+    __slots__ = ("ns",)
+
+    def record(self, stream: Any = None) -> None:
+        self.ns = time.monotonic_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def host_ns(self) -> int:
+        return self.ns
+
+
+_STAGES = [("h2d_inputs", "copy"), ("input_prep", "compute"), ("forward", "compute"),
+           ("sample", "compute"), ("d2h_output", "copy")]  # fmt: skip
+
+
+def _micro_steps(tracer: Tracer, num_steps: int, finished_per_step: int) -> float:
+    """The tracer calls of ``num_steps`` engine steps (five CPU spans with the engine's args,
+    five device stages, the counters, and ``finished_per_step`` requests starting and ending
+    per step); returns host ns per step. Request bookkeeping runs whether tracing is on or not,
+    as in the engine."""
+    from engine.request_timeline import RequestTimeline
+    from instrument.device_timeline import DeviceTimeline
+    from instrument.schema import Counter
+
+    timeline = DeviceTimeline(tracer, 0, _HostEvent)
+    requests = RequestTimeline(tracer, write_tracks=True)
+    counters = [c.value for c in Counter]
+    rid = 0
+    start = time.perf_counter_ns()
+    for step in range(num_steps):
+        with tracer.span("schedule") as span:
+            span.set_args(step=step, num_reqs=256, num_tokens=256, num_prefill=0,
+                          num_decode=256, num_spec_tokens=0)  # fmt: skip
+        with tracer.span("prepare_inputs", step=step):
+            timeline.poll()
+        with tracer.span("launch", step=step, flow_out=(1 << 32) + step):
+            for name, lane in _STAGES:
+                with timeline.stage(name, step=step, lane=lane):
+                    pass
+        with tracer.span("wait_output", step=step, kind="sampled"):
+            pass
+        with tracer.span("update_from_output", step=step) as span:
+            for _ in range(finished_per_step):
+                req = f"r{rid}"
+                rid += 1
+                requests.arrived(req)
+                requests.scheduled([req])
+                requests.tokens(req, 128)
+                requests.finished(req)
+            span.set_args(num_accepted=0, num_rejected=0, num_finished=finished_per_step)
+        for name in counters:
+            tracer.counter(name, 0.5)
+    return (time.perf_counter_ns() - start) / num_steps
+
+
+def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> dict[str, Any]:
+    """Host ns per step the tracer adds on the engine thread, with no device and no model: the
+    same step loop with tracing off and on (per writer, with and without request tracks),
+    alternated ``rounds`` times; the minimum per configuration (least disturbed)."""
+    configs = [("off", None, 0)] + [
+        (f"{w}{'+requests' if fin else ''}", w, fin) for w in writers for fin in (0, 2)
+    ]
+    times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    for r in range(rounds):
+        for name, writer, finished in configs:
+            if writer is None:
+                tracer = Tracer(enabled=False)
+            else:
+                path = os.path.join(trace_dir, f"micro_{name}_{r}.pftrace")
+                tracer = Tracer(path, writer=writer)
+            times[name].append(_micro_steps(tracer, num_steps, finished))
+            tracer.close()
+    base = min(times["off"])
+    out = {name: {"ns_per_step": ts, "added_us_per_step": (min(ts) - base) / 1e3}
+           for name, ts in times.items()}  # fmt: skip
+    print(f"tracer host cost per step (no device; {num_steps} steps, min of {rounds}): "
+          + ", ".join(f"{n} {v['added_us_per_step']:+.1f} us" for n, v in out.items() if n != "off")
+          + f" (off {base / 1e3:.1f} us)")  # fmt: skip
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None)
@@ -226,6 +311,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-run-s", type=float, default=2.0, help="each timed run lasts this long")
     p.add_argument("--modes", default=DEFAULT_MODES, help="comma list of " + ",".join(MODES))
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--micro-steps", type=int, default=20000, help="steps of the no-device micro benchmark"
+    )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
     if (args.model is None) == (args.model_config is None):
@@ -239,6 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if names[0] != "off" or any(n not in MODES for n in names):
         raise SystemExit(f"--modes must start with off and name only {list(MODES)}")
     trace_dir = tempfile.mkdtemp(prefix="stepscope-overhead-")
+    micro_result = micro(["thread", "process"], args.micro_steps, 5, trace_dir)
     modes = [build_mode(n, args, trace_dir) for n in names]
     seeds = iter(range(1, 1 << 30))
     # Warm-up: one workload per mode; it also sizes a timed run (workload repeats per run).
@@ -263,6 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.out, "w") as f:
             json.dump({m.name: m.runs for m in modes}, f, indent=2)
     result = report(modes)
+    result["micro"] = micro_result
     result["config"] = vars(args) | {"repeats_per_run": int(repeats), "trace_dir": trace_dir}
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

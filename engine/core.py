@@ -61,6 +61,7 @@ from instrument.tracer import Tracer, get_tracer
 __all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
 
 BATCH_QUEUE_DEPTH = 2
+_COUNTER_NAMES = tuple(c.value for c in Counter)
 _log = logging.getLogger("stepscope.engine")
 
 
@@ -394,8 +395,7 @@ class EngineCore:
         if not self.tracer.enabled:
             return
         stats = self.scheduler.get_stats()
-        for counter in Counter:
-            self.tracer.counter(counter.value, getattr(stats, counter.value))
+        self.tracer.counters({name: getattr(stats, name) for name in _COUNTER_NAMES})
 
     # ---- start and end --------------------------------------------------------------------
     def _record_start(self) -> None:

@@ -27,7 +27,16 @@ from typing import Any
 
 from instrument import proto_encode as pe
 from instrument.capture import CaptureConfig, CaptureGate
-from instrument.events import EV_COUNTER, EV_INSTANT, EV_SLICE_AT, FLOW_IN, FLOW_OUT, RawEvent
+from instrument.events import (
+    EV_COUNTER,
+    EV_INSTANT,
+    EV_REQUEST,
+    EV_SLICE_AT,
+    FLOW_IN,
+    FLOW_OUT,
+    RawEvent,
+    expand_request,
+)
 from instrument.ring_output import FileOutput, RingOutput
 from instrument.schema import PROCESS_NAME, Arg, CaptureArg, Instant
 
@@ -46,6 +55,15 @@ def _event_packet(ts: int, te: bytes, interned: bytes, seq: bytes = _SEQ_NEEDS) 
     if interned:
         body += b"\x62" + pe.varint(len(interned)) + interned
     return pe.frame_packet(body)
+
+
+def _expand(events: Iterable[RawEvent]) -> Iterable[RawEvent]:
+    """Events with each ``EV_REQUEST`` replaced by its slices."""
+    for event in events:
+        if event[0] == EV_REQUEST:
+            yield from expand_request(event)
+        else:
+            yield event
 
 
 class PerfettoWriter:
@@ -219,7 +237,7 @@ class PerfettoWriter:
         gate, cur = self.gate, self._cur_step
         sticky: list[RawEvent] = []
         keyed: list[tuple[int, int, int, int, RawEvent, int | None]] = []
-        for seq, event in enumerate(events):
+        for seq, event in enumerate(_expand(events)):
             kind = event[0]
             step = cur
             if kind == EV_SLICE_AT:

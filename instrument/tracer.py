@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from instrument import nvtx as _nvtx
 from instrument.capture import CaptureConfig
-from instrument.events import EV_COUNTER, EV_INSTANT, EV_SLICE_AT, RawEvent
+from instrument.events import EV_COUNTER, EV_INSTANT, EV_REQUEST, EV_SLICE_AT, RawEvent
 from instrument.perfetto_writer import PerfettoWriter
 from instrument.schema import SCHEMA_VERSION, Arg, Instant
 from instrument.writer_process import ProcessWriter
@@ -241,6 +241,45 @@ class Tracer:
         if end_ns < start_ns:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
         self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+
+    def slice_args(
+        self, track: str, name: str, start_ns: int, end_ns: int, args: dict[str, object]
+    ) -> None:
+        """:meth:`slice_at` with the args as a dict the tracer may keep (no copy)."""
+        if not self.enabled:
+            return
+        if end_ns < start_ns:
+            raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
+        self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+
+    def request_slices(
+        self,
+        req_id: str,
+        arrival_ns: int,
+        scheduled_ns: int,
+        first_token_ns: int | None,
+        finished_ns: int,
+        num_output_tokens: int,
+    ) -> None:
+        """A finished request's ``queued`` / ``prefill`` / ``decode`` slices on its track, as one
+        buffered tuple (expanded by the writer: ``instrument.events.expand_request``)."""
+        if not self.enabled:
+            return
+        if not arrival_ns <= scheduled_ns <= finished_ns or (
+            first_token_ns is not None and not scheduled_ns <= first_token_ns <= finished_ns
+        ):
+            raise ValueError(f"request {req_id!r}: times out of order")
+        self._append(
+            (EV_REQUEST, req_id, arrival_ns, scheduled_ns, first_token_ns, finished_ns,
+             num_output_tokens)
+        )  # fmt: skip
+
+    def counters(self, values: dict[str, float]) -> None:
+        """One sample of each process-scoped counter in ``values``, all at one timestamp."""
+        if self.enabled:
+            ts, append = now_ns(), self._append
+            for name, value in values.items():
+                append((EV_COUNTER, name, ts, value))
 
     def thread_slice(self, name: str, start_ns: int, end_ns: int, **args: object) -> None:
         """A slice with explicit times on the current thread's track (like a finished span)."""

@@ -154,7 +154,7 @@ class ModelRunner:
             CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
         ):
             box = self._launch_forward(batch, with_logits=bitmask is not None)
-            handle = self._launch_sample(batch, box, bitmask)
+            handle = self._launch_sample(batch, box, bitmask, contiguous=True)
         return handle
 
     # stepscope: hot
@@ -219,7 +219,11 @@ class ModelRunner:
             self.step_inputs.apply(step_flush)
             dev.submit(compute, lambda: self.fwd.prepare(batch))
         with tl.stage(
-            DeviceSlice.FORWARD.value, step=step, stream=compute, flow_in=FLOW_ID_BASE + step
+            DeviceSlice.FORWARD.value,
+            step=step,
+            stream=compute,
+            contiguous=True,
+            flow_in=FLOW_ID_BASE + step,
         ):
             dev.submit(compute, lambda: box.update(hidden=self.fwd.forward(batch)))
             if with_logits:
@@ -230,14 +234,21 @@ class ModelRunner:
 
     # stepscope: hot
     def _launch_sample(
-        self, batch: InputBatch, box: dict[str, Any], bitmask: torch.Tensor | None
+        self,
+        batch: InputBatch,
+        box: dict[str, Any],
+        bitmask: torch.Tensor | None,
+        contiguous: bool = False,
     ) -> AsyncOutput:
-        """(bitmask upload), sample or verify, draft, and the d2h output copy."""
+        """(bitmask upload), sample or verify, draft, and the d2h output copy. ``contiguous``:
+        enqueued right after the step's forward (the sample stage begins at its end event)."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, d2h = dev.compute_stream, dev.d2h_stream
         mask = None if bitmask is None else self.bitmask.upload(step, bitmask)
         if self.spec is None:
-            with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
+            with tl.stage(
+                DeviceSlice.SAMPLE.value, step=step, stream=compute, contiguous=contiguous
+            ):
                 dev.submit(compute, lambda: box.update(out=self._sample(batch, box, mask)))
         else:
             self._enqueue_verify(batch, box, mask)
