@@ -267,28 +267,42 @@ def _micro_steps(tracer: Tracer, num_steps: int, finished_per_step: int) -> floa
 
 
 def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> dict[str, Any]:
-    """Host ns per step the tracer adds on the engine thread, with no device and no model: the
-    same step loop with tracing off and on (per writer, with and without request tracks),
-    alternated ``rounds`` times; the minimum per configuration (least disturbed)."""
-    configs = [("off", None, 0)] + [
+    """CPU time per step the tracer adds, with no device and no model: the same step loop with
+    tracing off and on (per writer, without and with two finished requests per step), alternated
+    ``rounds`` times, minimum per configuration. ``engine_us``: CPU time of the looping (engine)
+    thread; ``process_us``: CPU time of the whole process until the tracer has closed (the
+    engine thread plus the flush thread: what competes for the GIL; a writer child process runs
+    on another core). CPU time, not wall time: other processes on a shared machine do not count."""
+    configs = [(f"off{'+requests' if fin else ''}", None, fin) for fin in (0, 2)] + [
         (f"{w}{'+requests' if fin else ''}", w, fin) for w in writers for fin in (0, 2)
     ]
-    times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in configs}
     for r in range(rounds):
         for name, writer, finished in configs:
             if writer is None:
                 tracer = Tracer(enabled=False)
             else:
-                path = os.path.join(trace_dir, f"micro_{name}_{r}.pftrace")
-                tracer = Tracer(path, writer=writer)
-            times[name].append(_micro_steps(tracer, num_steps, finished))
+                tracer = Tracer(os.path.join(trace_dir, f"micro_{name}_{r}.pftrace"), writer=writer)
+            thread0, process0 = time.thread_time_ns(), time.process_time_ns()
+            _micro_steps(tracer, num_steps, finished)
+            thread1 = time.thread_time_ns()
             tracer.close()
-    base = min(times["off"])
-    out = {name: {"ns_per_step": ts, "added_us_per_step": (min(ts) - base) / 1e3}
-           for name, ts in times.items()}  # fmt: skip
-    print(f"tracer host cost per step (no device; {num_steps} steps, min of {rounds}): "
-          + ", ".join(f"{n} {v['added_us_per_step']:+.1f} us" for n, v in out.items() if n != "off")
-          + f" (off {base / 1e3:.1f} us)")  # fmt: skip
+            process1 = time.process_time_ns()
+            times[name].append(((thread1 - thread0) / num_steps, (process1 - process0) / num_steps))
+    out: dict[str, Any] = {}
+    for name, _, finished in configs:
+        base = times[f"off{'+requests' if finished else ''}"]
+        out[name] = {
+            "engine_us_per_step": min(t[0] for t in times[name]) / 1e3,
+            "added_engine_us_per_step": (min(t[0] for t in times[name]) - min(b[0] for b in base)) / 1e3,
+            "added_process_us_per_step": (min(t[1] for t in times[name]) - min(b[1] for b in base)) / 1e3,
+        }  # fmt: skip
+    print(f"tracer CPU cost per step (no device; {num_steps} steps, min of {rounds}; "
+          "added engine-thread / whole-process us):")  # fmt: skip
+    for name, v in out.items():
+        if not name.startswith("off"):
+            print(f"    {name:<18} {v['added_engine_us_per_step']:+7.1f} / "
+                  f"{v['added_process_us_per_step']:+7.1f}")  # fmt: skip
     return out
 
 
@@ -312,7 +326,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default=DEFAULT_MODES, help="comma list of " + ",".join(MODES))
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument(
-        "--micro-steps", type=int, default=20000, help="steps of the no-device micro benchmark"
+        "--micro-steps", type=int, default=5000, help="steps of the no-device micro benchmark"
     )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
@@ -327,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if names[0] != "off" or any(n not in MODES for n in names):
         raise SystemExit(f"--modes must start with off and name only {list(MODES)}")
     trace_dir = tempfile.mkdtemp(prefix="stepscope-overhead-")
-    micro_result = micro(["thread", "process"], args.micro_steps, 5, trace_dir)
+    micro_result = micro(["thread", "process"], args.micro_steps, 3, trace_dir)
     modes = [build_mode(n, args, trace_dir) for n in names]
     seeds = iter(range(1, 1 << 30))
     # Warm-up: one workload per mode; it also sizes a timed run (workload repeats per run).
