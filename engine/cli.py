@@ -12,12 +12,12 @@ from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
 from engine.interrupt import Interrupt
 from engine.output_writer import OutputPathError, OutputWriter, check_output_path
 from engine.workload import WorkloadError, load_workload
-from instrument.capture import CaptureConfig, parse_step_range
+from instrument.capture import DEFAULT_RUN_LENGTH, CaptureConfig, parse_step_range
 from instrument.schema import Arg, rank_trace_path
+from instrument.tracer import WRITERS, Tracer
 
 if TYPE_CHECKING:  # engine.llm imports torch: only once a run starts, never for --help
     from engine.llm import LLM, CompletionOutput
-    from instrument.tracer import Tracer
 
 __all__ = ["run_main", "build_parser"]
 
@@ -71,7 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace only engine steps A..B-1 ('A:' = from A on)",
     )
     p.add_argument(
-        "--trace-every", type=int, default=1, metavar="N", help="trace one step in N (sampled)"
+        "--trace-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="trace one step in N (sampled), in runs of --trace-run-length consecutive steps",
+    )
+    p.add_argument(
+        "--trace-run-length",
+        type=int,
+        default=DEFAULT_RUN_LENGTH,
+        metavar="R",
+        help=f"with --trace-every N: keep runs of R consecutive steps, one run in N (default "
+        f"{DEFAULT_RUN_LENGTH}; overlap and bubbles are measured inside runs)",
     )
     p.add_argument(
         "--trace-max-mb", type=float, default=None, metavar="M", help="trace file size budget"
@@ -93,6 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         metavar="K",
         help="how many first steps are warm-up (default 2)",
+    )
+    p.add_argument(
+        "--trace-writer",
+        choices=WRITERS,
+        default="process",
+        help="who encodes the trace: a child process (default; keeps the encoding off the "
+        "engine's GIL) or a thread of this process",
+    )
+    p.add_argument(
+        "--trace-kernels",
+        default=None,
+        metavar="A:B",
+        help="also record the CUPTI kernel, memcpy and memset activity of engine steps A..B-1 "
+        "(torch.profiler, device activity only) onto a 'gpu:<i> kernels' track of the trace, "
+        "aligned to the host clock; needs --trace and a CUDA device (off by default)",
     )
     p.add_argument(
         "--detect-syncs",
@@ -177,7 +204,20 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_spec_tokens=args.num_spec_tokens,
         spec_sync_accepted=args.spec_sync_accepted,
         tensor_parallel_size=args.tensor_parallel_size,
+        trace_kernel_steps=_kernel_steps(args),
     )
+
+
+def _kernel_steps(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--trace-kernels A:B`` as a bounded step window (raises ValueError with the reason)."""
+    if args.trace_kernels is None:
+        return None
+    first, end = parse_step_range(args.trace_kernels)
+    if end is None:
+        raise ValueError(f"--trace-kernels needs a bounded window A:B, got {args.trace_kernels!r}")
+    if not args.trace:
+        raise ValueError("--trace-kernels writes into the trace: give --trace PATH too")
+    return first, end
 
 
 def capture_from_args(args: argparse.Namespace) -> CaptureConfig:
@@ -191,6 +231,18 @@ def capture_from_args(args: argparse.Namespace) -> CaptureConfig:
         mode=args.trace_mode,
         warmup_steps=args.trace_warmup_steps,
         include_warmup=args.trace_warmup,
+        run_length=args.trace_run_length,
+    )
+
+
+def tracer_from_args(args: argparse.Namespace, path: str, capture: CaptureConfig) -> Tracer:
+    """The tracer ``stepscope run`` writes ``path`` with (flushes on SIGTERM/SIGINT)."""
+    return Tracer(
+        path,
+        nvtx=args.nvtx,
+        install_signal_handlers=True,
+        capture=capture,
+        writer=args.trace_writer,
     )
 
 
@@ -258,7 +310,7 @@ def run_main(argv: list[str]) -> int:
     except (ConfigError, WorkloadError, OutputPathError, ValueError) as err:
         print(f"stepscope run: error: {err}", file=sys.stderr)
         return 2
-    from instrument.tracer import Tracer, set_tracer
+    from instrument.tracer import set_tracer
 
     tracer = None
     trace = args.trace
@@ -267,7 +319,7 @@ def run_main(argv: list[str]) -> int:
     if trace:
         os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
         # Signals are this command's (engine/interrupt.py), not the tracer's.
-        tracer = Tracer(trace, nvtx=args.nvtx, capture=capture)
+        tracer = tracer_from_args(args, trace, capture)
         set_tracer(tracer)
     interrupt = Interrupt(on_second=(lambda: tracer.close(blocking=False)) if tracer else None)
     try:

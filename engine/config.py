@@ -78,6 +78,8 @@ class EngineConfig:
     debug_invariants: bool = False
     # Ranks of tensor parallelism (engine.executor): one process per rank, rank 0 here.
     tensor_parallel_size: int = 1
+    # --trace-kernels A:B: CUPTI kernel activity of steps [A, B) (instrument.kernel_window).
+    trace_kernel_steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.model_config is None):
@@ -116,6 +118,10 @@ class EngineConfig:
                 )
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.trace_kernel_steps is not None:
+            first, end = self.trace_kernel_steps
+            if first < 0 or end <= first:
+                raise ConfigError(f"trace_kernel_steps [{first}, {end}) is empty or negative")
         sizes = tuple(sorted(set(self.cuda_graph_sizes)))
         if not sizes or sizes[0] < 1:
             raise ConfigError(f"cuda_graph_sizes must be positive, got {self.cuda_graph_sizes}")
@@ -164,6 +170,10 @@ class ResolvedFeatures:
     @property
     def deferred_sampling(self) -> bool:
         return bool(self._get("deferred_sampling"))
+
+    @property
+    def trace_kernels(self) -> bool:
+        return bool(self._get("trace_kernels"))
 
     @property
     def spec_method(self) -> str | None:
@@ -266,4 +276,29 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
             else "no speculative decoding requested",
         )
     )
+    decisions.append(_trace_kernels_decision(config, on_cuda))
     return ResolvedFeatures(tuple(decisions))
+
+
+def _trace_kernels_decision(config: EngineConfig, on_cuda: bool) -> FeatureDecision:
+    """``--trace-kernels A:B``: never on unless asked; asked on the CPU is a start-up error."""
+    steps = config.trace_kernel_steps
+    if steps is None:
+        return FeatureDecision("trace_kernels", False, False, "off unless --trace-kernels A:B")
+    if not on_cuda:
+        raise ConfigError(
+            "trace_kernels=True cannot be honoured: kernel windows record CUPTI kernel activity, "
+            f"which needs a CUDA device (device={config.device!r}); the stage slices of the "
+            "CPU device are its whole device timeline"
+        )
+    if config.tensor_parallel_size > 1:
+        raise ConfigError(
+            "trace_kernels=True cannot be honoured with tensor_parallel_size > 1 (one profiler "
+            "per process; kernel windows are single-rank for now)"
+        )
+    return FeatureDecision(
+        "trace_kernels",
+        True,
+        True,
+        f"CUPTI kernels of steps {steps[0]}..{steps[1] - 1} via torch.profiler (device activity only)",
+    )

@@ -51,6 +51,7 @@ from engine.scheduler.request_output import (
 )
 from engine.scheduler.scheduler import Scheduler
 from engine.structured.manager import StructuredOutputManager
+from instrument.kernel_window import KernelWindow
 from instrument.schema import ENGINE_THREAD, Arg, Counter, CpuSlice, WaitKind
 from instrument.sync_detect import cold_region, hot_region
 from instrument.tracer import Tracer, get_tracer
@@ -58,6 +59,7 @@ from instrument.tracer import Tracer, get_tracer
 __all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
 
 BATCH_QUEUE_DEPTH = 2
+_COUNTER_NAMES = tuple(c.value for c in Counter)
 _log = logging.getLogger("stepscope.engine")
 
 
@@ -116,6 +118,7 @@ class EngineCore:
         )  # fmt: skip
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)
+        self.kernel_window = self._build_kernel_window()
         self.requests = RequestTimeline(self.tracer, write_tracks=trace_requests)
         self.structured = StructuredOutputManager(
             tokenizer, self.model_config.vocab_size, self.eos_token_ids
@@ -123,6 +126,34 @@ class EngineCore:
         # A PendingSample is a structured step whose sampling waits for the step before it.
         self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample]] = deque()
         record_start(self.tracer, config, self.features, self.max_model_len)
+
+    def _build_kernel_window(self) -> KernelWindow | None:
+        """The ``--trace-kernels`` window (only with a CUDA device and an enabled tracer)."""
+        steps = self.config.trace_kernel_steps
+        if steps is None or not self.features.trace_kernels or not self.tracer.enabled:
+            return None
+        device, timeline = self.device, self.runner.timeline
+        compute = device.compute_stream
+
+        def marker() -> None:  # a ~1 us spin kernel on the compute stream: the clock marker
+            device.submit(compute, lambda: torch.cuda._sleep(2000))
+
+        def synchronize() -> None:
+            device.synchronize()
+            timeline.poll()
+
+        window = KernelWindow(
+            self.tracer,
+            device.index,
+            steps[0],
+            steps[1],
+            timeline.new_event,
+            compute,
+            marker,
+            synchronize,
+        )
+        timeline.observer = window.observe_stage
+        return window
 
     # ---- requests -------------------------------------------------------------------------
     @property
@@ -249,6 +280,8 @@ class EngineCore:
 
     # ---- phases ---------------------------------------------------------------------------
     def _schedule(self) -> SchedulerOutput | None:
+        if self.kernel_window is not None:
+            self.kernel_window.before_schedule(self.scheduler.next_step)
         with self.tracer.span(CpuSlice.SCHEDULE.value) as span:
             so = self.scheduler.schedule()
             span.set_args(
@@ -301,6 +334,8 @@ class EngineCore:
                 }
             )
         self._sample_counters()
+        if self.kernel_window is not None:
+            self.kernel_window.after_update(so.step)
         return outputs
 
     def _advance_grammars(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
@@ -326,8 +361,7 @@ class EngineCore:
         if not self.tracer.enabled:
             return
         stats = self.scheduler.get_stats()
-        for counter in Counter:
-            self.tracer.counter(counter.value, getattr(stats, counter.value))
+        self.tracer.counters({name: getattr(stats, name) for name in _COUNTER_NAMES})
 
     # ---- start and end --------------------------------------------------------------------
     def drain(self) -> list[RequestOutput]:
@@ -360,6 +394,8 @@ class EngineCore:
     def close(self) -> None:
         try:
             self.drain()
+            if self.kernel_window is not None:
+                self.kernel_window.close()
             self.runner.close()
             self.device.close()
         finally:

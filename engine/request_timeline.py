@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.scheduler.request_output import RequestOutput
-from instrument.schema import Arg, RequestSlice, request_track_name
 from instrument.tracer import Tracer, now_ns
 
 __all__ = ["RequestTiming", "RequestTimeline", "LatencySummary"]
@@ -103,21 +102,11 @@ class RequestTimeline:
             self._write_track(req_id, timing)
 
     def _write_track(self, req_id: str, t: RequestTiming) -> None:
+        """queued / prefill / decode on the request's track: one buffered tuple for the three."""
         assert t.finished_ns is not None
-        track = request_track_name(req_id)
-        args = {Arg.REQUEST_ID.value: req_id}
         scheduled = t.first_scheduled_ns if t.first_scheduled_ns is not None else t.finished_ns
-        self.tracer.slice_at(track, RequestSlice.QUEUED.value, t.arrival_ns, scheduled, **args)
-        if t.first_token_ns is None:
-            return
-        self.tracer.slice_at(track, RequestSlice.PREFILL.value, scheduled, t.first_token_ns, **args)
-        self.tracer.slice_at(
-            track,
-            RequestSlice.DECODE.value,
-            t.first_token_ns,
-            t.finished_ns,
-            **args,
-            **{Arg.NUM_OUTPUT_TOKENS.value: t.num_output_tokens},
+        self.tracer.request_slices(
+            req_id, t.arrival_ns, scheduled, t.first_token_ns, t.finished_ns, t.num_output_tokens
         )
 
     def summary(self) -> LatencySummary:

@@ -13,8 +13,14 @@ Rules, in order (the first that drops a step names the reason):
 
 1. ``warmup``: steps ``0 .. warmup_steps-1`` unless ``include_warmup``;
 2. ``range``: steps outside ``[first, end)`` of ``--trace-steps A:B``;
-3. ``sampled``: with ``every = N``, only steps ``s`` with ``(s - s0) % N == 0`` are kept, where
-   ``s0`` is the first step the two rules above keep;
+3. ``sampled``: with ``every = N > 1``, steps are kept in runs of ``R = run_length`` consecutive
+   steps, one run in N: step ``s`` is kept when ``((s - s0) // R) % N == 0``, where ``s0`` is the
+   first step the two rules above keep. Runs, not single steps: overlap and bubbles need
+   consecutive steps (with the batch queue of depth 2, step N's scheduling overlaps step N-1's
+   device work, and a bubble sits between two steps), so a lone kept step has neither a
+   predecessor nor a successor to measure against. With R = 16 (the default) only the first
+   step of a run lacks its predecessor (< 1/16 of the kept steps), and each kept step keeps all
+   its events, device slices included (they carry its ``step``);
 4. ``size`` (mode ``stop``): once the file holds ``max_bytes``, every step first seen afterwards.
    Steps already admitted keep their late events (device slices arrive a step or two later), so
    the file may pass the budget by those few events and the closing metadata.
@@ -28,10 +34,11 @@ from dataclasses import dataclass, field
 
 from instrument.schema import CaptureArg
 
-__all__ = ["CaptureConfig", "CaptureGate", "parse_step_range", "MODES"]
+__all__ = ["CaptureConfig", "CaptureGate", "parse_step_range", "MODES", "DEFAULT_RUN_LENGTH"]
 
 MODES = ("stop", "ring")
 _MIN_MAX_BYTES = 64 * 1024
+DEFAULT_RUN_LENGTH = 16
 REASONS = ("warmup", "range", "sampled", "size")
 
 
@@ -58,11 +65,12 @@ class CaptureConfig:
     Args:
         first_step / end_step: half-open step range ``[first_step, end_step)``; ``end_step``
             None = no end.
-        every: keep one step in ``every`` (1 = all).
+        every: keep one step in ``every`` (1 = all), in runs of ``run_length`` consecutive steps.
         max_bytes: file size budget; None = unbounded.
         mode: ``stop`` (stop capturing steps at the budget) or ``ring`` (keep the most recent).
         warmup_steps: how many first steps count as warm-up.
         include_warmup: keep the warm-up steps anyway.
+        run_length: consecutive steps per kept run when ``every > 1``.
     """
 
     first_step: int = 0
@@ -72,6 +80,7 @@ class CaptureConfig:
     mode: str = "stop"
     warmup_steps: int = 0
     include_warmup: bool = False
+    run_length: int = DEFAULT_RUN_LENGTH
 
     def __post_init__(self) -> None:
         if self.first_step < 0:
@@ -88,6 +97,8 @@ class CaptureConfig:
             raise ValueError("mode 'ring' needs max_bytes (the ring's size)")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.run_length < 1:
+            raise ValueError(f"run_length must be >= 1, got {self.run_length}")
 
     @property
     def ring_bytes(self) -> int | None:
@@ -103,6 +114,7 @@ class CaptureConfig:
             CaptureArg.MAX_BYTES.value: self.max_bytes or 0,
             CaptureArg.MODE.value: self.mode,
             CaptureArg.WARMUP_STEPS.value: 0 if self.include_warmup else self.warmup_steps,
+            CaptureArg.RUN_LENGTH.value: self.run_length if self.every > 1 else 0,
         }
 
 
@@ -150,7 +162,7 @@ class CaptureGate:
         elif c.every > 1:
             if self._first_kept is None:
                 self._first_kept = step
-            if (step - self._first_kept) % c.every:
+            if ((step - self._first_kept) // c.run_length) % c.every:
                 reason = "sampled"
         self._static[step] = reason
         if reason is not None:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from instrument.schema import DEVICE_COMPUTE, Arg, device_track_name
-from instrument.tracer import Tracer
+from instrument.schema import DEVICE_COMPUTE, DEVICE_LANES, Arg, device_track_name
+from instrument.tracer import Tracer, now_ns
 
 __all__ = ["TimedEvent", "DeviceTimeline", "CudaClock", "CudaTimedEvent", "PendingStage"]
 
@@ -34,7 +33,7 @@ class TimedEvent(Protocol):
     def host_ns(self) -> int: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingStage:
     """A stage whose end event has not completed yet."""
 
@@ -44,6 +43,7 @@ class PendingStage:
     begin: TimedEvent
     end: TimedEvent
     args: dict[str, object]
+    host_end_ns: int  # host clock when ``end.record`` returned: the CPU finished enqueueing
 
 
 class CudaClock:
@@ -94,6 +94,77 @@ class CudaTimedEvent:
         return self._clock.to_host_ns(self._event)
 
 
+_STEP = Arg.STEP.value
+_HOST_END_NS = Arg.HOST_END_NS.value
+
+
+class _NullScope:
+    """The stage scope of a disabled timeline: does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        return False
+
+
+_NULL_SCOPE = _NullScope()
+
+
+class _StageScope:
+    """Records the begin event on enter, the end event (and the host time) on exit, then queues
+    itself as the pending stage (it has :class:`PendingStage`'s fields: no second object)."""
+
+    __slots__ = ("_timeline", "name", "step", "lane", "_stream", "args", "begin", "end",
+                 "host_end_ns", "_contiguous", "end_shared")  # fmt: skip
+
+    def __init__(
+        self,
+        timeline: DeviceTimeline,
+        name: str,
+        step: int,
+        lane: str,
+        stream: Any,
+        args: dict[str, object],
+        contiguous: bool,
+    ) -> None:
+        self._timeline, self.name, self.step = timeline, name, step
+        self.lane, self._stream, self.args = lane, stream, args
+        self._contiguous, self.end_shared = contiguous, False
+
+    def __enter__(self) -> None:
+        timeline = self._timeline
+        last = timeline._last
+        if self._contiguous and last is not None and last._stream is self._stream:
+            # The stream reaches this stage's begin when it reaches the last stage's end.
+            self.begin = last.end
+            last.end_shared = True
+            return
+        free = timeline._free
+        begin = self.begin = free.pop() if free else timeline._event_factory()
+        begin.record(self._stream)
+
+    def __exit__(
+        self, exc_type: object, exc: object, tb: object, _now: Callable[[], int] = now_ns
+    ) -> Literal[False]:
+        if exc_type is not None:  # the stage was not enqueued whole: no slice
+            return False
+        timeline = self._timeline
+        free = timeline._free
+        end = self.end = free.pop() if free else timeline._event_factory()
+        end.record(self._stream)
+        # CPU lead = (when the stream reached ``end``) - (when the host recorded it): docs/design.md.
+        host_end_ns = self.host_end_ns = _now()
+        args = self.args  # this stage's own keyword dict: completed here, written as is
+        args[_STEP] = self.step
+        args[_HOST_END_NS] = host_end_ns
+        timeline._last = self
+        timeline.add(self)  # type: ignore[arg-type]
+        return False
+
+
 class DeviceTimeline:
     """Records event pairs around device stages and emits them as device-track slices.
 
@@ -117,12 +188,18 @@ class DeviceTimeline:
         self._pending: deque[PendingStage] = deque()
         self._max_pending = max_pending
         self.num_emitted = 0
+        # Events of emitted stages, recorded again by later stages (no create/destroy per stage).
+        self._free: list[TimedEvent] = []
+        self._last: _StageScope | None = None  # the stage recorded last (for ``contiguous``)
+        self._last_read: tuple[Any, int] = (None, 0)  # (event, host_ns) of the last end read
+        self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
+        # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
+        self.observer: Callable[[str, str, int, int, int], None] | None = None
 
     @property
     def enabled(self) -> bool:
         return self.tracer.enabled
 
-    @contextmanager
     def stage(
         self,
         name: str,
@@ -130,18 +207,24 @@ class DeviceTimeline:
         step: int,
         lane: str = DEVICE_COMPUTE,
         stream: Any = None,
+        contiguous: bool = False,
         **args: object,
-    ) -> Iterator[None]:
-        """Bracket the enqueue of one device stage with a begin and an end event."""
+    ) -> _StageScope | _NullScope:
+        """Bracket the enqueue of one device stage with a begin and an end event (a context
+        manager; a shared no-op one when tracing is off).
+
+        ``contiguous``: the caller enqueued nothing on ``stream`` since the previous stage of this
+        timeline ended on it, so this stage begins at that stage's end event (one event fewer);
+        ignored when the previous stage ran on another stream.
+        """
         if not self.tracer.enabled:
-            yield
-            return
-        begin = self._event_factory()
-        begin.record(stream)
-        yield
-        end = self._event_factory()
-        end.record(stream)
-        self.add(PendingStage(name, lane, step, begin, end, args))
+            return _NULL_SCOPE
+        return _StageScope(self, name, step, lane, stream, args, contiguous)
+
+    def _event(self) -> TimedEvent:
+        """A timing event: one from the pool of emitted stages' events, or a fresh one."""
+        free = self._free
+        return free.pop() if free else self._event_factory()
 
     def add(self, stage: PendingStage) -> None:
         """Queue a recorded pair (for callers that record events themselves)."""
@@ -177,19 +260,29 @@ class DeviceTimeline:
         self._pending = still
         return emitted
 
+    def new_event(self) -> TimedEvent:
+        """A fresh timing event on the timeline's host clock (for markers outside stages)."""
+        return self._event_factory()
+
     @property
     def num_pending(self) -> int:
         return len(self._pending)
 
     def _emit(self, stage: PendingStage) -> None:
-        start_ns = stage.begin.host_ns()
-        end_ns = max(stage.end.host_ns(), start_ns)
-        self.tracer.slice_at(
-            device_track_name(self.device_index, stage.lane),
-            stage.name,
-            start_ns,
-            end_ns,
-            **{Arg.STEP.value: stage.step},
-            **stage.args,
-        )
+        begin, end = stage.begin, stage.end
+        last_event, last_ns = self._last_read
+        start_ns = last_ns if begin is last_event else begin.host_ns()
+        end_ns = end.host_ns()
+        self._last_read = (end, end_ns)
+        end_ns = max(end_ns, start_ns)
+        # Completed and read: free to record again (a shared end once its second stage is out).
+        self._free.append(begin)
+        if not getattr(stage, "end_shared", False):
+            self._free.append(end)
+        args = stage.args
+        if _HOST_END_NS not in args:  # a stage queued through add() by its caller
+            args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **args}
+        self.tracer.slice_args(self._lane_tracks[stage.lane], stage.name, start_ns, end_ns, args)
         self.num_emitted += 1
+        if self.observer is not None:
+            self.observer(stage.lane, stage.name, stage.step, start_ns, end_ns)

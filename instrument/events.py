@@ -7,6 +7,9 @@ track):
   they end (one append per span); the writer emits its begin and end packets in time order.
 * ``(EV_INSTANT, track, name, ts_ns, args | None)``
 * ``(EV_COUNTER, name, ts_ns, value)``
+* ``(EV_REQUEST, req_id, arrival_ns, scheduled_ns, first_token_ns | None, finished_ns,
+  num_output_tokens)``: a finished request's ``queued`` / ``prefill`` / ``decode`` slices on its
+  track, in one tuple (the writer expands it: :func:`expand_request`).
 
 ``args`` is the span's keyword dict; the reserved keys ``flow_in`` / ``flow_out`` (int flow ids)
 become Perfetto flow ids rather than annotations.
@@ -16,13 +19,43 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EV_SLICE_AT", "EV_INSTANT", "EV_COUNTER", "FLOW_IN", "FLOW_OUT", "RawEvent"]
+from instrument.schema import Arg, RequestSlice, request_track_name
+
+__all__ = [
+    "EV_SLICE_AT",
+    "EV_INSTANT",
+    "EV_COUNTER",
+    "EV_REQUEST",
+    "FLOW_IN",
+    "FLOW_OUT",
+    "RawEvent",
+    "expand_request",
+]
 
 EV_SLICE_AT = 2
 EV_INSTANT = 3
 EV_COUNTER = 4
+EV_REQUEST = 5
 
 FLOW_IN = "flow_in"
 FLOW_OUT = "flow_out"
 
 RawEvent = tuple[Any, ...]
+
+
+_REQUEST_ID = Arg.REQUEST_ID.value
+_NUM_OUTPUT_TOKENS = Arg.NUM_OUTPUT_TOKENS.value
+_QUEUED, _PREFILL, _DECODE = (s.value for s in RequestSlice)
+
+
+def expand_request(event: RawEvent) -> list[RawEvent]:
+    """An ``EV_REQUEST`` tuple as its slices: ``queued`` (arrival -> first scheduled), then, once
+    it has a first token, ``prefill`` (-> first token) and ``decode`` (-> finished)."""
+    _, req_id, arrival, scheduled, first_token, finished, num_output_tokens = event
+    track = request_track_name(req_id)
+    out: list[RawEvent] = [(EV_SLICE_AT, track, _QUEUED, arrival, scheduled, {_REQUEST_ID: req_id})]
+    if first_token is not None:
+        out.append((EV_SLICE_AT, track, _PREFILL, scheduled, first_token, {_REQUEST_ID: req_id}))
+        args = {_REQUEST_ID: req_id, _NUM_OUTPUT_TOKENS: num_output_tokens}
+        out.append((EV_SLICE_AT, track, _DECODE, first_token, finished, args))
+    return out

@@ -27,7 +27,16 @@ from typing import Any
 
 from instrument import proto_encode as pe
 from instrument.capture import CaptureConfig, CaptureGate
-from instrument.events import EV_COUNTER, EV_INSTANT, EV_SLICE_AT, FLOW_IN, FLOW_OUT, RawEvent
+from instrument.events import (
+    EV_COUNTER,
+    EV_INSTANT,
+    EV_REQUEST,
+    EV_SLICE_AT,
+    FLOW_IN,
+    FLOW_OUT,
+    RawEvent,
+    expand_request,
+)
 from instrument.ring_output import FileOutput, RingOutput
 from instrument.schema import PROCESS_NAME, Arg, CaptureArg, Instant, request_track_name
 
@@ -60,6 +69,15 @@ def _event_packet(ts: int, te: bytes, interned: bytes, seq: bytes = _SEQ_NEEDS) 
     return pe.frame_packet(body)
 
 
+def _expand(events: Iterable[RawEvent]) -> Iterable[RawEvent]:
+    """Events with each ``EV_REQUEST`` replaced by its slices."""
+    for event in events:
+        if event[0] == EV_REQUEST:
+            yield from expand_request(event)
+        else:
+            yield event
+
+
 class PerfettoWriter:
     """Owns the output (file or ring), the track uuids, the interning tables and the gate.
 
@@ -72,6 +90,7 @@ class PerfettoWriter:
         path: str | os.PathLike[str],
         process_name: str = PROCESS_NAME,
         capture: CaptureConfig | None = None,
+        pid: int | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.capture = capture or CaptureConfig()
@@ -82,7 +101,7 @@ class PerfettoWriter:
         )
         self._lock = threading.Lock()
         self._closed = False
-        self._pid = os.getpid()
+        self._pid = pid if pid is not None else os.getpid()  # the traced process
         self._next_uuid = (self._pid << 20) + 1
         self._process_uuid = self._next_uuid  # set by the first _describe
         self._tracks: dict[tuple[str, object], bytes] = {}  # key -> encoded track_uuid field
@@ -230,7 +249,7 @@ class PerfettoWriter:
         gate, cur = self.gate, self._cur_step
         sticky: list[RawEvent] = []
         keyed: list[tuple[int, int, int, int, RawEvent, int | None]] = []
-        for seq, event in enumerate(events):
+        for seq, event in enumerate(_expand(events)):
             kind = event[0]
             step = cur
             if kind == EV_SLICE_AT:
@@ -335,6 +354,17 @@ class PerfettoWriter:
         with self._lock:
             if not self._closed:
                 self._out.write(self._encode_sticky(ts_ns, Instant.TRACE_METADATA.value, args))
+
+    def finish(self, dropped: dict[str, int], ts_ns: int) -> None:
+        """End of trace: the closing ``trace_metadata`` (the tracer's own ``dropped`` counts, the
+        gate's and the ring's; zero drop counts left out), a small "closed" instant, close."""
+        counts: dict[str, object] = {f"dropped_{k}": v for k, v in dropped.items()}
+        counts.update(self.gate.counts())
+        counts.update(self.ring_counts())
+        self.write_metadata(
+            {k: v for k, v in counts.items() if v or not k.startswith("dropped_")}, ts_ns
+        )
+        self.close({"closed": True}, ts_ns)
 
     def close(self, final_metadata: dict[str, object] | None = None, ts_ns: int = 0) -> None:
         """Write a last ``trace_metadata`` instant (when given), then close (assemble a ring)."""

@@ -209,7 +209,13 @@ class CaptureArg(str, Enum):
     DROPPED_EVENTS_PREFIX = "dropped_events_"
     # --trace-kernels A:B: the engine steps whose CUPTI kernel activity is on ``gpu:<i> kernels``.
     KERNEL_STEPS = "capture_kernel_steps"
-    # --trace-every N keeps runs of this many consecutive steps (one run in N).
+    # Written when the kernel window closes: kernel slices written, those in no stage slice, and
+    # the clock alignment (host - Kineto clock, and its error bound; -1 = no marker found).
+    KERNELS_WRITTEN = "kernels_written"
+    KERNELS_UNATTRIBUTED = "kernels_unattributed"
+    KERNEL_CLOCK_OFFSET_NS = "kernel_clock_offset_ns"
+    KERNEL_CLOCK_ERROR_NS = "kernel_clock_error_ns"
+    # --trace-every N keeps runs of this many consecutive steps (one run in N); 0 = not sampled.
     RUN_LENGTH = "capture_run_length"
 
 

@@ -23,13 +23,15 @@ from typing import Any, Literal, TypeVar
 
 from instrument import nvtx as _nvtx
 from instrument.capture import CaptureConfig
-from instrument.events import EV_COUNTER, EV_INSTANT, EV_SLICE_AT, RawEvent
+from instrument.events import EV_COUNTER, EV_INSTANT, EV_REQUEST, EV_SLICE_AT, RawEvent
 from instrument.perfetto_writer import PerfettoWriter
 from instrument.schema import SCHEMA_VERSION, Arg, Instant
+from instrument.writer_process import ProcessWriter
 
 __all__ = ["Tracer", "get_tracer", "set_tracer", "traced", "now_ns"]
 
 now_ns = time.monotonic_ns  # the one host clock of every trace
+WRITERS = ("thread", "process")
 
 # Each thread gets a small key for its whole life (idents are reused after a thread dies); the
 # registry keeps the Thread object so its name is known at flush even once it has exited.
@@ -142,6 +144,9 @@ class Tracer:
         capture: which steps reach the file (step range, sampling, size budget, ring, warm-up;
             see :mod:`instrument.capture`); default: every step. What it drops is counted in the
             closing ``trace_metadata``.
+        writer: ``"thread"``: the flush thread encodes the protobuf itself (sharing the GIL with
+            the engine); ``"process"``: it only hands raw batches to a child process that encodes
+            and writes them (:mod:`instrument.writer_process`; what ``stepscope run`` uses).
     """
 
     def __init__(
@@ -153,7 +158,10 @@ class Tracer:
         flush_interval_s: float = 0.5,
         install_signal_handlers: bool = False,
         capture: CaptureConfig | None = None,
+        writer: str = "thread",
     ) -> None:
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {WRITERS}, got {writer!r}")
         if enabled and path is None:
             raise ValueError("an enabled Tracer needs an output path")
         if flush_interval_s <= 0:
@@ -169,7 +177,7 @@ class Tracer:
             (base,),
             {"__slots__": (), "_append": staticmethod(self._append), "_nvtx": self._nvtx},
         )
-        self._writer: PerfettoWriter | None = None
+        self._writer: PerfettoWriter | ProcessWriter | None = None
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -180,7 +188,10 @@ class Tracer:
             return
         assert self.path is not None
         self.capture = capture or CaptureConfig()
-        self._writer = PerfettoWriter(self.path, capture=self.capture)
+        if writer == "process":
+            self._writer = ProcessWriter(self.path, capture=self.capture)
+        else:
+            self._writer = PerfettoWriter(self.path, capture=self.capture)
         self.metadata(
             **{Arg.SCHEMA_VERSION.value: SCHEMA_VERSION},
             **self.capture.describe(),
@@ -231,6 +242,45 @@ class Tracer:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
         self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
 
+    def slice_args(
+        self, track: str, name: str, start_ns: int, end_ns: int, args: dict[str, object]
+    ) -> None:
+        """:meth:`slice_at` with the args as a dict the tracer may keep (no copy)."""
+        if not self.enabled:
+            return
+        if end_ns < start_ns:
+            raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
+        self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+
+    def request_slices(
+        self,
+        req_id: str,
+        arrival_ns: int,
+        scheduled_ns: int,
+        first_token_ns: int | None,
+        finished_ns: int,
+        num_output_tokens: int,
+    ) -> None:
+        """A finished request's ``queued`` / ``prefill`` / ``decode`` slices on its track, as one
+        buffered tuple (expanded by the writer: ``instrument.events.expand_request``)."""
+        if not self.enabled:
+            return
+        if not arrival_ns <= scheduled_ns <= finished_ns or (
+            first_token_ns is not None and not scheduled_ns <= first_token_ns <= finished_ns
+        ):
+            raise ValueError(f"request {req_id!r}: times out of order")
+        self._append(
+            (EV_REQUEST, req_id, arrival_ns, scheduled_ns, first_token_ns, finished_ns,
+             num_output_tokens)
+        )  # fmt: skip
+
+    def counters(self, values: dict[str, float]) -> None:
+        """One sample of each process-scoped counter in ``values``, all at one timestamp."""
+        if self.enabled:
+            ts, append = now_ns(), self._append
+            for name, value in values.items():
+                append((EV_COUNTER, name, ts, value))
+
     def thread_slice(self, name: str, start_ns: int, end_ns: int, **args: object) -> None:
         """A slice with explicit times on the current thread's track (like a finished span)."""
         if not self.enabled:
@@ -259,7 +309,13 @@ class Tracer:
         return names
 
     def flush(self) -> None:
-        """Write everything buffered so far."""
+        """Write everything buffered so far (to the file, once this returns)."""
+        self._flush_once()
+        if isinstance(self._writer, ProcessWriter):
+            self._writer.sync()
+
+    def _flush_once(self) -> None:
+        """Hand everything buffered so far to the writer."""
         if self._writer is None:
             return
         events: list[RawEvent] = []
@@ -274,7 +330,7 @@ class Tracer:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval_s):
-            self.flush()
+            self._flush_once()
 
     def close(self, blocking: bool = True) -> None:
         """Flush, record dropped counts, close the file. Idempotent.
@@ -295,16 +351,9 @@ class Tracer:
         self._stop.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join(timeout=5.0)
-        self.flush()
+        self._flush_once()
         self.enabled = False
-        counts: dict[str, object] = {f"dropped_{k}": v for k, v in self.dropped.items()}
-        counts.update(self._writer.gate.counts())
-        counts.update(self._writer.ring_counts())
-        # Zero drop counts are left out (absent = 0); the last packet is a small "closed".
-        self._writer.write_metadata(
-            {k: v for k, v in counts.items() if v or not k.startswith("dropped_")}, now_ns()
-        )
-        self._writer.close({"closed": True}, now_ns())
+        self._writer.finish(dict(self.dropped), now_ns())
         atexit.unregister(self.close)
 
     def _install_signal_handlers(self) -> None:

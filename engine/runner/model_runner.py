@@ -154,7 +154,7 @@ class ModelRunner:
             CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
         ):
             step = self._launch_forward(batch, with_logits=bitmask is not None)
-            handle = self._launch_sample(batch, step, bitmask)
+            handle = self._launch_sample(batch, step, bitmask, contiguous=True)
         return handle
 
     # stepscope: hot
@@ -226,7 +226,11 @@ class ModelRunner:
             self.step_inputs.apply(step_flush)
             dev.submit(compute, lambda: self.fwd.prepare(batch))
         with tl.stage(
-            DeviceSlice.FORWARD.value, step=step, stream=compute, flow_in=FLOW_ID_BASE + step
+            DeviceSlice.FORWARD.value,
+            step=step,
+            stream=compute,
+            contiguous=True,
+            flow_in=FLOW_ID_BASE + step,
         ):
             dev.submit(compute, forward)
             if with_logits:
@@ -235,9 +239,14 @@ class ModelRunner:
 
     # stepscope: hot
     def _launch_sample(
-        self, batch: InputBatch, in_flight: StepInFlight, bitmask: torch.Tensor | None
+        self,
+        batch: InputBatch,
+        in_flight: StepInFlight,
+        bitmask: torch.Tensor | None,
+        contiguous: bool = False,
     ) -> AsyncOutput:
-        """(bitmask upload), sample or verify, draft, and the d2h output copy."""
+        """(bitmask upload), sample or verify, draft, and the d2h output copy. ``contiguous``:
+        enqueued right after the step's forward (the sample stage begins at its end event)."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, d2h = dev.compute_stream, dev.d2h_stream
         mask = None if bitmask is None else self.bitmask.upload(step, bitmask)
@@ -246,7 +255,9 @@ class ModelRunner:
             def sample() -> None:
                 in_flight.sampled = self._sample(batch, in_flight, mask)
 
-            with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
+            with tl.stage(
+                DeviceSlice.SAMPLE.value, step=step, stream=compute, contiguous=contiguous
+            ):
                 dev.submit(compute, sample)
         else:
             self._enqueue_verify(batch, in_flight, mask)

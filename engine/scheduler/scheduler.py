@@ -43,6 +43,9 @@ class Scheduler:
         self._queues = RequestQueues()
         self._in_flight: deque[InFlightStep] = deque()
         self._next_step = 0
+        # Σ num_output_placeholders over every request, kept as they change (get_stats runs
+        # every traced step: summing over all live requests there cost O(requests) per step).
+        self._num_placeholders = 0
         self._num_preemptions = 0
         self._num_prefix_hit_tokens = 0
         self._last_accepted = 0
@@ -253,6 +256,7 @@ class Scheduler:
                 num_slots = 0
             num_sampled_slots[request.req_id] = num_slots
             request.num_output_placeholders = num_placeholders + num_slots
+        self._num_placeholders += sum(num_sampled_slots.values())
         return record
 
     # -- update --------------------------------------------------------------------------------
@@ -316,6 +320,7 @@ class Scheduler:
         """Settle one request's share of a returned step (``num_drafts`` of its ``num_slots``
         sampled slots were drafts to verify); None when there is nothing to report."""
         request.num_output_placeholders -= num_slots
+        self._num_placeholders -= num_slots
         status = request.status
         if status.is_finished:
             return None  # finished while this step was in flight: computed, never returned
@@ -397,12 +402,17 @@ class Scheduler:
             self.kv_cache_manager.free(request)
 
     # -- observability -------------------------------------------------------------------------
+    @property
+    def next_step(self) -> int:
+        """The number the next ``schedule()`` call gives its step."""
+        return self._next_step
+
     def get_stats(self) -> SchedulerStats:
         return SchedulerStats(
             running_requests=len(self._queues.running),
             waiting_requests=len(self._queues.waiting),
             kv_usage=self.kv_cache_manager.usage,
-            output_placeholders=sum(r.num_output_placeholders for r in self._queues),
+            output_placeholders=self._num_placeholders,
             accepted_tokens=self._last_accepted,
             batch_tokens=self._last_batch_tokens,
             num_preemptions=self._num_preemptions,
@@ -412,6 +422,10 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Raise AssertionError if any book disagrees with another (debug; O(requests + blocks))."""
         self._queues.check(self.config.max_num_seqs)
+        total = sum(r.num_output_placeholders for r in self._queues)
+        assert self._num_placeholders == total, (
+            f"placeholder total {self._num_placeholders} != {total}"
+        )
         for request in self._queues:
             check_request_books(request, self.kv_cache_manager, self._in_flight)
         self.kv_cache_manager.check_consistency()

@@ -46,7 +46,7 @@ def _kept_reference(c: CaptureConfig, steps: range) -> tuple[list[int], dict[str
             dropped["range"] += 1
         else:
             first_kept = s if first_kept is None else first_kept
-            if (s - first_kept) % c.every:
+            if ((s - first_kept) // c.run_length) % c.every:
                 dropped["sampled"] += 1
             else:
                 kept.append(s)
@@ -59,10 +59,14 @@ CASES = [
     CaptureConfig(warmup_steps=3, include_warmup=True, every=5),
     CaptureConfig(first_step=10, end_step=50, every=4, warmup_steps=3),
     CaptureConfig(first_step=1, end_step=None, every=7, warmup_steps=2),
+    CaptureConfig(first_step=1, end_step=None, every=7, warmup_steps=2, run_length=1),
+    CaptureConfig(first_step=5, end_step=90, every=3, run_length=4),
 ]
 
 
-@pytest.mark.parametrize("config", CASES, ids=lambda c: f"{c.first_step}:{c.end_step}/{c.every}")
+@pytest.mark.parametrize(
+    "config", CASES, ids=lambda c: f"{c.first_step}:{c.end_step}/{c.every}x{c.run_length}"
+)
 def test_kept_steps_and_dropped_counts_are_exact(tmp_path: Path, config: CaptureConfig) -> None:
     steps = range(0, 100)
     path = tmp_path / "t.pftrace"
@@ -80,6 +84,7 @@ def test_kept_steps_and_dropped_counts_are_exact(tmp_path: Path, config: Capture
         assert meta.get(f"dropped_steps_{reason}", 0) == n
         assert meta.get(f"dropped_events_{reason}", 0) == n * EVENTS_PER_STEP
     assert meta["capture_every"] == config.every
+    assert meta["capture_run_length"] == (config.run_length if config.every > 1 else 0)
     assert len(frames.counters) == len(kept)
 
 

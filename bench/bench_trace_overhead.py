@@ -1,0 +1,386 @@
+"""What tracing costs: output throughput and host time per step, tracing off / on / on + requests.
+
+Runs one workload through ``stepscope run``'s code path (its argument parser, ``EngineConfig``,
+capture settings, ``Tracer`` and ``LLM``), one engine per mode built once, then alternates the
+modes round by round (``off``, ``--trace``, ``--trace --trace-requests``), after one warm-up run
+per mode. A timed run repeats the workload (fresh prompts each time: no prefix-cache hits) until
+it lasts ``--min-run-s``; every mode runs the same prompts. Per mode it prints the median output
+tok/s, the spread (min..max), the ratio to ``off``, and per engine step:
+
+* ``host us/step``: wall time of ``run_step`` minus the time blocked in ``wait_output`` (the
+  engine thread's own work; includes waiting for the GIL the tracer's flush thread holds);
+* ``median step``: the median over steps of that same host time (robust to steps preempted by
+  other processes on a shared machine);
+* ``cpu us/step``: process CPU time (all threads) per step.
+
+The tracer's added host time per step (``+host``, ``+med``) is a mode's value minus off's
+(medians over the rounds). ``--modes`` can add ``trace-thread`` / ``trace+requests-thread``: the
+same with ``--trace-writer thread`` (encoding on a thread of the engine's process).
+The output digest of every run must match (tracing changes no tokens).
+
+CPU (default, small model, short):
+    python bench/bench_trace_overhead.py --out /tmp/overhead.json
+H200 (the issue's workload):
+    python bench/bench_trace_overhead.py --device cuda --dtype bfloat16 \\
+        --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m \\
+        --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 \\
+        --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s 10 \\
+        --out bench/results/h200/trace_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.cli import build_parser, capture_from_args, config_from_args, tracer_from_args
+from engine.llm import LLM, outputs_digest
+from engine.workload import load_workload
+from instrument.tracer import Tracer, set_tracer
+
+MODES: dict[str, list[str]] = {
+    "off": [],
+    "trace": ["--trace", "{dir}/trace.pftrace"],
+    "trace+requests": ["--trace", "{dir}/trace_req.pftrace", "--trace-requests"],
+    # Not run by default: the encoding on a thread of the engine's process (the old writer).
+    "trace-thread": ["--trace", "{dir}/trace_thread.pftrace", "--trace-writer", "thread"],
+    "trace+requests-thread": [
+        "--trace", "{dir}/trace_req_thread.pftrace", "--trace-requests", "--trace-writer", "thread"
+    ],
+}  # fmt: skip
+DEFAULT_MODES = "off,trace,trace+requests"
+
+
+@dataclass
+class StepTimer:
+    """Wall time of ``run_step`` and of the ``wait_output`` inside it, summed over steps."""
+
+    steps: int = 0
+    step_ns: int = 0
+    wait_ns: int = 0
+    host_ns: list[int] = field(default_factory=list)  # per step: run_step minus its waits
+
+    def install(self, engine: Any) -> None:
+        run_step, wait = engine.run_step, engine._wait
+        clock = time.perf_counter_ns
+
+        def timed_step() -> Any:
+            start, wait0 = clock(), self.wait_ns
+            try:
+                return run_step()
+            finally:
+                took = clock() - start
+                self.step_ns += took
+                self.steps += 1
+                self.host_ns.append(took - (self.wait_ns - wait0))
+
+        def timed_wait(*args: Any) -> Any:
+            start = clock()
+            try:
+                return wait(*args)
+            finally:
+                self.wait_ns += clock() - start
+
+        engine.run_step, engine._wait = timed_step, timed_wait
+
+
+@dataclass
+class Mode:
+    name: str
+    llm: LLM
+    tracer: Tracer | None
+    timer: StepTimer = field(default_factory=StepTimer)
+    runs: list[dict[str, float]] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+
+
+def _engine_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["--workload", "synthetic:n=1", "--device", args.device, "--dtype", args.dtype]
+    argv += ["--model", args.model] if args.model else ["--model-config", args.model_config]
+    if args.random_weights:
+        argv.append("--random-weights")
+    if args.tokenizer:
+        argv += ["--tokenizer", args.tokenizer]
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
+        argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return argv + args.engine_args
+
+
+def build_mode(name: str, args: argparse.Namespace, trace_dir: str) -> Mode:
+    """The engine (and tracer) of one mode, made as ``stepscope run`` makes them."""
+    argv = _engine_argv(args) + [a.format(dir=trace_dir) for a in MODES[name]]
+    run_args = build_parser().parse_args(argv)
+    config = config_from_args(run_args)
+    tracer = None
+    if run_args.trace:
+        tracer = tracer_from_args(run_args, run_args.trace, capture_from_args(run_args))
+    set_tracer(tracer)
+    llm = LLM(config, tracer=tracer, trace_requests=run_args.trace_requests)
+    set_tracer(None)
+    mode = Mode(name, llm, tracer)
+    mode.timer.install(llm.engine)
+    return mode
+
+
+def workload(args: argparse.Namespace, seed: int) -> list[Any]:
+    spec = (
+        f"synthetic:n={args.num_requests},in={args.in_len}-{args.in_len},"
+        f"out={args.out_len}-{args.out_len},vocab={args.vocab},seed={seed}"
+    )
+    return [dataclasses.replace(w, id=f"s{seed}-{w.id}") for w in load_workload(spec)]
+
+
+def timed_run(mode: Mode, workloads: list[list[Any]]) -> dict[str, float]:
+    """Run the workloads back to back; throughput and per-step host/CPU time."""
+    timer = mode.timer
+    timer.steps = timer.step_ns = timer.wait_ns = 0
+    timer.host_ns = []
+    cpu0, start = time.process_time_ns(), time.perf_counter_ns()
+    outputs = []
+    for w in workloads:
+        outputs.extend(mode.llm.run_workload(w))
+    elapsed_ns = time.perf_counter_ns() - start
+    cpu_ns = time.process_time_ns() - cpu0
+    mode.digests.append(outputs_digest(outputs))
+    steps = max(timer.steps, 1)
+    return {
+        "elapsed_s": elapsed_ns / 1e9,
+        "output_tokens": sum(len(o.output_token_ids) for o in outputs),
+        "tok_s": sum(len(o.output_token_ids) for o in outputs) / (elapsed_ns / 1e9),
+        "steps": timer.steps,
+        "host_us_per_step": (timer.step_ns - timer.wait_ns) / steps / 1e3,
+        # The median step: robust to a step preempted by another process on a shared machine.
+        "host_us_median_step": statistics.median(timer.host_ns) / 1e3 if timer.host_ns else 0.0,
+        "wait_us_per_step": timer.wait_ns / steps / 1e3,
+        "cpu_us_per_step": cpu_ns / steps / 1e3,
+    }
+
+
+def _summary(runs: list[dict[str, float]], key: str) -> dict[str, float]:
+    values = [r[key] for r in runs]
+    med = statistics.median(values)
+    return {"median": med, "min": min(values), "max": max(values),
+            "spread": (max(values) - min(values)) / med if med else 0.0}  # fmt: skip
+
+
+def report(modes: list[Mode]) -> dict[str, Any]:
+    off = modes[0]
+    base_tok = statistics.median(r["tok_s"] for r in off.runs)
+    base_host = statistics.median(r["host_us_per_step"] for r in off.runs)
+    base_med = statistics.median(r["host_us_median_step"] for r in off.runs)
+    base_cpu = statistics.median(r["cpu_us_per_step"] for r in off.runs)
+    out: dict[str, Any] = {"modes": {}}
+    print(f"{'mode':<16} {'tok/s median':>12} {'min..max':>19} {'spread':>7} {'ratio':>6} "
+          f"{'host us/step':>12} {'+host':>7} {'median step':>11} {'+med':>7} "
+          f"{'cpu us/step':>11} {'+cpu':>7}")  # fmt: skip
+    for m in modes:
+        keys = ("tok_s", "host_us_per_step", "cpu_us_per_step", "host_us_median_step")
+        tok, host, cpu, med = (_summary(m.runs, k) for k in keys)
+        entry = {
+            "runs": m.runs, "tok_s": tok, "host_us_per_step": host, "cpu_us_per_step": cpu,
+            "ratio_to_off": tok["median"] / base_tok,
+            "added_host_us_per_step": host["median"] - base_host,
+            "host_us_median_step": med,
+            "added_host_us_median_step": med["median"] - base_med,
+            "added_cpu_us_per_step": cpu["median"] - base_cpu,
+            "digests": m.digests,
+        }  # fmt: skip
+        out["modes"][m.name] = entry
+        print(f"{m.name:<16} {tok['median']:>12.1f} {tok['min']:>9.1f}..{tok['max']:<9.1f} "
+              f"{tok['spread']:>7.3f} {entry['ratio_to_off']:>6.3f} {host['median']:>12.1f} "
+              f"{entry['added_host_us_per_step']:>+7.1f} {med['median']:>11.1f} "
+              f"{entry['added_host_us_median_step']:>+7.1f} {cpu['median']:>11.1f} "
+              f"{entry['added_cpu_us_per_step']:>+7.1f}")  # fmt: skip
+    # Each round runs the same prompts in every mode: its digests must all agree.
+    out["same_tokens"] = all(
+        len(set(round_)) == 1 for round_ in zip(*(m.digests for m in modes), strict=True)
+    )
+    print(f"same tokens in every run: {out['same_tokens']}")
+    return out
+
+
+class _HostEvent:
+    """A timing event stamped on the host when recorded (the micro benchmark has no device)."""
+
+    __slots__ = ("ns",)
+
+    def record(self, stream: Any = None) -> None:
+        self.ns = time.monotonic_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def host_ns(self) -> int:
+        return self.ns
+
+
+_STAGES = [("h2d_inputs", "copy"), ("input_prep", "compute"), ("forward", "compute"),
+           ("sample", "compute"), ("d2h_output", "copy")]  # fmt: skip
+
+
+def _micro_steps(tracer: Tracer, num_steps: int, finished_per_step: int) -> float:
+    """The tracer calls of ``num_steps`` engine steps (five CPU spans with the engine's args,
+    five device stages, the counters, and ``finished_per_step`` requests starting and ending
+    per step); returns host ns per step. Request bookkeeping runs whether tracing is on or not,
+    as in the engine."""
+    from engine.request_timeline import RequestTimeline
+    from instrument.device_timeline import DeviceTimeline
+    from instrument.schema import Counter
+
+    timeline = DeviceTimeline(tracer, 0, _HostEvent)
+    requests = RequestTimeline(tracer, write_tracks=True)
+    counters = [c.value for c in Counter]
+    rid = 0
+    start = time.perf_counter_ns()
+    for step in range(num_steps):
+        with tracer.span("schedule") as span:
+            span.set_args(step=step, num_reqs=256, num_tokens=256, num_prefill=0,
+                          num_decode=256, num_spec_tokens=0)  # fmt: skip
+        with tracer.span("prepare_inputs", step=step):
+            timeline.poll()
+        with tracer.span("launch", step=step, flow_out=(1 << 32) + step):
+            for name, lane in _STAGES:
+                with timeline.stage(name, step=step, lane=lane):
+                    pass
+        with tracer.span("wait_output", step=step, kind="sampled"):
+            pass
+        with tracer.span("update_from_output", step=step) as span:
+            for _ in range(finished_per_step):
+                req = f"r{rid}"
+                rid += 1
+                requests.arrived(req)
+                requests.scheduled([req])
+                requests.tokens(req, 128)
+                requests.finished(req)
+            span.set_args(num_accepted=0, num_rejected=0, num_finished=finished_per_step)
+        for name in counters:
+            tracer.counter(name, 0.5)
+    return (time.perf_counter_ns() - start) / num_steps
+
+
+def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> dict[str, Any]:
+    """CPU time per step the tracer adds, with no device and no model: the same step loop with
+    tracing off and on (per writer, without and with two finished requests per step), alternated
+    ``rounds`` times, minimum per configuration. ``engine_us``: CPU time of the looping (engine)
+    thread; ``process_us``: CPU time of the whole process until the tracer has closed (the
+    engine thread plus the flush thread: what competes for the GIL; a writer child process runs
+    on another core). CPU time, not wall time: other processes on a shared machine do not count."""
+    configs = [(f"off{'+requests' if fin else ''}", None, fin) for fin in (0, 2)] + [
+        (f"{w}{'+requests' if fin else ''}", w, fin) for w in writers for fin in (0, 2)
+    ]
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in configs}
+    for r in range(rounds):
+        for name, writer, finished in configs:
+            if writer is None:
+                tracer = Tracer(enabled=False)
+            else:
+                tracer = Tracer(os.path.join(trace_dir, f"micro_{name}_{r}.pftrace"), writer=writer)
+            thread0, process0 = time.thread_time_ns(), time.process_time_ns()
+            _micro_steps(tracer, num_steps, finished)
+            thread1 = time.thread_time_ns()
+            tracer.close()
+            process1 = time.process_time_ns()
+            times[name].append(((thread1 - thread0) / num_steps, (process1 - process0) / num_steps))
+    out: dict[str, Any] = {}
+    for name, _, finished in configs:
+        base = times[f"off{'+requests' if finished else ''}"]
+        out[name] = {
+            "engine_us_per_step": min(t[0] for t in times[name]) / 1e3,
+            "added_engine_us_per_step": (min(t[0] for t in times[name]) - min(b[0] for b in base)) / 1e3,
+            "added_process_us_per_step": (min(t[1] for t in times[name]) - min(b[1] for b in base)) / 1e3,
+        }  # fmt: skip
+    print(f"tracer CPU cost per step (no device; {num_steps} steps, min of {rounds}; "
+          "added engine-thread / whole-process us):")  # fmt: skip
+    for name, v in out.items():
+        if not name.startswith("off"):
+            print(f"    {name:<18} {v['added_engine_us_per_step']:+7.1f} / "
+                  f"{v['added_process_us_per_step']:+7.1f}")  # fmt: skip
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default=None)
+    p.add_argument("--model-config", default=None)
+    p.add_argument("--random-weights", action="store_true")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--in-len", type=int, default=16)
+    p.add_argument("--out-len", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=1000, help="prompt token ids below this")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--num-kv-blocks", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=3, help="timed runs per mode (alternated)")
+    p.add_argument("--min-run-s", type=float, default=2.0, help="each timed run lasts this long")
+    p.add_argument("--modes", default=DEFAULT_MODES, help="comma list of " + ",".join(MODES))
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--micro-steps", type=int, default=5000, help="steps of the no-device micro benchmark"
+    )
+    p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
+    args = p.parse_args(argv)
+    if (args.model is None) == (args.model_config is None):
+        args.model = "samples/models/pycoder-14m"
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    names = args.modes.split(",")
+    if names[0] != "off" or any(n not in MODES for n in names):
+        raise SystemExit(f"--modes must start with off and name only {list(MODES)}")
+    trace_dir = tempfile.mkdtemp(prefix="stepscope-overhead-")
+    micro_result = micro(["thread", "process"], args.micro_steps, 3, trace_dir)
+    modes = [build_mode(n, args, trace_dir) for n in names]
+    seeds = iter(range(1, 1 << 30))
+    # Warm-up: one workload per mode; it also sizes a timed run (workload repeats per run).
+    warm = workload(args, next(seeds))
+    warm_s = []
+    for m in modes:
+        start = time.perf_counter()
+        m.llm.run_workload(warm)
+        warm_s.append(time.perf_counter() - start)
+    repeats = max(1, -(-args.min_run_s // max(min(warm_s), 1e-3)))
+    print(f"warm-up {min(warm_s):.2f} s per workload: {int(repeats)} workload(s) per timed run")
+    for _ in range(args.rounds):
+        round_workloads = [workload(args, next(seeds)) for _ in range(int(repeats))]
+        for m in modes:
+            m.runs.append(timed_run(m, round_workloads))
+        _sync(args.device)
+    for m in modes:
+        m.llm.close()
+        if m.tracer is not None:
+            m.tracer.close()
+    if args.out:  # the raw runs first: a failing report loses nothing
+        with open(args.out, "w") as f:
+            json.dump({m.name: m.runs for m in modes}, f, indent=2)
+    result = report(modes)
+    result["micro"] = micro_result
+    result["config"] = vars(args) | {"repeats_per_run": int(repeats), "trace_dir": trace_dir}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
