@@ -87,10 +87,6 @@ def test_the_engine_command_is_a_valid_stepscope_run() -> None:
     command = engine_command(build_parser().parse_args([]), "kw.pftrace")
     assert command[1:4] == ["-m", "stepscope.cli", "run"]
     argv = command[4:]
-    parser = run_parser()
-    known = {o for a in parser._actions for o in a.option_strings}
-    if "--trace-kernels" not in known:  # the instrument half of issue 15 adds it
-        i = argv.index("--trace-kernels")
-        argv = argv[:i] + argv[i + 2 :]
-    config = config_from_args(parser.parse_args(argv))
+    config = config_from_args(run_parser().parse_args(argv))
+    assert config.trace_kernel_steps is not None
     assert config.max_num_seqs == 256
