@@ -82,6 +82,32 @@ def activity_kind(activity_type: str) -> str | None:
     return _ACTIVITIES.get(activity_type)
 
 
+_SYNC_ACTIVITIES = ("event sync", "stream sync", "context sync", "stream wait event")
+
+
+def kind_from_name(name: str) -> str | None:
+    """A device activity's kind from its CUPTI name (``Memcpy DtoH (Device -> Pinned)``,
+    ``Memset (Device)``; CUPTI's synchronization records are None; anything else a kernel)."""
+    lowered = name.lower()
+    if lowered.startswith(_SYNC_ACTIVITIES):
+        return None
+    if lowered.startswith("memcpy"):
+        return "memcpy"
+    if lowered.startswith("memset"):
+        return "memset"
+    return "kernel"
+
+
+def _event_kind(event: Any) -> str | None:
+    """``kernel`` / ``memcpy`` / ``memset`` of a Kineto event, None for host-side events.
+    Torch builds without ``activity_type()`` (2.11) are read by device type and name."""
+    if hasattr(event, "activity_type"):
+        return activity_kind(str(event.activity_type()))
+    if "cuda" not in str(event.device_type()).lower():
+        return None  # runtime calls and annotations sit on the CPU side
+    return kind_from_name(str(event.name()))
+
+
 def _distance(k: KernelRecord, s: StageSpan) -> int:
     mid = (k.start_ns + k.end_ns) // 2
     return max(s.start_ns - mid, mid - s.end_ns, 0)
@@ -242,7 +268,7 @@ class KernelWindow:
         """Kernel / memcpy / memset records on the Kineto clock, in start order."""
         out = []
         for e in self._prof.profiler.kineto_results.events():
-            kind = activity_kind(str(e.activity_type()))
+            kind = _event_kind(e)
             if kind is None:
                 continue
             start = int(e.start_ns())

@@ -9,7 +9,13 @@ import pytest
 
 from engine.cli import build_parser, config_from_args, run_main
 from engine.config import ConfigError, EngineConfig, resolve_features
-from instrument.kernel_window import KernelRecord, StageSpan, activity_kind, attribute_kernels
+from instrument.kernel_window import (
+    KernelRecord,
+    StageSpan,
+    activity_kind,
+    attribute_kernels,
+    kind_from_name,
+)
 
 MODEL = "samples/models/pycoder-14m"
 
@@ -116,3 +122,18 @@ def test_trace_kernels_flag_parses_into_the_config(tmp_path) -> None:
         ]
     )
     assert config_from_args(args).trace_kernel_steps == (3, 9)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("Memcpy DtoH (Device -> Pinned)", "memcpy"),
+        ("Memset (Device)", "memset"),
+        ("void at::native::vectorized_elementwise_kernel<4>", "kernel"),
+        ("_attention_decode_kernel", "kernel"),
+        ("Event Sync", None),
+        ("Stream Wait Event", None),
+    ],
+)
+def test_kind_from_name_for_torch_without_activity_type(name: str, kind: str | None) -> None:
+    assert kind_from_name(name) == kind
