@@ -16,6 +16,7 @@ import os
 
 from analysis.compare import Comparison, compare_reports
 from analysis.frames import TraceError, TraceFrames
+from analysis.headline import Headline
 from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
 from analysis.profiles import PROFILES, Profile, get_profile, load_profile_file
 from analysis.report import HEADLINE_KEYS, Report, build_report
@@ -34,6 +35,7 @@ __all__ = [
     "get_profile",
     "load_profile_file",
     "HEADLINE_KEYS",
+    "Headline",
 ]
 
 

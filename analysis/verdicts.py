@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ def _duration(us: float) -> str:
     return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
-def _grammar(headline: dict[str, Any]) -> str:
+def _grammar(headline: Mapping[str, Any]) -> str:
     """The grammar-work sentence (structured output), or "" when the trace has no grammar work."""
     mask_ms, wait_us = headline["grammar_mask_ms"], headline["grammar_wait_total_us"]
     parts = []
@@ -69,7 +70,7 @@ def _empty_window(window: dict[str, Any], frames: TraceFrames) -> str:
     )
 
 
-def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
+def verdicts(headline: Mapping[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
     """Sentences a person reads before any table."""
     out: list[str] = []
     if not headline["window"]["duration_ms"]:
