@@ -19,11 +19,18 @@ import numpy as np
 import pandas as pd
 
 from analysis.frames import ROLE_REQUEST, require_columns
-from instrument.schema import RequestSlice, parse_request_track_name
+from instrument.schema import (
+    MIN_TPOT_TOKENS,
+    Arg,
+    RequestSlice,
+    parse_request_track_name,
+    tpot_ms,
+    ttft_ms,
+)
 
 __all__ = ["LATENCY_COLUMNS", "request_latency", "percentiles", "NUM_OUTPUT_TOKENS_KEY"]
 
-NUM_OUTPUT_TOKENS_KEY = "num_output_tokens"  # proposed schema Arg
+NUM_OUTPUT_TOKENS_KEY = Arg.NUM_OUTPUT_TOKENS.value
 LATENCY_COLUMNS = {
     "request_id": "object",
     "arrival_ns": "int64",
@@ -62,12 +69,14 @@ def request_latency(slices: pd.DataFrame) -> pd.DataFrame:
         tokens = explicit.fillna(tokens)
     df["num_output_tokens"] = tokens.astype(np.int64)
     hidden = df["prefill_hidden"].to_numpy()
-    df["ttft_ms"] = np.where(hidden, np.nan, (df["first_token_ns"] - df["arrival_ns"]) / 1e6)
+    df["ttft_ms"] = np.where(hidden, np.nan, ttft_ms(df["arrival_ns"], df["first_token_ns"]))
     arrived = queued.reindex(df.index).fillna(False).to_numpy(bool) | ~hidden
     df["e2e_ms"] = np.where(arrived, (df["finish_ns"] - df["arrival_ns"]) / 1e6, np.nan)
-    gen = (df["finish_ns"] - df["first_token_ns"]) / 1e6
+    tokens = df["num_output_tokens"]
     df["tpot_ms"] = np.where(
-        (df["num_output_tokens"] > 1) & ~hidden, gen / (df["num_output_tokens"] - 1), np.nan
+        (tokens >= MIN_TPOT_TOKENS) & ~hidden,
+        tpot_ms(df["first_token_ns"], df["finish_ns"], tokens.clip(lower=MIN_TPOT_TOKENS)),
+        np.nan,
     )
     df = df.reset_index()
     return df[list(LATENCY_COLUMNS)].astype(LATENCY_COLUMNS)
