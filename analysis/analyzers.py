@@ -60,8 +60,9 @@ TABLE_ORDER = (
     "top_kernels",
 )
 _CAPTURE_PREFIXES = (
-    "capture_",
-    "dropped_",
+    "capture_",  # every CaptureArg setting
+    CaptureArg.DROPPED_STEPS_PREFIX.value,
+    CaptureArg.DROPPED_EVENTS_PREFIX.value,
     CaptureArg.STEPS_SEEN.value,
     CaptureArg.STEPS_KEPT.value,
     "ring_",

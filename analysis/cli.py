@@ -12,6 +12,7 @@ from analysis import Report, TraceError, analyze_trace, compare_reports
 from analysis.jsonout import dump_json
 from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.rank_cli import is_rank_set, rank_analyze_main
+from instrument.schema import CaptureArg
 
 __all__ = ["analyze_main", "compare_main"]
 
@@ -90,10 +91,16 @@ def _print_report(report: Report) -> None:
     for note in report.frames.metadata.get("notes", []):
         print(f"  note: {note}")
     capture = report.extra.get("capture", {})
-    dropped = {k: v for k, v in capture.items() if k.startswith("dropped_steps_") and v}
+    dropped = {
+        k: v
+        for k, v in capture.items()
+        if k.startswith(CaptureArg.DROPPED_STEPS_PREFIX.value) and v
+    }
     if capture.get("sampled") or dropped:
         sampled = (
-            f"one step in {capture.get('capture_every', 1)} kept; " if capture["sampled"] else ""
+            f"one step in {capture.get(CaptureArg.EVERY.value, 1)} kept; "
+            if capture["sampled"]
+            else ""
         )
         print(f"  capture: {sampled}steps left out of the trace {dropped or 'none'}")
     for name in _SHOWN_TABLES:

@@ -26,7 +26,7 @@ __all__ = [
 
 # Proposed schema key (not yet in instrument.schema.Arg): an arg of ``trace_metadata`` (or any
 # process instant) holding a digest of every request's output tokens, for A/B output agreement.
-OUTPUT_DIGEST_KEY = "output_digest"
+OUTPUT_DIGEST_KEY = Arg.OUTPUT_DIGEST.value
 _CORE = {"track_id", "track", "scope", "name", "ts_ns"}
 
 

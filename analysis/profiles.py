@@ -153,6 +153,7 @@ class Profile:
 
 
 _R = NameRule
+_S = CpuSlice  # canonical names (docs/design.md §4.2) the rules map onto
 # Python-stack names as torch.profiler's with_stack writes them: "<path>(<line>): <function>".
 _VLLM = r"vllm/v1/"
 _VLLM_RUNNER = _VLLM + r"worker/gpu_model_runner\.py\(\d+\): "
@@ -163,37 +164,42 @@ PROFILES: dict[str, Profile] = {
         "vllm",
         rules=(
             # VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 names.
-            _R(r"^core step[\w ]*: schedul", "schedule"),
-            _R(r"^gpu_model_runner: preprocess$", "prepare_inputs"),
-            _R(r"^gpu_model_runner: (forward|sample|draft|propose)", "launch"),
-            _R(r"^gpu_model_runner: (postprocess|bookkeep)", "update_from_output"),
-            _R(r"^core step[\w ]*: (update_from_output|process_output)", "update_from_output"),
+            _R(r"^core step[\w ]*: schedul", _S.SCHEDULE.value),
+            _R(r"^gpu_model_runner: preprocess$", _S.PREPARE_INPUTS.value),
+            _R(r"^gpu_model_runner: (forward|sample|draft|propose)", _S.LAUNCH.value),
+            _R(r"^gpu_model_runner: (postprocess|bookkeep)", _S.UPDATE_FROM_OUTPUT.value),
             _R(
-                r"^core step[\w ]*: (get_output|wait|future)", "wait_output", WaitKind.SAMPLED.value
+                r"^core step[\w ]*: (update_from_output|process_output)",
+                _S.UPDATE_FROM_OUTPUT.value,
             ),
-            _R(r"^structured_output: ", "grammar_mask"),
+            _R(
+                r"^core step[\w ]*: (get_output|wait|future)",
+                _S.WAIT_OUTPUT.value,
+                WaitKind.SAMPLED.value,
+            ),
+            _R(r"^structured_output: ", _S.GRAMMAR_MASK.value),
             # Default traces (with_stack=True): function names.
-            _R(_VLLM + r"core/sched/\w*scheduler\.py\(\d+\): schedule$", "schedule"),
-            _R(_VLLM_RUNNER + r"(_update_states|_prepare_inputs)$", "prepare_inputs"),
+            _R(_VLLM + r"core/sched/\w*scheduler\.py\(\d+\): schedule$", _S.SCHEDULE.value),
+            _R(_VLLM_RUNNER + r"(_update_states|_prepare_inputs)$", _S.PREPARE_INPUTS.value),
             _R(
                 _VLLM_RUNNER + r"_get_valid_sampled_token_count$",
-                "wait_output",
+                _S.WAIT_OUTPUT.value,
                 WaitKind.ACCEPTED_COUNT.value,
             ),
             _R(
                 _VLLM_RUNNER + r"(_model_forward|_sample|sample_tokens|propose_draft_token_ids)$",
-                "launch",
+                _S.LAUNCH.value,
             ),
-            _R(_VLLM + r"sample/(rejection_)?sampler\.py\(\d+\): forward$", "launch"),
-            _R(_VLLM_RUNNER + r"_bookkeeping_sync$", "update_from_output"),
+            _R(_VLLM + r"sample/(rejection_)?sampler\.py\(\d+\): forward$", _S.LAUNCH.value),
+            _R(_VLLM_RUNNER + r"_bookkeeping_sync$", _S.UPDATE_FROM_OUTPUT.value),
             _R(
                 _VLLM + r"core/sched/\w*scheduler\.py\(\d+\): update_from_output$",
-                "update_from_output",
+                _S.UPDATE_FROM_OUTPUT.value,
             ),
             _R(
                 _VLLM
                 + r"structured_output/[\w/]*\.py\(\d+\): (grammar_bitmask|apply_grammar_bitmask)$",
-                "grammar_mask",
+                _S.GRAMMAR_MASK.value,
             ),
         ),
         step_pattern=r"^ProfilerStep#(\d+)$",
@@ -205,23 +211,29 @@ PROFILES: dict[str, Profile] = {
     "sglang": Profile(
         "sglang",
         rules=(
-            _R(_SGL + r"managers/scheduler\.py\(\d+\): get_next_batch_to_run$", "schedule"),
+            _R(_SGL + r"managers/scheduler\.py\(\d+\): get_next_batch_to_run$", _S.SCHEDULE.value),
             _R(
                 _SGL + r"managers/schedule_batch\.py\(\d+\): "
                 r"(prepare_for_extend|prepare_for_decode|get_model_worker_batch)$",
-                "prepare_inputs",
+                _S.PREPARE_INPUTS.value,
             ),
-            _R(_SGL + r"model_executor/forward_batch_info\.py\(\d+\): init_new$", "prepare_inputs"),
-            _R(_SGL + r"managers/scheduler\.py\(\d+\): run_batch$", "launch"),
-            _R(_SGL + r"managers/tp_worker\w*\.py\(\d+\): forward_batch_generation$", "launch"),
+            _R(
+                _SGL + r"model_executor/forward_batch_info\.py\(\d+\): init_new$",
+                _S.PREPARE_INPUTS.value,
+            ),
+            _R(_SGL + r"managers/scheduler\.py\(\d+\): run_batch$", _S.LAUNCH.value),
+            _R(
+                _SGL + r"managers/tp_worker\w*\.py\(\d+\): forward_batch_generation$",
+                _S.LAUNCH.value,
+            ),
             _R(
                 _SGL
                 + r"managers/scheduler\w*\.py\(\d+\): process_batch_result(_decode|_prefill)?$",
-                "update_from_output",
+                _S.UPDATE_FROM_OUTPUT.value,
             ),
             _R(
                 _SGL + r"managers/\w+\.py\(\d+\): resolve_(last_)?batch_result$",
-                "wait_output",
+                _S.WAIT_OUTPUT.value,
                 WaitKind.SAMPLED.value,
             ),
             # Only the grammar backend's mask work: sampling_batch_info's update_regex_vocab_mask
@@ -229,7 +241,7 @@ PROFILES: dict[str, Profile] = {
             _R(
                 _SGL + r"constrained/\w+\.py\(\d+\): "
                 r"(allocate_vocab_mask|fill_vocab_mask|move_vocab_mask|apply_vocab_mask)$",
-                "grammar_mask",
+                _S.GRAMMAR_MASK.value,
             ),
         ),
         step_pattern=r"^ProfilerStep#(\d+)$",

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from analysis.frames import ROLE_COMPUTE, TraceFrames
+from instrument.schema import Arg
 
 __all__ = ["verdicts", "pct"]
 
@@ -131,7 +132,7 @@ def verdicts(headline: Mapping[str, Any], frames: TraceFrames, extra: dict[str, 
             f"{hidden} request(s) prefilled in steps left out of the trace (warm-up, step range "
             "or sampling): counted, but without TTFT/TPOT (use --trace-warmup to see them)."
         )
-    interrupted = frames.metadata.get("interrupted")
+    interrupted = frames.metadata.get(Arg.INTERRUPTED.value)
     if interrupted:
         out.append(
             f"The run was interrupted by {interrupted}: requests in flight were aborted and "
