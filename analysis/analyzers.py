@@ -61,8 +61,7 @@ TABLE_ORDER = (
 )
 _CAPTURE_PREFIXES = (
     "capture_",  # every CaptureArg setting
-    CaptureArg.DROPPED_STEPS_PREFIX.value,
-    CaptureArg.DROPPED_EVENTS_PREFIX.value,
+    "dropped_",  # CaptureArg.DROPPED_*_PREFIX and the tracer's own dropped_<what> counts
     CaptureArg.STEPS_SEEN.value,
     CaptureArg.STEPS_KEPT.value,
     "ring_",
