@@ -92,7 +92,7 @@ class Pass:
     idle: Union = _NO_IDLE  # B's complement inside the runs
     # overlap
     paired: pd.DataFrame = field(default_factory=pd.DataFrame)
-    overlap: float | None = None
+    overlap: float = float("nan")  # NaN without scheduling slices (§5.3)
     # bubbles
     bubbles: pd.DataFrame = field(default_factory=pd.DataFrame)
     idle_ns: int = 0

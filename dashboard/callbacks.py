@@ -245,9 +245,8 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
             return empty_figure("this trace could not be loaded"), None
         if loaded is None:
             return empty_figure(_RANK_SET_TAB), None
-        return steps_figure(loaded.report, tuple(step_range) if step_range else None), {
-            "ref": ref_id
-        }
+        lo_hi = (int(step_range[0]), int(step_range[1])) if step_range else None
+        return steps_figure(loaded.report, lo_hi), {"ref": ref_id}
 
     @app.callback(
         Output(IDS.COMPARE_BODY, "children"),
