@@ -11,6 +11,7 @@ import pandas as pd
 from analysis import Report, TraceError, analyze_trace, compare_reports
 from analysis.jsonout import dump_json
 from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
+from analysis.metrics_registry import METRICS
 from analysis.rank_cli import is_rank_set, rank_analyze_main
 from instrument.schema import CaptureArg
 
@@ -77,6 +78,24 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _print_headline(report: Report) -> None:
+    """The headline's numbers with their registry labels and units; warn/bad marked."""
+    h = report.headline
+    print("headline:")
+    for m in METRICS:
+        value = h[m.key]
+        if isinstance(value, dict) and isinstance(value.get("p50"), (int, float)):
+            value = value["p50"]  # percentiles: the median
+            label = f"{m.label} p50"
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            label = m.label
+        else:
+            continue
+        tone = m.tone(h)
+        mark = f"  ({tone})" if tone in ("warn", "bad") else ""
+        print(f"  {label:<30} {m.show(value)}{mark}")
+
+
 def _print_report(report: Report) -> None:
     for line in report.verdicts:
         print(f"* {line}")
@@ -90,6 +109,7 @@ def _print_report(report: Report) -> None:
         print(f"  note: {w['note']}")
     for note in report.frames.metadata.get("notes", []):
         print(f"  note: {note}")
+    _print_headline(report)
     capture = report.extra.get("capture", {})
     dropped = {
         k: v

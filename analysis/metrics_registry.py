@@ -187,7 +187,6 @@ METRICS: tuple[Metric, ...] = (
         warn=0.0,
         bad=0.1,
         relative_to="wait_accepted_total_us",
-        show_unit="µs/step",
         digits=2,
     ),
     _M(

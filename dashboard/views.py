@@ -80,7 +80,7 @@ def _cards(report: Report) -> list[Card]:
             "wait_accepted_exposed_us",
             metric("wait_accepted_exposed_us").label,
             exposed,
-            metric("wait_accepted_exposed_us").show(exposed / steps),
+            metric("wait_accepted_exposed_us").show(exposed / steps) + "/step",
             f"{fmt_num(exposed, 'µs')} exposed of {fmt_num(h['wait_accepted_total_us'], 'µs')} "
             f"(hidden {fmt_num(h['wait_accepted_hidden_us'], 'µs')})",
             metric("wait_accepted_exposed_us").tone(h),
