@@ -246,7 +246,8 @@ METRICS: tuple[Metric, ...] = (
         "silent fallbacks",
         "record",
         "Features that ended up off without the user seeing why: requested True resolved "
-        "False with no reason, or auto (None) resolved False.",
+        "False with no reason, or auto (None) resolved False with the reason not shown to the "
+        "user.",
         "§5.7",
         "lower",
         bad=0.0,
@@ -255,8 +256,9 @@ METRICS: tuple[Metric, ...] = (
         "ineffective",
         "ineffective features",
         "record",
-        "Async features that are on but hide less than the profile's ineffective_overlap of "
-        "CPU scheduling.",
+        "The async feature (the profile's async_features) resolved on while overlap is below the "
+        "profile's ineffective_overlap (default 0.5): rows of feature, overlap, threshold and "
+        "top_blocker (the top blame).",
         "§5.7",
         "lower",
         bad=0.0,
