@@ -15,24 +15,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.bubbles import BUBBLE_COLUMNS, blame_bubbles, blame_table
-from analysis.decisions import ineffective_features, silent_fallbacks
 from analysis.frames import ROLE_COPY, TraceFrames
-from analysis.grammar import grammar_by_step, grammar_headline
 from analysis.intervals import Union, measure, union
-from analysis.kernel_window import busy_with_kernels
-from analysis.kernels import kernel_breakdown, kernel_slices
-from analysis.latency import percentiles, request_latency
 from analysis.lead_report import lead_section
-from analysis.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
-from analysis.phases import phase_table
-from analysis.profiles import Profile
+from analysis.loading.profiles import Profile
+from analysis.metrics.bubbles import BUBBLE_COLUMNS, blame_bubbles, blame_table
+from analysis.metrics.decisions import ineffective_features, silent_fallbacks
+from analysis.metrics.grammar import grammar_by_step, grammar_headline
+from analysis.metrics.kernel_window import busy_with_kernels
+from analysis.metrics.kernels import kernel_breakdown, kernel_slices
+from analysis.metrics.latency import percentiles, request_latency
+from analysis.metrics.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
+from analysis.metrics.phases import phase_table
+from analysis.metrics.runs import clip_to_runs, idle_in_runs, measured_ns, run_spans
+from analysis.metrics.steps import step_table
+from analysis.metrics.syncs import hot_sync_count, sync_summary
+from analysis.metrics.waits import accepted_wait_by_step
+from analysis.metrics.window import Window, device_busy, select_window
 from analysis.records import clean, records
-from analysis.runs import clip_to_runs, idle_in_runs, measured_ns, run_spans
-from analysis.steps import step_table
-from analysis.syncs import hot_sync_count, sync_summary
-from analysis.waits import accepted_wait_by_step
-from analysis.window import Window, device_busy, select_window
 from instrument.schema import CaptureArg
 
 __all__ = ["Pass", "ANALYZERS", "TABLE_ORDER", "MAX_HEADLINE_BUBBLES"]

@@ -10,9 +10,9 @@ import pandas as pd
 
 from analysis import Report, TraceError, analyze_trace, compare_reports
 from analysis.jsonout import dump_json
-from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
+from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.metrics_registry import METRICS
-from analysis.rank_cli import is_rank_set, rank_analyze_main
+from analysis.ranks.cli import is_rank_set, rank_analyze_main
 from instrument.schema import CaptureArg
 
 __all__ = ["analyze_main", "compare_main"]
@@ -147,7 +147,7 @@ def analyze_main(argv: list[str]) -> int:
     )
     _common(parser)
     args = parser.parse_args(argv)
-    if is_rank_set(args.trace):  # tensor parallel: analysis.rank_cli
+    if is_rank_set(args.trace):  # tensor parallel: analysis.ranks.cli
         return rank_analyze_main(args)
     args.trace = args.trace[0]
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.derive import OUTPUT_DIGEST_KEY
+from analysis.loading.derive import OUTPUT_DIGEST_KEY
 from analysis.metrics_registry import COMPARED
 from analysis.report import Report
 

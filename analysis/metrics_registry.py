@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from analysis.lead import STARVED_LEAD_NS
+from analysis.metrics.lead import STARVED_LEAD_NS
 
 __all__ = [
     "Metric",

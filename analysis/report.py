@@ -10,12 +10,12 @@ import pandas as pd
 from analysis.analyzers import ANALYZERS, MAX_HEADLINE_BUBBLES, TABLE_ORDER, Pass
 from analysis.frames import TraceFrames
 from analysis.headline import HEADLINE_KEYS, Headline
-from analysis.profiles import Profile, get_profile
+from analysis.loading.profiles import Profile, get_profile
+from analysis.metrics.runs import runs_verdict
+from analysis.metrics.window import WINDOW_STEADY
 from analysis.records import clean as _clean
 from analysis.records import records as _records
-from analysis.runs import runs_verdict
 from analysis.verdicts import verdicts
-from analysis.window import WINDOW_STEADY
 
 __all__ = ["Report", "build_report", "HEADLINE_KEYS", "Headline", "MAX_HEADLINE_BUBBLES"]
 
@@ -27,10 +27,10 @@ class Report:
     ``headline``: the frozen :class:`~analysis.headline.Headline` (docs/design.md §5.11 names;
     labels, units and thresholds in ``analysis.metrics_registry``); ``verdicts``: plain
     sentences, most important first; ``tables``: ``steps``, ``overlap``, ``bubbles``, ``blame``,
-    ``waits``, ``grammar`` (``analysis.grammar.grammar_by_step``), ``syncs``, ``decisions``,
-    ``silent_fallbacks``, ``ineffective``, ``latency``, ``runs`` (``analysis.runs``),
+    ``waits``, ``grammar`` (``analysis.metrics.grammar.grammar_by_step``), ``syncs``, ``decisions``,
+    ``silent_fallbacks``, ``ineffective``, ``latency``, ``runs`` (``analysis.metrics.runs``),
     ``stage_lead``, ``starved``, ``starvation`` and ``fill`` (``analysis.lead_report``),
-    ``kernel_types`` and ``top_kernels`` (``analysis.kernels.kernel_breakdown`` over the window)
+    ``kernel_types`` and ``top_kernels`` (``analysis.metrics.kernels.kernel_breakdown`` over the window)
     frames;
     ``frames``: the loaded trace; ``extra``: secondary numbers (throughput, step time, e2e).
     """
@@ -62,7 +62,7 @@ def build_report(
     window: str = WINDOW_STEADY,
 ) -> Report:
     """Compute every metric of docs/design.md §5 on loaded frames, over ``window`` (``steady``,
-    ``all`` or ``A:B``; see ``analysis.window.select_window``): the analyzers of
+    ``all`` or ``A:B``; see ``analysis.metrics.window.select_window``): the analyzers of
     ``analysis.analyzers.ANALYZERS`` in order, then the verdicts."""
     prof = get_profile(profile or frames.metadata.get("profile", "stepscope"))
     p = Pass(frames, prof, skip_steps, window)

@@ -3,7 +3,7 @@
 The engine's writer and the analysis reader both import this module; nothing else spells these
 names. Extend it (bump ``SCHEMA_VERSION`` when a reader would misread an old trace); never rename.
 
-Encoding in Perfetto protobuf (what ``analysis.load_perfetto`` relies on):
+Encoding in Perfetto protobuf (what ``analysis.loading.load_perfetto`` relies on):
 
 * one process track (``ProcessDescriptor``, name ``PROCESS_NAME``) holds process-scoped instants
   (``feature_decision``, ``engine_config``, ``trace_metadata``) and the counters (one counter track
@@ -300,7 +300,7 @@ def parse_request_track_name(name: str) -> str | None:
 
 # Request latency from a request track's timestamps (docs/design.md §5.9). The definition lives
 # with the track it reads so that the writer's run summary (engine/request_timeline.py) and the
-# reader (analysis/latency.py) compute the same numbers; plain arithmetic, so it takes Python
+# reader (analysis/metrics/latency.py) compute the same numbers; plain arithmetic, so it takes Python
 # numbers or numpy/pandas arrays alike. arrival = start of the first slice (``queued``); first
 # token = end of the last ``prefill``; finish = end of the last slice (``decode``).
 MIN_TPOT_TOKENS = 2  # TPOT is the time per token after the first: undefined below two tokens

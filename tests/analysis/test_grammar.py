@@ -1,4 +1,4 @@
-"""Grammar work under device work (analysis.grammar): hand-worked and random synthetic traces
+"""Grammar work under device work (analysis.metrics.grammar): hand-worked and random synthetic traces
 checked against a brute-force interval computation, a Kineto trace, and absent grammar work."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis import HEADLINE_KEYS, analyze_trace
-from analysis.grammar import GRAMMAR_COLUMNS, GRAMMAR_HEADLINE_KEYS, grammar_by_step
+from analysis.metrics.grammar import GRAMMAR_COLUMNS, GRAMMAR_HEADLINE_KEYS, grammar_by_step
 from tests.analysis.test_metrics import _blocked
 from tests.analysis.tracegen import TraceSpec, write
 

@@ -13,7 +13,7 @@ import pytest
 
 from analysis import analyze_trace, load_trace
 from analysis.cli import analyze_main
-from analysis.kernels import kernel_breakdown, kernel_slices
+from analysis.metrics.kernels import kernel_breakdown, kernel_slices
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 REAL_TRACES = sorted(REAL.rglob("*.json.gz"))

@@ -15,9 +15,9 @@ import pytest
 from analysis import analyze_frames, load_trace
 from analysis.cli import analyze_main
 from analysis.frames import TraceError
-from analysis.kineto_decode import decode_kineto
-from analysis.load import gunzip_bounded
-from analysis.rank_report import analyze_ranks
+from analysis.loading.kineto_decode import decode_kineto
+from analysis.loading.load import gunzip_bounded
+from analysis.ranks.report import analyze_ranks
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 REAL_TRACES = sorted(REAL.rglob("*.json.gz"))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from analysis import analyze_trace
-from analysis.lead import STARVED_LEAD_NS
+from analysis.metrics.lead import STARVED_LEAD_NS
 from tests.analysis.tracegen import TraceSpec, write
 
 US = 1_000

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis import analyze_trace
-from analysis.phases import step_phase
+from analysis.metrics.phases import step_phase
 from tests.analysis.tracegen import TraceSpec, write
 
 US = 1_000

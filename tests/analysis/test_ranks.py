@@ -8,9 +8,9 @@ import pytest
 
 from analysis.cli import analyze_main
 from analysis.frames import TraceError
-from analysis.rank_cli import is_rank_set
-from analysis.rank_report import analyze_ranks
-from analysis.ranks import load_rank_set, rank_trace_files
+from analysis.ranks.cli import is_rank_set
+from analysis.ranks.rank_set import load_rank_set, rank_trace_files
+from analysis.ranks.report import analyze_ranks
 from tests.analysis.tracegen import TraceSpec, write
 
 US = 1_000

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis.decisions import silent_fallbacks
-from analysis.derive import parse_requested
+from analysis.loading.derive import parse_requested
+from analysis.metrics.decisions import silent_fallbacks
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis import TraceError, analyze_trace
-from analysis.steady import SteadyRule, stable_steps, steady_range
+from analysis.metrics.steady import SteadyRule, stable_steps, steady_range
 from tests.analysis.tracegen import TraceSpec, write
 
 MS = 1_000_000

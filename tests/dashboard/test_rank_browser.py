@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.rank_report import analyze_ranks
+from analysis.ranks.report import analyze_ranks
 from tests.dashboard.conftest import TraceSet, screenshot
 from tests.dashboard.test_browser import choose, graph_data
 

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from analysis import TraceError
-from analysis.rank_report import RankReport, analyze_ranks
+from analysis.ranks.report import RankReport, analyze_ranks
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
 from dashboard.paths import UnsafePathError
-from dashboard.rank_callbacks import picker_options, trace_options
-from dashboard.rank_figures import collective_wait_figure, straggler_figure
-from dashboard.rank_sets import LoadedRankSet, RankSetRef, find_rank_sets
-from dashboard.rank_view import RANK_COLUMNS, rank_columns, rank_overview, rank_rows
+from dashboard.ranks.callbacks import picker_options, trace_options
+from dashboard.ranks.figures import collective_wait_figure, straggler_figure
+from dashboard.ranks.sets import LoadedRankSet, RankSetRef, find_rank_sets
+from dashboard.ranks.view import RANK_COLUMNS, rank_columns, rank_overview, rank_rows
 from dashboard.store import TraceRef, TraceStore
 from tests.dashboard.conftest import TraceSet
 from tests.dashboard.trace_factory import TraceRecipe, write_engine_trace

@@ -31,13 +31,13 @@ def test_committed_books_tokens_then_finishes() -> None:
 
 
 def test_run_summary_latency_is_the_analysis_latency(tmp_path) -> None:
-    """The run summary's TTFT/TPOT and ``analysis.latency`` read the same requests the same way
+    """The run summary's TTFT/TPOT and ``analysis.metrics.latency`` read the same requests the same way
     (one definition, ``instrument.schema.ttft_ms`` / ``tpot_ms``, docs/design.md §5.9): per
     request from the timeline, and as percentiles from the trace it wrote."""
     import numpy as np
 
     from analysis import load_trace
-    from analysis.latency import request_latency
+    from analysis.metrics.latency import request_latency
 
     path = tmp_path / "requests.pftrace"
     tracer = Tracer(path)

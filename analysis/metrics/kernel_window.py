@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.frames import ROLE_COMPUTE, ROLE_KERNEL, require_columns
 from analysis.intervals import Union, complement, intersect, intersect_measure, union
-from analysis.runs import kept_runs
+from analysis.metrics.runs import kept_runs
 from instrument.schema import Arg
 
 ACTIVITY_MEMCPY = "memcpy"

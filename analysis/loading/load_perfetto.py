@@ -12,14 +12,6 @@ import numpy as np
 import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from analysis.build import pair_begin_end, pivot_args
-from analysis.derive import (
-    OUTPUT_DIGEST_KEY,
-    decisions_from_instants,
-    flows_from_mentions,
-    instant_args,
-    syncs_from_instants,
-)
 from analysis.frames import (
     COUNTER_COLUMNS,
     INSTANT_COLUMNS,
@@ -35,9 +27,17 @@ from analysis.frames import (
     categorical_from_codes,
     categorize,
 )
-from analysis.perfetto_events import PacketEvents, decode_events
-from analysis.profiles import Profile, get_profile
-from analysis.wire import WireError, padded, split_outer_packets
+from analysis.loading.build import pair_begin_end, pivot_args
+from analysis.loading.derive import (
+    OUTPUT_DIGEST_KEY,
+    decisions_from_instants,
+    flows_from_mentions,
+    instant_args,
+    syncs_from_instants,
+)
+from analysis.loading.perfetto_events import PacketEvents, decode_events
+from analysis.loading.profiles import Profile, get_profile
+from analysis.loading.wire import WireError, padded, split_outer_packets
 from instrument.schema import (
     DEVICE_COMPUTE,
     DEVICE_COPY,

@@ -9,7 +9,7 @@ import pandas as pd
 
 from analysis.frames import ROLE_COMPUTE, ROLE_COPY, SLICE_COLUMNS, TraceError, require_columns
 from analysis.intervals import Union, union, unique_sorted
-from analysis.steady import steady_range
+from analysis.metrics.steady import steady_range
 
 __all__ = ["Window", "select_window", "device_busy", "parse_window", "WINDOW_ALL", "WINDOW_STEADY"]
 
@@ -135,7 +135,7 @@ def select_window(
 
     ``window``: ``all`` (steps below ``min(step) + skip_steps`` are warm-up, skipped only when
     ``MIN_STEPS_AFTER_SKIP`` steps remain and the device work is not all in them; the note
-    says so), ``steady`` (the rule of ``analysis.steady``,
+    says so), ``steady`` (the rule of ``analysis.metrics.steady``,
     on ``step_table`` = ``step_table(slices)``; falls back to ``all`` with a note) or ``A:B``.
     Slices without a step are kept when they lie inside the window's time span. With no steps at
     all the whole trace is the window. Returns a frame with the input's columns.

@@ -14,10 +14,10 @@ import numpy as np
 from dash import dash_table, dcc, html
 from dash.dash_table.Format import Format, Group, Scheme
 
-from analysis.rank_report import RankReport
+from analysis.ranks.report import RankReport
 from dashboard.layout import IDS, TABLE_STYLE
-from dashboard.rank_figures import collective_wait_figure, straggler_figure
-from dashboard.rank_sets import LoadedRankSet, RankSetRef, rank_set_label
+from dashboard.ranks.figures import collective_wait_figure, straggler_figure
+from dashboard.ranks.sets import LoadedRankSet, RankSetRef, rank_set_label
 from dashboard.store import TraceRef
 from dashboard.views import DEFINITIONS
 

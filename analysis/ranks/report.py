@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.intervals import intersect_measure, union
-from analysis.latency import percentiles
-from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
-from analysis.ranks import (
+from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB
+from analysis.metrics.latency import percentiles
+from analysis.ranks.rank_set import (
     RankSet,
     collective_table,
     forward_table,
@@ -31,7 +31,7 @@ __all__ = ["RankReport", "analyze_ranks", "rank_summary"]
 @dataclass
 class RankReport:
     """``reports``: each rank's own :class:`Report`; ``tables``: ``ranks`` (one row per rank, see
-    :func:`rank_summary`), ``stragglers`` and ``collectives`` (``analysis.ranks``) over rank 0's
+    :func:`rank_summary`), ``stragglers`` and ``collectives`` (``analysis.ranks.rank_set``) over rank 0's
     window; ``headline``: ``world_size``, ``overlap`` / ``bubble_ratio`` / ``all_reduce_wait_us``
     by rank, ``straggler_share`` by rank, ``end_spread_us`` percentiles, ``window``."""
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.frames import ROLE_COMPUTE, ROLE_KERNEL, TraceError, TraceFrames, require_columns
-from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
+from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
 from instrument.schema import Arg, DeviceSlice, ParallelSlice, parse_rank_trace_path
 
 __all__ = [

@@ -14,8 +14,8 @@ from dash import ALL, Dash, Input, Output, State, ctx, no_update
 
 from dashboard.config import DashboardConfig
 from dashboard.layout import IDS
-from dashboard.rank_sets import RankSetRef, is_rank_set_id, rank_set_label
-from dashboard.rank_view import rank_overview, rank_set_link
+from dashboard.ranks.sets import RankSetRef, is_rank_set_id, rank_set_label
+from dashboard.ranks.view import rank_overview, rank_set_link
 from dashboard.store import LoadedTrace, TraceRef, TraceStore
 from dashboard.views import silent_row_style, trace_actions
 

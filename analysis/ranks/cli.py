@@ -11,7 +11,7 @@ import pandas as pd
 
 from analysis.frames import TraceError
 from analysis.jsonout import dump_json
-from analysis.rank_report import RankReport, analyze_ranks
+from analysis.ranks.report import RankReport, analyze_ranks
 
 __all__ = ["is_rank_set", "rank_analyze_main", "print_rank_report"]
 

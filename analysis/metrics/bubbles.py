@@ -26,7 +26,6 @@ import re
 import numpy as np
 import pandas as pd
 
-from analysis.build import nesting_depth
 from analysis.frames import ROLE_COMPUTE, ROLE_COPY, ROLE_CPU, require_columns
 from analysis.intervals import (
     Union,
@@ -37,6 +36,7 @@ from analysis.intervals import (
     union,
     unique_sorted,
 )
+from analysis.loading.build import nesting_depth
 from instrument.schema import CpuSlice
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Figures of a rank set: the straggler rank and forward spread per step, and the all-reduce wait
 per rank and step as a heat map.
 
-Every number plotted is a column of a :class:`~analysis.rank_report.RankReport` table
+Every number plotted is a column of a :class:`~analysis.ranks.report.RankReport` table
 (``stragglers``, ``collectives``), scaled to µs; long runs are thinned for the browser the way
 the per-step charts are (min/max per bucket, max per column bucket in the heat map, so spikes
 survive).
@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.rank_report import RankReport
+from analysis.ranks.report import RankReport
 from dashboard.figures import MAX_POINTS, decimate_minmax, note_no_data
 from dashboard.theme import GRID, IDLE, base_layout
 

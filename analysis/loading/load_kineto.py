@@ -20,7 +20,7 @@ Mapping onto the stepscope contract:
   else from consecutive ``schedule`` ranges; a kernel takes its launch's step.
 Events of unknown categories are kept on their thread track with role ``other`` and named in
 ``metadata["notes"]`` (one line, with counts), never dropped silently. The JSON is decoded by
-``analysis.kineto_decode`` (typed, columnar; no per-event Python).
+``analysis.loading.kineto_decode`` (typed, columnar; no per-event Python).
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.build import nesting_depth
-from analysis.derive import flows_from_mentions
 from analysis.frames import (
     COUNTER_COLUMNS,
     INSTANT_COLUMNS,
@@ -48,8 +46,10 @@ from analysis.frames import (
     empty_frame,
 )
 from analysis.intervals import assign, union
-from analysis.kineto_decode import decode_kineto
-from analysis.profiles import Profile, get_profile
+from analysis.loading.build import nesting_depth
+from analysis.loading.derive import flows_from_mentions
+from analysis.loading.kineto_decode import decode_kineto
+from analysis.loading.profiles import Profile, get_profile
 from instrument.schema import Arg, CpuSlice
 
 __all__ = ["load_kineto", "SYNC_CALLS"]

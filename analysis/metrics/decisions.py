@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.derive import parse_requested
 from analysis.frames import DECISION_COLUMNS, require_columns
+from analysis.loading.derive import parse_requested
 
 __all__ = ["silent_fallbacks", "ineffective_features", "async_enabled"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.rank_report import RankReport
+from analysis.ranks.report import RankReport
 from dashboard.paths import UnsafePathError
 from instrument.schema import parse_rank_trace_path
 

@@ -1,7 +1,7 @@
 """Starved time is not busy time (docs/design.md §4): a starvation-aware idle estimate.
 
 A stage slice runs from the device reaching its begin event to reaching its end event. When the
-stage is *starved* (its CPU lead is below ``analysis.lead.STARVED_LEAD_NS``) the host enqueued the
+stage is *starved* (its CPU lead is below ``analysis.metrics.lead.STARVED_LEAD_NS``) the host enqueued the
 stage's kernels slower than the device ran them, so the slice also covers the launch gaps
 between them. Stage-slice idle is then a lower bound on device idle.
 
@@ -91,7 +91,7 @@ def starved_busy(
     fill_by: dict[tuple[str, str], float] | None = None,
 ) -> pd.DataFrame:
     """The estimator of the module docstring, for every starved compute stage of ``stages``
-    (``analysis.lead.stage_lead`` rows; pass only those outside any kernel window).
+    (``analysis.metrics.lead.stage_lead`` rows; pass only those outside any kernel window).
 
     ``steps``: a step table (``step``, ``phase``, and ``num_tokens`` when the trace has it);
     ``fill_by``: measured fill of starved stages per (stage, phase) from a kernel window. Columns:
@@ -187,7 +187,7 @@ def phase_starvation(
     ``bubble_ratio_starvation_aware`` ((idle + hidden) / span), ``launch_ms_p50`` (host ``launch``
     time per step) and ``stage_ms_p50`` (device compute slices per step), over the phase's starved
     steps when it has any, else all its steps; ``blame`` (``launch (<phase>)``). Where ``busy``
-    is the kernel union (``analysis.kernel_window``) ``bubble_ratio`` is measured, not a bound.
+    is the kernel union (``analysis.metrics.kernel_window``) ``bubble_ratio`` is measured, not a bound.
     """
     cols: dict[str, str] = {
         "phase": "object",

@@ -2,7 +2,7 @@
 
 Inputs are bounded: a gzip-compressed trace is decompressed only up to ``max_decompressed_mb``
 (default :data:`DEFAULT_MAX_DECOMPRESSED_MB`), so a small "gzip bomb" cannot exhaust memory;
-the Kineto decoder refuses JSON nested deeper than it can hold (see ``analysis.kineto_decode``).
+the Kineto decoder refuses JSON nested deeper than it can hold (see ``analysis.loading.kineto_decode``).
 Both end in a :class:`TraceError` that names the limit.
 """
 
@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 
 from analysis.frames import TraceError, TraceFrames, categorize
-from analysis.profiles import Profile
+from analysis.loading.profiles import Profile
 
 __all__ = ["load_trace", "read_trace_bytes", "gunzip_bounded", "DEFAULT_MAX_DECOMPRESSED_MB"]
 
@@ -86,11 +86,11 @@ def load_trace(
     first = match.end() if match else 0
     head = data[first : first + 1]  # no copy of the (possibly large) file
     if head in (b"{", b"["):
-        from analysis.load_kineto import load_kineto
+        from analysis.loading.load_kineto import load_kineto
 
         frames = load_kineto(data, profile or "vllm")
     elif data[:1] == b"\x0a":
-        from analysis.load_perfetto import load_perfetto
+        from analysis.loading.load_perfetto import load_perfetto
 
         frames = load_perfetto(data, profile or "stepscope")
     elif not data.strip():

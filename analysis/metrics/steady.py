@@ -56,7 +56,7 @@ def _smoothed(values: pd.Series, width: int) -> np.ndarray:
 
 
 def stable_steps(steps: pd.DataFrame, rule: SteadyRule = SteadyRule()) -> pd.Series:
-    """Boolean per row of a step table (``analysis.steps.step_table``): rule step 4.
+    """Boolean per row of a step table (``analysis.metrics.steps.step_table``): rule step 4.
 
     Requires ``step`` and ``step_ns``; uses ``num_reqs`` when present.
     """

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from analysis.build import VT_BOOL, VT_DOUBLE, VT_INT, VT_STR, ArgTable, grouped_cumsum
-from analysis.wire import WIRE_I64, WIRE_LEN, WIRE_VARINT, Scan, decode_strings, scan_fields
+from analysis.loading.build import VT_BOOL, VT_DOUBLE, VT_INT, VT_STR, ArgTable, grouped_cumsum
+from analysis.loading.wire import WIRE_I64, WIRE_LEN, WIRE_VARINT, Scan, decode_strings, scan_fields
 
 __all__ = ["PacketEvents", "decode_events"]
 
@@ -181,7 +181,7 @@ def decode_events(
     data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> PacketEvents:
     """Decode all packets ``buf[starts[i]:ends[i]]`` (payloads of the outer framing) of a
-    :func:`~analysis.wire.padded` buffer."""
+    :func:`~analysis.loading.wire.padded` buffer."""
     n = starts.shape[0]
     top = scan_fields(buf, starts, ends, _PACKET_LAST, _PACKET_ROWS, (_P_TRACK_EVENT,))
     ts = _scalar(top, _P_TIMESTAMP, "int64")

@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.frames import ROLE_COMPUTE, ROLE_CPU, require_columns
 from analysis.intervals import union_grouped
-from analysis.phases import step_phase
+from analysis.metrics.phases import step_phase
 from instrument.schema import Arg, CpuSlice
 
 __all__ = ["step_table", "STEP_BASE_COLUMNS"]
@@ -40,7 +40,7 @@ def step_table(slices: pd.DataFrame) -> pd.DataFrame:
     ``wait_output``, ``update_from_output``, ``grammar_mask``); ``device_busy_ns`` (union of the
     step's compute slices); and ``num_tokens``, ``num_reqs``, ``num_accepted``,
     ``num_spec_tokens``, ``num_prefill``, ``num_decode`` when the trace carries them (summed
-    over the step's slices); ``phase`` (``analysis.phases.step_phase``).
+    over the step's slices); ``phase`` (``analysis.metrics.phases.step_phase``).
     """
     require_columns(slices, ["step", "name", "role", "ts_ns", "end_ns", "dur_ns"], "step_table")
     # Narrow first: one boolean take over the few columns used, not over every argument column.

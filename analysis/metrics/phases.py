@@ -116,7 +116,7 @@ def phase_table(
     idle / span), accepted-count wait (``wait_accepted_exposed_us``, ``wait_accepted_hidden_us``)
     and ``num_tokens_mean``. Σ ``span_ns`` is the window and Σ ``idle_ns`` the headline idle.
 
-    Inputs: a step table with ``phase`` (``analysis.steps.step_table``), ``overlap_by_step``,
+    Inputs: a step table with ``phase`` (``analysis.metrics.steps.step_table``), ``overlap_by_step``,
     ``accepted_wait_by_step``, ``find_bubbles`` frames and the slices of the same window;
     ``window_ns`` = the window's ``(start_ns, end_ns)`` (default: its compute slices' extent).
     """
