@@ -10,8 +10,11 @@ import pytest
 
 from analysis import load_trace
 from bench.bench_kernel_window import build_parser, compare_window, engine_command, main
-from tests.analysis.test_lead import KERNEL_STEPS, _bitmap, _kernels, _trace
-from tests.analysis.tracegen import write
+from tracekit.perfetto import write
+from tracekit.recipes import KERNEL_STEPS
+from tracekit.recipes import bitmap as _bitmap
+from tracekit.recipes import lead_kernels as _kernels
+from tracekit.recipes import lead_trace as _trace
 
 WINDOW = f"{KERNEL_STEPS[0]}:{KERNEL_STEPS[-1] + 1}"
 

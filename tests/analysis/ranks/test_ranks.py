@@ -11,7 +11,7 @@ from analysis.frames import TraceError
 from analysis.ranks.cli import is_rank_set
 from analysis.ranks.rank_set import load_rank_set, rank_trace_files
 from analysis.ranks.report import analyze_ranks
-from tests.analysis.tracegen import TraceSpec, write
+from tracekit.perfetto import TraceSpec, write
 
 US = 1_000
 # Per rank and step: (forward start, forward end) in us; collectives inside each forward.

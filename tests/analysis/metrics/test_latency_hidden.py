@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from analysis import analyze_trace
-from tests.analysis.tracegen import TraceSpec, write
+from tracekit.perfetto import TraceSpec, write
 
 S = 1000
 

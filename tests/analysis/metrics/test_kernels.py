@@ -15,7 +15,7 @@ from analysis import analyze_trace, load_trace
 from analysis.cli import analyze_main
 from analysis.metrics.kernels import kernel_breakdown, kernel_slices
 
-REAL = Path(__file__).resolve().parents[1] / "data" / "real"
+REAL = Path(__file__).resolve().parents[2] / "data" / "real"
 REAL_TRACES = sorted(REAL.rglob("*.json.gz"))
 _DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"}
 

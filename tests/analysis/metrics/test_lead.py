@@ -12,87 +12,16 @@ import pytest
 
 from analysis import analyze_trace
 from analysis.metrics.lead import STARVED_LEAD_NS
-from tests.analysis.tracegen import TraceSpec, write
-
-US = 1_000
-PERIOD = 4000  # µs per step
-PATTERN = ("d8", "d16", "d24", "mixed")
-REPEATS = 6
-KERNEL_STEPS = range(8, 16)
-
-
-def _step(kind: str) -> dict[str, Any]:
-    """Times in µs from the step's base: launch end, forward [start, end), host end, tokens."""
-    if kind == "mixed":  # the host launches slower than the device runs: starved
-        return {"tokens": 16, "prefill": 1, "decode": 7, "launch_end": 3400, "fwd": (500, 3420)}
-    tokens = int(kind[1:])
-    return {
-        "tokens": tokens,
-        "prefill": 0,
-        "decode": tokens,
-        "launch_end": 400,
-        "fwd": (500, 500 + 800 + 25 * tokens),
-    }  # busy = 800 + 25 * tokens µs
-
-
-def _kernels(kind: str, start: int, end: int) -> list[tuple[int, int]]:
-    if kind == "mixed":  # five 100 µs kernels spread over the starved slice
-        gap = (end - start) // 5
-        return [(start + i * gap, start + i * gap + 100) for i in range(5)]
-    return [(start, start + int(0.9 * (end - start)))]
-
-
-def _trace(with_lead: bool = True, with_kernels: bool = False) -> tuple[TraceSpec, dict]:
-    t = TraceSpec()
-    truth: dict[str, list] = {"busy": [], "lead": [], "kind": [], "kernel_busy": []}
-    for step in range(len(PATTERN) * REPEATS):
-        kind = PATTERN[step % len(PATTERN)]
-        s = _step(kind)
-        base = (step + 1) * PERIOD
-        args = {"num_reqs": s["prefill"] + s["decode"], "num_tokens": s["tokens"]}
-        args |= {"num_prefill": s["prefill"], "num_decode": s["decode"], "num_spec_tokens": 0}
-        # Async: step N's schedule runs under forward N-1 (base - PERIOD + 500 onwards).
-        sched = base - PERIOD + 700
-        t.cpu("schedule", sched * US, (sched + 300) * US, step=step, **args)
-        t.cpu("launch", (base + 300) * US, (base + s["launch_end"]) * US, step=step)
-        f0, f1 = base + s["fwd"][0], base + s["fwd"][1]
-        host_end = base + s["launch_end"]
-        extra = {"host_end_ns": host_end * US} if with_lead else {}
-        t.gpu("forward", f0 * US, f1 * US, step=step, **extra)
-        truth["busy"].append((f0, f1))
-        truth["lead"].append(f1 - host_end)
-        truth["kind"].append(kind)
-        kern = _kernels(kind, f0, f1) if with_kernels and step in KERNEL_STEPS else [(f0, f1)]
-        truth["kernel_busy"] += kern
-        if with_kernels and step in KERNEL_STEPS:
-            for k0, k1 in kern:
-                t.slices.append(
-                    (
-                        "gpu:0 kernels",
-                        "gemm",
-                        k0 * US,
-                        k1 * US,
-                        {"step": step, "stage": "forward", "activity": "kernel"},
-                    )
-                )
-            # A copy before the forward: copy work, never compute busy.
-            t.slices.append(
-                (
-                    "gpu:0 kernels",
-                    "Memcpy HtoD",
-                    (f0 - 300) * US,
-                    (f0 - 100) * US,
-                    {"step": step, "stage": "h2d_inputs", "activity": "memcpy"},
-                )
-            )
-    return t, truth
-
-
-def _bitmap(intervals: list[tuple[int, int]], lo: int, hi: int) -> np.ndarray:
-    bits = np.zeros(hi - lo, dtype=bool)
-    for a, b in intervals:
-        bits[max(a, lo) - lo : min(b, hi) - lo] = True
-    return bits
+from tracekit.perfetto import write
+from tracekit.recipes import (
+    KERNEL_STEPS,
+    PATTERN,
+    REPEATS,
+    US,
+)
+from tracekit.recipes import bitmap as _bitmap
+from tracekit.recipes import lead_kernels as _kernels
+from tracekit.recipes import lead_trace as _trace
 
 
 def _ratios(d: Any, path: str = "") -> list[tuple[str, float]]:

@@ -13,8 +13,8 @@ import pytest
 
 from analysis import HEADLINE_KEYS, analyze_trace
 from analysis.metrics.grammar import GRAMMAR_COLUMNS, GRAMMAR_HEADLINE_KEYS, grammar_by_step
-from tests.analysis.test_metrics import _blocked
-from tests.analysis.tracegen import TraceSpec, write
+from tracekit.perfetto import TraceSpec, write
+from tracekit.recipes import blocked_trace as _blocked
 
 S = 1000  # 1 µs: every boundary below is a multiple of S
 
@@ -207,7 +207,7 @@ def test_kineto_grammar_ranges(tmp_path: Path) -> None:
 
 
 def test_kineto_without_grammar_ranges() -> None:
-    data = Path(__file__).resolve().parents[1] / "data" / "kineto_gpu_small.json"
+    data = Path(__file__).resolve().parents[2] / "data" / "kineto_gpu_small.json"
     h = analyze_trace(data, skip_steps=0).headline
     assert (h["grammar_mask_ms"], h["grammar_hidden_frac"], h["grammar_overlap_steps_frac"]) == (
         0.0,

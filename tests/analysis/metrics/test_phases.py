@@ -9,7 +9,7 @@ import pytest
 
 from analysis import analyze_trace
 from analysis.metrics.phases import step_phase
-from tests.analysis.tracegen import TraceSpec, write
+from tracekit.perfetto import TraceSpec, write
 
 US = 1_000
 

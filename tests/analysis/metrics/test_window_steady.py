@@ -9,7 +9,7 @@ import pytest
 
 from analysis import TraceError, analyze_trace
 from analysis.metrics.steady import SteadyRule, stable_steps, steady_range
-from tests.analysis.tracegen import TraceSpec, write
+from tracekit.perfetto import TraceSpec, write
 
 MS = 1_000_000
 

@@ -22,7 +22,7 @@ from dashboard.ranks.sets import LoadedRankSet, RankSetRef, find_rank_sets
 from dashboard.ranks.view import RANK_COLUMNS, rank_columns, rank_overview, rank_rows
 from dashboard.store import TraceRef, TraceStore
 from tests.dashboard.conftest import TraceSet
-from tests.dashboard.trace_factory import TraceRecipe, write_engine_trace
+from tracekit.engine_loop import TraceRecipe, write_engine_trace
 
 TP = RankSetRef("tp")
 

@@ -13,10 +13,10 @@ import pytest
 from analysis import TraceError, analyze_trace, get_profile, load_profile_file, load_trace
 from analysis.cli import analyze_main, compare_main
 from instrument.tracer import Tracer
-from tests.analysis.test_metrics import _blocked
-from tests.analysis.tracegen import write
+from tracekit.perfetto import write
+from tracekit.recipes import blocked_trace as _blocked
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def _traced_run(path: Path, steps: int = 4, async_on: bool = True) -> Path:

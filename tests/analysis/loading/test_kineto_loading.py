@@ -19,7 +19,7 @@ from analysis.loading.kineto_decode import decode_kineto
 from analysis.loading.load import gunzip_bounded
 from analysis.ranks.report import analyze_ranks
 
-REAL = Path(__file__).resolve().parents[1] / "data" / "real"
+REAL = Path(__file__).resolve().parents[2] / "data" / "real"
 REAL_TRACES = sorted(REAL.rglob("*.json.gz"))
 
 
