@@ -16,8 +16,9 @@ import os
 
 from analysis.compare import Comparison, compare_reports
 from analysis.frames import TraceError, TraceFrames
-from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
-from analysis.profiles import PROFILES, Profile, get_profile, load_profile_file
+from analysis.headline import Headline
+from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
+from analysis.loading.profiles import PROFILES, Profile, get_profile, load_profile_file
 from analysis.report import HEADLINE_KEYS, Report, build_report
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "get_profile",
     "load_profile_file",
     "HEADLINE_KEYS",
+    "Headline",
 ]
 
 
@@ -44,7 +46,7 @@ def analyze_frames(
     window: str = "steady",
 ) -> Report:
     """The report of already-loaded frames over ``window``: ``steady`` (the steady-state rule of
-    ``analysis.steady``, falling back to ``all``), ``all`` (``skip_steps`` warm-up steps left
+    ``analysis.metrics.steady``, falling back to ``all``), ``all`` (``skip_steps`` warm-up steps left
     out) or ``A:B`` (steps A..B-1)."""
     return build_report(frames, profile, skip_steps, window)
 

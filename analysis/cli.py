@@ -10,8 +10,10 @@ import pandas as pd
 
 from analysis import Report, TraceError, analyze_trace, compare_reports
 from analysis.jsonout import dump_json
-from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
-from analysis.rank_cli import is_rank_set, rank_analyze_main
+from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB
+from analysis.metrics_registry import METRICS
+from analysis.ranks.cli import is_rank_set, rank_analyze_main
+from instrument.schema import CaptureArg
 
 __all__ = ["analyze_main", "compare_main"]
 
@@ -76,6 +78,24 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _print_headline(report: Report) -> None:
+    """The headline's numbers with their registry labels and units; warn/bad marked."""
+    h = report.headline
+    print("headline:")
+    for m in METRICS:
+        value = h[m.key]
+        if isinstance(value, dict) and isinstance(value.get("p50"), (int, float)):
+            value = value["p50"]  # percentiles: the median
+            label = f"{m.label} p50"
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            label = m.label
+        else:
+            continue
+        tone = m.tone(h)
+        mark = f"  ({tone})" if tone in ("warn", "bad") else ""
+        print(f"  {label:<30} {m.show(value)}{mark}")
+
+
 def _print_report(report: Report) -> None:
     for line in report.verdicts:
         print(f"* {line}")
@@ -89,11 +109,18 @@ def _print_report(report: Report) -> None:
         print(f"  note: {w['note']}")
     for note in report.frames.metadata.get("notes", []):
         print(f"  note: {note}")
+    _print_headline(report)
     capture = report.extra.get("capture", {})
-    dropped = {k: v for k, v in capture.items() if k.startswith("dropped_steps_") and v}
+    dropped = {
+        k: v
+        for k, v in capture.items()
+        if k.startswith(CaptureArg.DROPPED_STEPS_PREFIX.value) and v
+    }
     if capture.get("sampled") or dropped:
         sampled = (
-            f"one step in {capture.get('capture_every', 1)} kept; " if capture["sampled"] else ""
+            f"one step in {capture.get(CaptureArg.EVERY.value, 1)} kept; "
+            if capture["sampled"]
+            else ""
         )
         print(f"  capture: {sampled}steps left out of the trace {dropped or 'none'}")
     for name in _SHOWN_TABLES:
@@ -120,7 +147,7 @@ def analyze_main(argv: list[str]) -> int:
     )
     _common(parser)
     args = parser.parse_args(argv)
-    if is_rank_set(args.trace):  # tensor parallel: analysis.rank_cli
+    if is_rank_set(args.trace):  # tensor parallel: analysis.ranks.cli
         return rank_analyze_main(args)
     args.trace = args.trace[0]
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.derive import OUTPUT_DIGEST_KEY
+from analysis.loading.derive import OUTPUT_DIGEST_KEY
+from analysis.metrics_registry import COMPARED
 from analysis.report import Report
 
 __all__ = ["Comparison", "compare_reports", "VOLATILE_KEYS"]
@@ -13,21 +14,6 @@ __all__ = ["Comparison", "compare_reports", "VOLATILE_KEYS"]
 # Config/metadata keys that differ between any two runs and say nothing about the contract.
 VOLATILE_KEYS = frozenset(
     {"pid", "wall_time_ns", "trace_path", "output_path", "seed_offset", "run_id"}
-)
-_DELTAS = (
-    ("overlap", ("overlap",)),
-    ("bubble_ratio", ("bubble_ratio",)),
-    ("wait_accepted_exposed_us", ("wait_accepted_exposed_us",)),
-    ("grammar_hidden_frac", ("grammar_hidden_frac",)),
-    ("grammar_wait_exposed_us", ("grammar_wait_exposed_us",)),
-    ("step_ms_p50", ("extra", "step_ms", "p50")),
-    ("tpot_ms_p50", ("tpot_ms", "p50")),
-    ("ttft_ms_p50", ("ttft_ms", "p50")),
-    ("tokens_per_s", ("extra", "tokens_per_s")),
-    ("output_tokens_per_s", ("extra", "output_tokens_per_s")),
-    ("cpu_lead_us_p50", ("cpu_lead_us_p50",)),
-    ("starved_steps_frac", ("starved_steps_frac",)),
-    ("bubble_ratio_starvation_aware", ("bubble_ratio_starvation_aware",)),
 )
 
 
@@ -84,9 +70,9 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
     )
     da, db = a.to_dict(with_tables=False), b.to_dict(with_tables=False)
     deltas: dict[str, dict[str, float | None]] = {}
-    for name, path in _DELTAS:
-        va, vb = _get(da, path), _get(db, path)
-        deltas[name] = {
+    for c in COMPARED:
+        va, vb = _get(da, c.path), _get(db, c.path)
+        deltas[c.name] = {
             "a": va,
             "b": vb,
             "delta": (vb - va) if va is not None and vb is not None else None,

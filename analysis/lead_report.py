@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.intervals import Union, assign
-from analysis.kernel_window import stage_fill
-from analysis.lead import (
+from analysis.metrics.kernel_window import stage_fill
+from analysis.metrics.lead import (
     LEAD_HEADLINE_KEYS,
     STARVED_LEAD_NS,
     lead_by_phase,
@@ -23,7 +23,12 @@ from analysis.lead import (
     stage_lead,
     step_lead,
 )
-from analysis.starvation import LAUNCH_BOUND_FRAC, phase_starvation, starved_busy, step_spans
+from analysis.metrics.starvation import (
+    LAUNCH_BOUND_FRAC,
+    phase_starvation,
+    starved_busy,
+    step_spans,
+)
 
 __all__ = ["LeadSection", "lead_section", "LEAD_SECTION_KEYS", "BUSY_KERNELS", "BUSY_SLICES"]
 
@@ -76,7 +81,7 @@ def lead_section(
     format_: str = "perfetto",
 ) -> LeadSection:
     """Lead, starvation and kernel fill over one window's ``slices`` (``steps``: its step table;
-    ``runs``: ``analysis.runs.run_spans``; ``busy``/``windows``: ``busy_with_kernels``;
+    ``runs``: ``analysis.metrics.runs.run_spans``; ``busy``/``windows``: ``busy_with_kernels``;
     ``idle_ns``/``measured_ns``: the report's idle and denominator)."""
     stages = stage_lead(slices)
     per_step = step_lead(stages)

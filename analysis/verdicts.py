@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from analysis.frames import ROLE_COMPUTE, TraceFrames
+from instrument.schema import Arg
 
 __all__ = ["verdicts", "pct"]
 
@@ -33,7 +35,7 @@ def _duration(us: float) -> str:
     return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
-def _grammar(headline: dict[str, Any]) -> str:
+def _grammar(headline: Mapping[str, Any]) -> str:
     """The grammar-work sentence (structured output), or "" when the trace has no grammar work."""
     mask_ms, wait_us = headline["grammar_mask_ms"], headline["grammar_wait_total_us"]
     parts = []
@@ -69,7 +71,7 @@ def _empty_window(window: dict[str, Any], frames: TraceFrames) -> str:
     )
 
 
-def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
+def verdicts(headline: Mapping[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
     """Sentences a person reads before any table."""
     out: list[str] = []
     if not headline["window"]["duration_ms"]:
@@ -130,7 +132,7 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
             f"{hidden} request(s) prefilled in steps left out of the trace (warm-up, step range "
             "or sampling): counted, but without TTFT/TPOT (use --trace-warmup to see them)."
         )
-    interrupted = frames.metadata.get("interrupted")
+    interrupted = frames.metadata.get(Arg.INTERRUPTED.value)
     if interrupted:
         out.append(
             f"The run was interrupted by {interrupted}: requests in flight were aborted and "

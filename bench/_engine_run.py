@@ -86,7 +86,7 @@ def run_engine(
         elapsed,
         sum(len(o.output_token_ids) for o in outs),
         report.tables["steps"],
-        report.headline,
+        report.headline.to_dict(),
         llm.engine.model,
         window.num_steps if window is not None else 0,
         window.first_traced_step if window is not None else None,

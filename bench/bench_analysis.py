@@ -4,7 +4,7 @@ events <= 1.5 s; issue 9: a 100k-step trace loads in `stepscope analyze` in <= 1
 Generates a stepscope Perfetto trace of ``--steps`` engine steps written by the real Tracer (10
 slices per step as the engine emits them: 5 CPU, 3 compute, 2 copy, plus 6 counters; interned
 encoding; see ``bench/_trace_steps.py``), optionally the same steps in the plain (non-interned)
-encoding of ``tests/analysis/tracegen.py`` (``--plain``), and a Kineto JSON trace of ~70k events.
+encoding of ``tracekit/perfetto.py`` (``--plain``), and a Kineto JSON trace of ~70k events.
 Each is loaded and analysed (default steady window) in a fresh subprocess, which reports wall
 time, CPU time and peak RSS. Prints a table and writes JSON (``--out``).
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._trace_steps import StepPattern, emit_steps  # noqa: E402
 from instrument.tracer import Tracer  # noqa: E402
-from tests.analysis.tracegen import TraceSpec, encode  # noqa: E402
+from tracekit.perfetto import TraceSpec, encode  # noqa: E402
 
 _CHUNK = 5000
 

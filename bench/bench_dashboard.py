@@ -1,6 +1,6 @@
 """How long until a 100k-step trace is on screen in the dashboard?
 
-Writes a simulated async engine run with the real Tracer (tests/dashboard/trace_factory.py),
+Writes a simulated async engine run with the real Tracer (tracekit/engine_loop.py),
 serves the dashboard in-process, drives headless Chromium through Playwright and times:
 
 * ``analyse``: server-side load + §4 metrics (cold, first pick of the trace);
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dashboard.app import create_app  # noqa: E402
 from dashboard.config import DashboardConfig  # noqa: E402
 from dashboard.store import TraceRef, TraceStore  # noqa: E402
-from tests.dashboard.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from tests.dashboard.trace_factory import TraceRecipe, write_engine_trace  # noqa: E402
+from tracekit.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tracekit.engine_loop import TraceRecipe, write_engine_trace  # noqa: E402
 
 TIMEOUT_MS = 300_000
 

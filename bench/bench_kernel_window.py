@@ -6,8 +6,8 @@ Runs ``stepscope run`` (Qwen3-0.6B shape, random weights, bf16; 256 requests of 
 A..B-1):
 
 * *stage slices alone*: the ``gpu:<i> kernels`` slices dropped. ``bubble_ratio`` is then a lower
-  bound, and ``bubble_ratio_starvation_aware`` the estimate of ``analysis.starvation``;
-* *kernels*: device busy is the CUPTI kernel union (``analysis.kernel_window``): measured idle.
+  bound, and ``bubble_ratio_starvation_aware`` the estimate of ``analysis.metrics.starvation``;
+* *kernels*: device busy is the CUPTI kernel union (``analysis.metrics.kernel_window``): measured idle.
 
 Per phase (``decode_only``, ``mixed``, ...) it prints both, their difference and whether it is
 within ±0.03 (the acceptance of issue 15), and writes every number as JSON to ``--out``.

@@ -2,7 +2,7 @@
 
 Runs the structured sample workload with async on (deferred sampling) and off and reads the grammar
 numbers of each trace from ``stepscope analyze`` (``analyze_trace(path).headline``, every step but
-the warm-up one, see ``analysis.grammar``): grammar CPU time (``grammar_mask_ms``), the share of it
+the warm-up one, see ``analysis.metrics.grammar``): grammar CPU time (``grammar_mask_ms``), the share of it
 under device work (``grammar_hidden_frac``), the share of masked steps whose device work began
 before their ``grammar_mask`` ended (``grammar_overlap_steps_frac``), the grammar wait and its
 exposed part (``grammar_wait_total_us`` / ``grammar_wait_exposed_us``); plus throughput. All
@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from analysis import analyze_trace
-from analysis.grammar import GRAMMAR_HEADLINE_KEYS
+from analysis.metrics.grammar import GRAMMAR_HEADLINE_KEYS
 from engine.llm import LLM
 from engine.workload import load_workload
 from instrument.tracer import Tracer

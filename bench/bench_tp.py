@@ -29,7 +29,7 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"  # before torch.distributed creates any NCC
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis import analyze_trace  # noqa: E402
-from analysis.rank_report import analyze_ranks  # noqa: E402
+from analysis.ranks.report import analyze_ranks  # noqa: E402
 from bench._engine_run import decode_workload  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm import LLM, outputs_digest  # noqa: E402

@@ -17,14 +17,14 @@ from dash import Dash, Input, Output, State, ctx, html, no_update
 from dashboard.config import DashboardConfig
 from dashboard.figures import empty_figure, steps_figure
 from dashboard.layout import IDS
-from dashboard.rank_callbacks import (
+from dashboard.ranks.callbacks import (
     picker_options,
     rank_set_outputs,
     register_rank_callbacks,
     trace_actions_in_set,
     trace_options,
 )
-from dashboard.rank_sets import is_rank_set_id
+from dashboard.ranks.sets import is_rank_set_id
 from dashboard.store import LoadedTrace, TraceRef, TraceStore, is_trace_error
 from dashboard.timeline import timeline_figure
 from dashboard.views import (
@@ -245,9 +245,8 @@ def _register_views(app: Dash, store: TraceStore, config: DashboardConfig) -> No
             return empty_figure("this trace could not be loaded"), None
         if loaded is None:
             return empty_figure(_RANK_SET_TAB), None
-        return steps_figure(loaded.report, tuple(step_range) if step_range else None), {
-            "ref": ref_id
-        }
+        lo_hi = (int(step_range[0]), int(step_range[1])) if step_range else None
+        return steps_figure(loaded.report, lo_hi), {"ref": ref_id}
 
     @app.callback(
         Output(IDS.COMPARE_BODY, "children"),

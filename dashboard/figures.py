@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis import Report
-from analysis.lead import STARVED_LEAD_NS
+from analysis.metrics.lead import STARVED_LEAD_NS
 from dashboard.theme import GRID, IDLE, MUTED, base_layout, color_for
 
 __all__ = [

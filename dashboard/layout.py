@@ -1,6 +1,6 @@
 """The page shell: header (trace picker, upload, Perfetto/download), banner, progress, tabs.
 
-The Overview tab shows a single trace's verdicts, or a rank set's (``dashboard.rank_view``);
+The Overview tab shows a single trace's verdicts, or a rank set's (``dashboard.ranks.view``);
 the single-trace tabs are disabled while a rank set is open.
 
 Component ids are module constants so callbacks and tests name them once.

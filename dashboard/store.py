@@ -4,8 +4,8 @@ Traces come from two roots: the ``--traces`` directory (``traces/<relative name>
 upload directory the app creates (``uploads/<digest>-<name>``). Every open goes through
 :class:`~dashboard.paths.TraceDirectory`, so a browser-supplied id never escapes either root.
 The ``X.rank<i>.pftrace`` files of a tensor-parallel run in the ``--traces`` directory are also
-offered as one rank set (``ranks/X``, :mod:`dashboard.rank_sets`), analysed by
-:func:`analysis.rank_report.analyze_ranks` and cached like a single trace.
+offered as one rank set (``ranks/X``, :mod:`dashboard.ranks.sets`), analysed by
+:func:`analysis.ranks.report.analyze_ranks` and cached like a single trace.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from analysis import Comparison, Report, TraceError, analyze_frames, compare_reports, load_trace
-from analysis.rank_report import analyze_ranks
+from analysis.ranks.report import analyze_ranks
 from dashboard.lanes import LaneIndex
 from dashboard.paths import TraceDirectory, UnsafePathError
-from dashboard.rank_sets import LoadedRankSet, RankSetRef, find_rank_sets
+from dashboard.ranks.sets import LoadedRankSet, RankSetRef, find_rank_sets
 
 __all__ = ["TraceRef", "LoadedTrace", "TraceStore", "UploadError", "SOURCES"]
 

@@ -6,7 +6,7 @@ each card also carries the exact value in ``data-value`` so a test can compare w
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -15,6 +15,7 @@ import pandas as pd
 from dash import dash_table, dcc, html
 
 from analysis import Comparison, Report
+from analysis.metrics_registry import COMPARED, METRICS, STARVED_LEAD_US, fmt_num, fmt_pct, metric
 from dashboard.config import DashboardConfig
 from dashboard.figures import blame_figure, compare_steps_figure
 from dashboard.layout import TABLE_STYLE
@@ -34,56 +35,8 @@ __all__ = [
     "trace_url",
 ]
 
-DEFINITIONS: dict[str, str] = {
-    "overlap": "Schedule/forward overlap = |W ∩ B| / |W|. W: union of schedule and prepare_inputs slices "
-    "(measured steps); B: union of device compute slices. 1.0 means all CPU scheduling is "
-    "hidden under device work.",
-    "bubble_ratio": "Σ device idle / window. Idle is the complement of device compute slices inside "
-    "[first device slice start, last device slice end] of the measured steps; each "
-    "maximal idle interval is a bubble. From stage slices it is a lower bound (a starved stage's "
-    "slice covers launch gaps); from CUPTI kernels (--trace-kernels, Kineto) it is measured. "
-    "Sampled traces: measured inside runs of consecutive kept steps only.",
-    "wait_accepted_exposed_us": "Accepted-count wait exposure: |A ∩ idle|, A = wait_output(accepted_count) "
-    "slices. Only the exposed part is recoverable; the hidden part (|A ∩ B|) "
-    "waited while the device was busy, which costs nothing.",
-    "hot_syncs": "Host-device syncs (.item(), .tolist(), .cpu(), bool(t), synchronize) marked hot=True "
-    "after warm-up: each stalls the CPU until the device drains, a defect on the hot path.",
-    "silent_fallbacks": "Features that ended up off without the user seeing why: requested True resolved "
-    "False with no reason, or auto (None) resolved False.",
-    "grammar_hidden_frac": "Structured output: Σ|G ∩ B| / Σ|G|, G = grammar_mask slices (the "
-    "bitmask of step N+1, built once output N is back), B = device compute slices. With deferred "
-    "sampling the forward of N+1 runs meanwhile; 'forward early' is the share of masked steps "
-    "whose device work began before their mask was built. Exposed grammar wait: "
-    "|wait_output(grammar) ∩ idle|.",
-    "cpu_lead_us_p50": "CPU lead = (device time the stream reached a stage's end event) − (host "
-    "time the CPU recorded that event), per device stage; a step's lead is its smallest compute "
-    "stage lead. p50/p10 over the measured steps. Large: the CPU runs ahead of the device; near "
-    "zero: the device caught up and waited for the host.",
-    "starved_steps_frac": "Share of measured steps whose CPU lead fell below 50 µs: the device "
-    "caught up with the host inside the step (starved), so that step's stage slices also hold "
-    "launch gaps, not only device work.",
-    "bubble_ratio_starvation_aware": "Device idle estimate that counts launch gaps inside starved "
-    "stages: (stage-slice idle + Σ estimated gaps) / window. A starved stage's busy time is "
-    "predicted from unstarved slices of the same stage (busy ≈ a + b·tokens, least squares); "
-    "the rest of its slice is idle, blamed on launch (by phase). Equal to bubble_ratio where "
-    "busy came from CUPTI kernels.",
-    "top_blame": "The CPU slice running (deepest slice, largest share) during most of the device idle time.",
-    "tpot_ms": "Time per output token after the first, per request, from the per-request tracks (p50).",
-}
-
-
-def fmt_pct(value: float | None) -> str:
-    return (
-        "n/a"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else f"{100 * value:.1f}%"
-    )
-
-
-def fmt_num(value: float | None, unit: str = "", digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:,.{digits}f}{(' ' + unit) if unit else ''}"
+# One definition per headline key, from the registry (docs/design.md §5.11); nothing here.
+DEFINITIONS: dict[str, str] = {m.key: m.definition for m in METRICS}
 
 
 @dataclass(frozen=True)
@@ -96,8 +49,14 @@ class Card:
     tone: str  # "good", "warn", "bad" or ""
 
 
-def _tone(bad: bool, warn: bool = False) -> str:
-    return "bad" if bad else ("warn" if warn else "good")
+_HEADLINE: Any = object()  # _card's default: the headline's own value
+
+
+def _card(key: str, h: Mapping[str, Any], sub: str, value: Any = _HEADLINE) -> Card:
+    """The card of headline ``key``: label, shown value and tone from its registry entry."""
+    m = metric(key)
+    v = h[key] if value is _HEADLINE else value
+    return Card(key, m.label, v, m.show(v), sub, m.tone(h))
 
 
 def _cards(report: Report) -> list[Card]:
@@ -107,56 +66,35 @@ def _cards(report: Report) -> list[Card]:
     exposed = h["wait_accepted_exposed_us"]
     silent = h["silent_fallbacks"]
     top = h["top_blame"]
-    overlap = h["overlap"]
+    bound = " · lower bound" if h.get("bubble_ratio_bound") == "lower_bound" else ""
     cards = [
-        Card(
-            "overlap",
-            "schedule/forward overlap",
-            overlap,
-            fmt_pct(overlap),
-            "of CPU scheduling hidden under device work",
-            "" if overlap is None else _tone(overlap < 0.5, overlap < 0.8),
-        ),
-        Card(
+        _card("overlap", h, "of CPU scheduling hidden under device work"),
+        _card(
             "bubble_ratio",
-            "bubble ratio",
-            h["bubble_ratio"],
-            fmt_pct(h["bubble_ratio"]),
+            h,
             f"{h['bubbles']['count']:,} bubbles · {fmt_num(h['bubbles']['idle_ms'], 'ms', 2)} idle"
-            + (" · lower bound" if h.get("bubble_ratio_bound") == "lower_bound" else ""),
-            ""
-            if h["bubble_ratio"] is None
-            else _tone(h["bubble_ratio"] > 0.2, h["bubble_ratio"] > 0.05),
+            + bound,
         ),
         *_lead_cards(h),
         Card(
             "wait_accepted_exposed_us",
-            "exposed accepted-count wait",
+            metric("wait_accepted_exposed_us").label,
             exposed,
-            fmt_num(exposed / steps, "µs/step", 2),
+            metric("wait_accepted_exposed_us").show(exposed / steps) + "/step",
             f"{fmt_num(exposed, 'µs')} exposed of {fmt_num(h['wait_accepted_total_us'], 'µs')} "
             f"(hidden {fmt_num(h['wait_accepted_hidden_us'], 'µs')})",
-            _tone(exposed > 0.1 * max(h["wait_accepted_total_us"], 1e-9), exposed > 0),
+            metric("wait_accepted_exposed_us").tone(h),
         ),
-        Card(
-            "hot_syncs",
-            "hot syncs after warm-up",
-            h["hot_syncs"],
-            f"{h['hot_syncs']:,}",
-            "host-device syncs on the hot path",
-            _tone(h["hot_syncs"] > 0),
-        ),
-        Card(
+        _card("hot_syncs", h, "host-device syncs on the hot path"),
+        _card(
             "silent_fallbacks",
-            "silent fallbacks",
-            len(silent),
-            f"{len(silent)}",
+            h,
             ", ".join(str(r["feature"]) for r in silent) or "none",
-            _tone(len(silent) > 0),
+            len(silent),
         ),
         Card(
             "top_blame",
-            "top blame for idle",
+            metric("top_blame").label,
             top["label"] if top else None,
             top["label"] if top else "n/a",
             f"{fmt_pct(top['share'])} of idle · {fmt_num(top['idle_ms'], 'ms', 2)}"
@@ -166,67 +104,43 @@ def _cards(report: Report) -> list[Card]:
         ),
     ]
     if h.get("grammar_mask_ms"):  # structured output ran: how much grammar work was hidden
-        hidden = h["grammar_hidden_frac"]
         cards.append(
-            Card(
+            _card(
                 "grammar_hidden_frac",
-                "grammar work hidden",
-                hidden,
-                fmt_pct(hidden),
-                f"{fmt_num(h['grammar_mask_ms'], 'ms', 2)} of masks · forward early in "
-                f"{fmt_pct(h['grammar_overlap_steps_frac'])} of steps · "
+                h,
+                f"{metric('grammar_mask_ms').show(h['grammar_mask_ms'])} of masks · forward early "
+                f"in {fmt_pct(h['grammar_overlap_steps_frac'])} of steps · "
                 f"{fmt_num(h['grammar_wait_exposed_us'], 'µs')} wait exposed",
-                "" if hidden is None else _tone(hidden < 0.5, hidden < 0.8),
             )
         )
     tpot = (h.get("tpot_ms") or {}).get("p50")
     if tpot is not None:
         ttft = (h.get("ttft_ms") or {}).get("p50")
-        cards.append(
-            Card(
-                "tpot_ms",
-                "TPOT p50",
-                tpot,
-                fmt_num(tpot, "ms", 3),
-                f"TTFT p50 {fmt_num(ttft, 'ms', 2)}",
-                "",
-            )
-        )
+        m = metric("tpot_ms")
+        sub = f"{metric('ttft_ms').label} p50 {metric('ttft_ms').show(ttft)}"
+        cards.append(Card("tpot_ms", f"{m.label} p50", tpot, m.show(tpot), sub, ""))
     return cards
 
 
-def _lead_cards(h: dict[str, Any]) -> list[Card]:
+def _lead_cards(h: Mapping[str, Any]) -> list[Card]:
     """CPU lead, starved steps and the starvation-aware idle (n/a without host_end_ns)."""
-    p50, p10, starved = (
-        h.get("cpu_lead_us_p50"),
-        h.get("cpu_lead_us_p10"),
-        h.get("starved_steps_frac"),
-    )
-    aware = h.get("bubble_ratio_starvation_aware")
+    p10 = h.get("cpu_lead_us_p10")
+    lead_p10 = metric("cpu_lead_us_p10")
+    starved = f"device waited for the host (lead < {STARVED_LEAD_US:.0f} µs)"
     return [
         Card(
             "cpu_lead_us_p50",
-            "CPU lead p50",
-            p50,
-            "n/a" if p50 is None else fmt_num(p50 / 1e3, "ms", 2),
-            "not recorded in this trace" if p10 is None else f"p10 {fmt_num(p10 / 1e3, 'ms', 2)}",
-            "" if p10 is None else _tone(p10 < 50, p10 < 500),
+            metric("cpu_lead_us_p50").label,
+            h.get("cpu_lead_us_p50"),
+            metric("cpu_lead_us_p50").show(h.get("cpu_lead_us_p50")),
+            "not recorded in this trace" if p10 is None else f"p10 {lead_p10.show(p10)}",
+            lead_p10.tone(h),
         ),
-        Card(
-            "starved_steps_frac",
-            "starved steps",
-            starved,
-            fmt_pct(starved),
-            "device waited for the host (lead < 50 µs)",
-            "" if starved is None else _tone(starved > 0.5, starved > 0.05),
-        ),
-        Card(
+        _card("starved_steps_frac", h, starved),
+        _card(
             "bubble_ratio_starvation_aware",
-            "idle, starvation-aware",
-            aware,
-            fmt_pct(aware),
+            h,
             "estimate: starved stages' launch gaps counted as idle",
-            "" if aware is None else _tone(aware > 0.2, aware > 0.05),
         ),
     ]
 
@@ -235,7 +149,7 @@ def _numeric(value: Any) -> bool:
     return value is None or isinstance(value, (int, float))
 
 
-def _card(card: Card) -> html.Div:
+def _card_div(card: Card) -> html.Div:
     return html.Div(
         className=f"card card--{card.tone}" if card.tone else "card",
         title=DEFINITIONS.get(card.key, ""),
@@ -253,7 +167,7 @@ def _card(card: Card) -> html.Div:
 
 
 def cards_row(report: Report) -> html.Div:
-    return html.Div([_card(c) for c in _cards(report)], className="cards")
+    return html.Div([_card_div(c) for c in _cards(report)], className="cards")
 
 
 def overview(loaded: LoadedTrace) -> list[Any]:
@@ -390,16 +304,13 @@ def _table(rows: list[dict[str, Any]], table_id: str) -> dash_table.DataTable:
     )
 
 
+_COMPARED_UNITS = {c.name: c.unit for c in COMPARED}
+
+
 def _delta_rows(cmp: Comparison) -> list[dict[str, str]]:
     out = []
     for name, d in cmp.deltas.items():
-        pct = name in (
-            "overlap",
-            "bubble_ratio",
-            "grammar_hidden_frac",
-            "starved_steps_frac",
-            "bubble_ratio_starvation_aware",
-        )
+        pct = _COMPARED_UNITS.get(name) == "ratio"
         fmt = (lambda v: fmt_pct(v)) if pct else (lambda v: fmt_num(v, digits=3))
         delta = d["delta"]
         shown = "n/a" if delta is None else (f"{100 * delta:+.1f} pp" if pct else f"{delta:+,.3f}")

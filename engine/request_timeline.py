@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.scheduler.request_output import RequestOutput
+from instrument.schema import MIN_TPOT_TOKENS, tpot_ms, ttft_ms
 from instrument.tracer import Tracer, now_ns
 
 __all__ = ["RequestTiming", "RequestTimeline", "LatencySummary"]
@@ -28,16 +29,20 @@ class RequestTiming:
 
     @property
     def ttft_ms(self) -> float | None:
+        """``instrument.schema.ttft_ms``: the analysis's definition (docs/design.md §5.9)."""
         if self.first_token_ns is None:
             return None
-        return (self.first_token_ns - self.arrival_ns) / 1e6
+        return float(ttft_ms(self.arrival_ns, self.first_token_ns))
 
     @property
     def tpot_ms(self) -> float | None:
-        """Mean time per output token after the first (None with fewer than two tokens)."""
-        if self.num_output_tokens < 2 or self.first_token_ns is None or self.last_token_ns is None:
+        """``instrument.schema.tpot_ms`` up to the finish (the end of the request's decode
+        slice, as the analysis reads it); None before it finished or with fewer than two
+        tokens."""
+        first, finish = self.first_token_ns, self.finished_ns
+        if self.num_output_tokens < MIN_TPOT_TOKENS or first is None or finish is None:
             return None
-        return (self.last_token_ns - self.first_token_ns) / 1e6 / (self.num_output_tokens - 1)
+        return float(tpot_ms(first, finish, self.num_output_tokens))
 
 
 @dataclass(frozen=True)

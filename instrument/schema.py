@@ -3,7 +3,7 @@
 The engine's writer and the analysis reader both import this module; nothing else spells these
 names. Extend it (bump ``SCHEMA_VERSION`` when a reader would misread an old trace); never rename.
 
-Encoding in Perfetto protobuf (what ``analysis.load_perfetto`` relies on):
+Encoding in Perfetto protobuf (what ``analysis.loading.load_perfetto`` relies on):
 
 * one process track (``ProcessDescriptor``, name ``PROCESS_NAME``) holds process-scoped instants
   (``feature_decision``, ``engine_config``, ``trace_metadata``) and the counters (one counter track
@@ -20,9 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MIN_TPOT_TOKENS",
+    "ttft_ms",
+    "tpot_ms",
     "PROCESS_NAME",
     "ENGINE_THREAD",
     "FLOW_ID_BASE",
@@ -298,6 +302,25 @@ def request_track_name(request_id: str) -> str:
 
 def parse_request_track_name(name: str) -> str | None:
     return name[len("request ") :] if name.startswith("request ") else None
+
+
+# Request latency from a request track's timestamps (docs/design.md §5.9). The definition lives
+# with the track it reads so that the writer's run summary (engine/request_timeline.py) and the
+# reader (analysis/metrics/latency.py) compute the same numbers; plain arithmetic, so it takes Python
+# numbers or numpy/pandas arrays alike. arrival = start of the first slice (``queued``); first
+# token = end of the last ``prefill``; finish = end of the last slice (``decode``).
+MIN_TPOT_TOKENS = 2  # TPOT is the time per token after the first: undefined below two tokens
+
+
+def ttft_ms(arrival_ns: Any, first_token_ns: Any) -> Any:
+    """Time to first token in ms: ``(first_token_ns - arrival_ns) / 1e6``."""
+    return (first_token_ns - arrival_ns) / 1e6
+
+
+def tpot_ms(first_token_ns: Any, finish_ns: Any, num_output_tokens: Any) -> Any:
+    """Time per output token after the first, in ms: ``(finish_ns - first_token_ns) / 1e6 /
+    (num_output_tokens - 1)``; callers pass ``num_output_tokens >= MIN_TPOT_TOKENS``."""
+    return (finish_ns - first_token_ns) / 1e6 / (num_output_tokens - 1)
 
 
 def rank_trace_path(path: str, rank: int) -> str:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from analysis import analyze_trace
-from analysis.bubbles import CPU_WAITING, NO_CPU
 from analysis.cli import compare_main
-from analysis.profiles import get_profile
+from analysis.loading.profiles import get_profile
+from analysis.metrics.bubbles import CPU_WAITING, NO_CPU
 from analysis.verdicts import pct
-from tests.analysis.kinetogen import kernel, launch, profiler_span, thread, write_kineto, x
-from tests.analysis.tracegen import TraceSpec, write
+from tracekit.kineto import kernel, launch, profiler_span, thread, write_kineto, x
+from tracekit.perfetto import TraceSpec, write
 
 US = 1_000  # ns per µs
 

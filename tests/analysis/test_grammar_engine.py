@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("xgrammar")
 
 from analysis import Report, analyze_trace, compare_reports  # noqa: E402
-from analysis.grammar import GRAMMAR_HEADLINE_KEYS  # noqa: E402
+from analysis.metrics.grammar import GRAMMAR_HEADLINE_KEYS  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.workload import load_workload  # noqa: E402
 from instrument.tracer import Tracer  # noqa: E402

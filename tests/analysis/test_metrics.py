@@ -7,76 +7,10 @@ from pathlib import Path
 import pytest
 
 from analysis import analyze_trace, load_trace
-from tests.analysis.tracegen import TraceSpec, write
+from tracekit.perfetto import TraceSpec, write
+from tracekit.recipes import blocked_trace as _blocked
 
 S = 1000
-
-
-def _blocked() -> TraceSpec:
-    """Async on, but scheduling and accepted-count waits leave the device idle.
-
-    Device: [100,200) [300,400) [500,600). Idle in window [100,600): [200,300) + [400,500).
-    """
-    t = TraceSpec()
-    for step, (a, b) in enumerate([(40, 205), (205, 330), (330, 600)], start=1):
-        t.cpu("step", a * S, b * S, step=step)
-    t.cpu("schedule", 50 * S, 150 * S, step=1, num_tokens=8)
-    t.cpu("schedule", 210 * S, 260 * S, step=2, num_tokens=8)
-    t.cpu("schedule", 380 * S, 420 * S, step=3, num_tokens=8)
-    t.cpu("wait_output", 260 * S, 320 * S, step=2, kind="accepted_count")
-    t.cpu("wait_output", 420 * S, 500 * S, step=3, kind="accepted_count")
-    for step, a in enumerate([100, 300, 500], start=1):
-        t.gpu("forward", a * S, (a + 100) * S, step=step)
-    t.slices += [
-        ("request r1", "queued", 0, 50 * S, {"request_id": "r1"}),
-        ("request r1", "prefill", 50 * S, 150 * S, {"request_id": "r1"}),
-        ("request r1", "decode", 150 * S, 450 * S, {"request_id": "r1", "num_output_tokens": 4}),
-    ]
-    t.instants += [
-        (None, "engine_config", 0, {"model": "tiny", "async_scheduling": True}),
-        (
-            None,
-            "feature_decision",
-            1,
-            {"feature": "async_scheduling", "requested": True, "resolved": True, "reason": "asked"},
-        ),
-        (
-            None,
-            "feature_decision",
-            2,
-            {
-                "feature": "cuda_graphs",
-                "requested": "None",
-                "resolved": False,
-                "reason": "cpu device",
-            },
-        ),
-        (
-            None,
-            "feature_decision",
-            3,
-            {"feature": "triton", "requested": True, "resolved": False, "reason": ""},
-        ),
-        (
-            "engine-core",
-            "sync",
-            250 * S,
-            {"op": "item", "where": "a.py:3", "stack": "", "hot": True},
-        ),
-        (
-            "engine-core",
-            "sync",
-            10 * S,
-            {"op": "item", "where": "a.py:3", "stack": "", "hot": True},
-        ),
-        (
-            "engine-core",
-            "sync",
-            260 * S,
-            {"op": "tolist", "where": "b.py:9", "stack": "", "hot": False},
-        ),
-    ]
-    return t
 
 
 def _hidden() -> TraceSpec:

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from analysis import analyze_trace
-from analysis.bubbles import NO_CPU, is_profiler_span, is_wait_frame
+from analysis.metrics.bubbles import NO_CPU, is_profiler_span, is_wait_frame
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 HIP_D2H = "wait_output(d2h_copy)"  # hipMemcpyWithStream, once the loader maps HIP copies

@@ -15,7 +15,7 @@ from engine.sampling_params import SamplingParams
 from instrument.capture import CaptureConfig
 from instrument.schema import CaptureArg
 from instrument.tracer import Tracer
-from tests.analysis.test_lead import _ratios
+from tests.analysis.metrics.test_lead import _ratios
 from tests.engine.conftest import TINY_QWEN3
 
 EVERY = 4

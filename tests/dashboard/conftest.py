@@ -15,17 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.trace_factory import TraceRecipe, write_engine_trace
+from tracekit.browser import CHROMIUM, CHROMIUM_ARGS
+from tracekit.engine_loop import TraceRecipe, write_engine_trace
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts" / "dashboard"
 UPLOAD_CAP_MB = 0.25

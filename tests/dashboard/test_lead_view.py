@@ -10,8 +10,8 @@ import pytest
 from analysis import analyze_trace
 from dashboard.figures import LEAD_PANEL, steps_figure
 from dashboard.views import DEFINITIONS, _cards
-from tests.analysis.test_lead import _trace
-from tests.analysis.tracegen import write
+from tracekit.perfetto import write
+from tracekit.recipes import lead_trace as _trace
 
 KEYS = ("cpu_lead_us_p50", "starved_steps_frac", "bubble_ratio_starvation_aware")
 

@@ -16,8 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from analysis import analyze_frames
-from analysis.load import load_trace
+from analysis import analyze_frames, load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "samples/models/pycoder-14m"

@@ -100,7 +100,7 @@ def test_target_as_its_own_draft_accepts_everything(checkpoint, baseline, async_
 
 
 def test_sync_accepted_waits_are_traced(checkpoint, tmp_path):
-    from analysis.load import load_trace
+    from analysis import load_trace
     from instrument.tracer import Tracer
 
     path = tmp_path / "spec.pftrace"
@@ -126,7 +126,7 @@ def test_sync_accepted_waits_are_traced(checkpoint, tmp_path):
 
 
 def test_default_async_spec_never_waits_for_accepted_counts(checkpoint, tmp_path):
-    from analysis.load import load_trace
+    from analysis import load_trace
     from instrument.tracer import Tracer
 
     path = tmp_path / "spec.pftrace"

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from analysis import load_trace
-from analysis.rank_report import analyze_ranks
+from analysis.ranks.report import analyze_ranks
 from engine.config import ConfigError, EngineConfig
 from engine.distributed.parallel_state import destroy_tp_group, init_tp_group
 from engine.executor.tp_driver import TensorParallelError, TPDriver, TPOptions

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from analysis import load_trace
-from analysis.rank_report import analyze_ranks
+from analysis.ranks.report import analyze_ranks
 from instrument.tracer import Tracer
 from tests.engine.test_tp import _config, _run, odd_vocab_config  # noqa: F401 -- fixture
 

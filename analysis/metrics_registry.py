@@ -1,0 +1,414 @@
+"""One registry of the headline metrics: key, label, unit, definition, thresholds, format.
+
+Every key of :class:`analysis.headline.Headline` has exactly one :class:`Metric` here
+(docs/design.md §5.11); the verdicts, ``stepscope analyze`` / ``compare`` and the dashboard's
+cards read labels, units, definitions and good/warn/bad thresholds from it, never a copy.
+``COMPARED`` lists the numbers ``stepscope compare`` takes deltas of (§5.12): headline keys and
+a few of ``Report.extra``'s, each with the path to its value in ``Report.to_dict()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from analysis.metrics.lead import STARVED_LEAD_NS
+
+__all__ = [
+    "Metric",
+    "Compared",
+    "METRICS",
+    "METRIC_BY_KEY",
+    "COMPARED",
+    "metric",
+    "fmt_pct",
+    "fmt_num",
+    "STARVED_LEAD_US",
+]
+
+Better = Literal["higher", "lower", ""]
+Tone = Literal["good", "warn", "bad", ""]
+STARVED_LEAD_US = STARVED_LEAD_NS / 1e3
+
+
+def fmt_pct(value: float | None) -> str:
+    """``37.5%``; ``n/a`` for None or NaN."""
+    return (
+        "n/a"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{100 * value:.1f}%"
+    )
+
+
+def fmt_num(value: float | None, unit: str = "", digits: int = 1) -> str:
+    """``1,234.5 ms``; ``n/a`` for None or NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}{(' ' + unit) if unit else ''}"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One headline key.
+
+    ``unit``: of the stored value (``ratio`` = a fraction in [0, 1], shown as a percentage;
+    ``µs``, ``ms``; ``count``; ``text``; ``record`` for nested dicts/lists). ``better``: which
+    direction is good (``""``: no direction, no tone). ``warn``/``bad``: thresholds on the value
+    (on ``value / headline[relative_to]`` when ``relative_to`` is set; a list counts its rows):
+    past ``bad`` is bad, past ``warn`` a warning, else good ("past" = below for ``higher``, above
+    for ``lower``, strictly). ``show_unit``/``show_scale``/``digits``: how a card prints it.
+    """
+
+    key: str
+    label: str
+    unit: str
+    definition: str
+    section: str  # docs/design.md
+    better: Better = ""
+    warn: float | None = None
+    bad: float | None = None
+    relative_to: str | None = None
+    show_unit: str | None = None  # None: the unit itself
+    show_scale: float = 1.0
+    digits: int = 1
+
+    def value_for_tone(self, headline: Mapping[str, Any]) -> float | None:
+        """The number the thresholds apply to (None: no tone)."""
+        value = headline.get(self.key)
+        if isinstance(value, list):
+            return float(len(value))
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        if self.relative_to is not None:
+            return float(value) / max(float(headline.get(self.relative_to) or 0.0), 1e-9)
+        return float(value)
+
+    def tone_of(self, value: float | None) -> Tone:
+        """``good``/``warn``/``bad`` of a number by this metric's thresholds (``""`` without
+        a direction or a value)."""
+        if value is None or not self.better or (self.warn is None and self.bad is None):
+            return ""
+        past = (lambda t: value < t) if self.better == "higher" else (lambda t: value > t)
+        if self.bad is not None and past(self.bad):
+            return "bad"
+        if self.warn is not None and past(self.warn):
+            return "warn"
+        return "good"
+
+    def tone(self, headline: Mapping[str, Any]) -> Tone:
+        """The tone of this metric in ``headline``."""
+        return self.tone_of(self.value_for_tone(headline))
+
+    def show(self, value: float | None) -> str:
+        """The value as a card prints it (``n/a`` for None)."""
+        if self.unit == "ratio":
+            return fmt_pct(value)
+        if self.unit in ("record", "text"):
+            return "n/a" if value is None else str(value)
+        unit = self.unit if self.show_unit is None else self.show_unit
+        unit = "" if unit == "count" else unit
+        scaled = None if value is None else value * self.show_scale
+        return fmt_num(scaled, unit, self.digits)
+
+
+_M = Metric
+METRICS: tuple[Metric, ...] = (
+    _M(
+        "overlap",
+        "schedule/forward overlap",
+        "ratio",
+        "Schedule/forward overlap = |W ∩ B| / |W|. W: union of schedule and prepare_inputs slices "
+        "(measured steps); B: union of device compute slices. 1.0 means all CPU scheduling is "
+        "hidden under device work.",
+        "§5.3",
+        "higher",
+        warn=0.8,
+        bad=0.5,
+    ),
+    _M(
+        "bubble_ratio",
+        "bubble ratio",
+        "ratio",
+        "Σ device idle / window. Idle is the complement of device compute slices inside "
+        "[first device slice start, last device slice end] of the measured steps; each "
+        "maximal idle interval is a bubble. From stage slices it is a lower bound (a starved "
+        "stage's slice covers launch gaps); from CUPTI kernels (--trace-kernels, Kineto) it is "
+        "measured. Sampled traces: measured inside runs of consecutive kept steps only.",
+        "§5.4",
+        "lower",
+        warn=0.05,
+        bad=0.2,
+    ),
+    _M(
+        "device_idle_ratio",
+        "device idle",
+        "ratio",
+        "Share of the window with neither compute nor copy work on the device (compute idle "
+        "minus the time copy engines were busy), measured in the same runs as bubble_ratio.",
+        "§5.14.4",
+        "lower",
+        warn=0.05,
+        bad=0.2,
+    ),
+    _M(
+        "bubbles",
+        "bubbles",
+        "record",
+        "The idle intervals of bubble_ratio: count, total idle_ms and the largest "
+        "(start_ns, dur_us, blame, blame_share).",
+        "§5.4",
+    ),
+    _M(
+        "top_blame",
+        "top blame for idle",
+        "text",
+        "The CPU slice running (deepest slice, largest share) during most of the device idle time.",
+        "§5.4",
+    ),
+    _M(
+        "wait_accepted_total_us",
+        "accepted-count wait",
+        "µs",
+        "Σ|A|, A = wait_output(accepted_count) slices: the CPU waiting for the accepted counts of "
+        "speculative decoding.",
+        "§5.5",
+    ),
+    _M(
+        "wait_accepted_exposed_us",
+        "exposed accepted-count wait",
+        "µs",
+        "Accepted-count wait exposure: |A ∩ idle|, A = wait_output(accepted_count) slices. Only "
+        "the exposed part is recoverable; the hidden part (|A ∩ B|) waited while the device was "
+        "busy, which costs nothing.",
+        "§5.5",
+        "lower",
+        warn=0.0,
+        bad=0.1,
+        relative_to="wait_accepted_total_us",
+        digits=2,
+    ),
+    _M(
+        "wait_accepted_hidden_us",
+        "hidden accepted-count wait",
+        "µs",
+        "|A ∩ B|: accepted-count wait while the device was busy (costs nothing).",
+        "§5.5",
+    ),
+    _M(
+        "grammar_mask_ms",
+        "grammar masks",
+        "ms",
+        "Σ|G|, G = grammar_mask slices (the bitmask of step N+1, built once output N is back).",
+        "§5.6",
+        digits=2,
+    ),
+    _M(
+        "grammar_hidden_frac",
+        "grammar work hidden",
+        "ratio",
+        "Structured output: Σ|G ∩ B| / Σ|G|, G = grammar_mask slices (the bitmask of step N+1, "
+        "built once output N is back), B = device compute slices. With deferred sampling the "
+        "forward of N+1 runs meanwhile; 'forward early' is the share of masked steps whose "
+        "device work began before their mask was built. Exposed grammar wait: "
+        "|wait_output(grammar) ∩ idle|.",
+        "§5.6",
+        "higher",
+        warn=0.8,
+        bad=0.5,
+    ),
+    _M(
+        "grammar_wait_total_us",
+        "grammar wait",
+        "µs",
+        "Σ|wait_output(grammar)|: the CPU waiting for the output a mask needs.",
+        "§5.6",
+    ),
+    _M(
+        "grammar_wait_exposed_us",
+        "exposed grammar wait",
+        "µs",
+        "|wait_output(grammar) ∩ idle|: grammar wait that left the device idle.",
+        "§5.6",
+        "lower",
+    ),
+    _M(
+        "grammar_overlap_steps_frac",
+        "forward early",
+        "ratio",
+        "Share of masked steps whose device work began before their mask was built (None "
+        "without such steps).",
+        "§5.6",
+    ),
+    _M(
+        "silent_fallbacks",
+        "silent fallbacks",
+        "record",
+        "Features that ended up off without the user seeing why: requested True resolved "
+        "False with no reason, or auto (None) resolved False with the reason not shown to the "
+        "user.",
+        "§5.7",
+        "lower",
+        bad=0.0,
+    ),
+    _M(
+        "ineffective",
+        "ineffective features",
+        "record",
+        "The async feature (the profile's async_features) resolved on while overlap is below the "
+        "profile's ineffective_overlap (default 0.5): rows of feature, overlap, threshold and "
+        "top_blocker (the top blame).",
+        "§5.7",
+        "lower",
+        bad=0.0,
+    ),
+    _M(
+        "hot_syncs",
+        "hot syncs after warm-up",
+        "count",
+        "Host-device syncs (.item(), .tolist(), .cpu(), bool(t), synchronize) marked hot=True "
+        "after warm-up: each stalls the CPU until the device drains, a defect on the hot path.",
+        "§5.8",
+        "lower",
+        bad=0.0,
+        digits=0,
+    ),
+    _M(
+        "ttft_ms",
+        "TTFT",
+        "ms",
+        "Time to first token per request = end of its last prefill slice − start of its first "
+        "slice, from the per-request tracks; {p50, p95, p99, mean, count}.",
+        "§5.9",
+        "lower",
+        digits=2,
+    ),
+    _M(
+        "tpot_ms",
+        "TPOT",
+        "ms",
+        "Time per output token after the first, per request, from the per-request tracks: "
+        "(finish − first token) / (output tokens − 1); {p50, p95, p99, mean, count}.",
+        "§5.9",
+        "lower",
+        digits=3,
+    ),
+    _M(
+        "window",
+        "measured window",
+        "record",
+        "The steps measured (rule, first_step, last_step, num_steps, skipped_steps, device "
+        "span start_ns/end_ns, duration_ms, note).",
+        "§5.2",
+    ),
+    _M(
+        "cpu_lead_us_p50",
+        "CPU lead p50",
+        "µs",
+        "CPU lead = (device time the stream reached a stage's end event) − (host time the CPU "
+        "recorded that event), per device stage; a step's lead is its smallest compute stage "
+        "lead. p50/p10 over the measured steps. Large: the CPU runs ahead of the device; near "
+        "zero: the device caught up and waited for the host.",
+        "§5.14.1",
+        "higher",
+        show_unit="ms",
+        show_scale=1e-3,
+        digits=2,
+    ),
+    _M(
+        "cpu_lead_us_p10",
+        "CPU lead p10",
+        "µs",
+        "The 10th percentile of the steps' CPU lead (see cpu_lead_us_p50).",
+        "§5.14.1",
+        "higher",
+        warn=10 * STARVED_LEAD_US,  # within 10x of starving: one slow launch away
+        bad=STARVED_LEAD_US,
+        show_unit="ms",
+        show_scale=1e-3,
+        digits=2,
+    ),
+    _M(
+        "starved_steps_frac",
+        "starved steps",
+        "ratio",
+        f"Share of measured steps whose CPU lead fell below {STARVED_LEAD_US:.0f} µs: the "
+        "device caught up with the host inside the step (starved), so that step's stage slices "
+        "also hold launch gaps, not only device work.",
+        "§5.14.2",
+        "lower",
+        warn=0.05,
+        bad=0.5,
+    ),
+    _M(
+        "busy_source",
+        "busy from",
+        "text",
+        "Where the busy union B came from: kernels (CUPTI / Kineto), stage_slices, or "
+        "kernels_and_stage_slices (kernel windows cover part of the window).",
+        "§5.14.3",
+    ),
+    _M(
+        "bubble_ratio_bound",
+        "bubble ratio is",
+        "text",
+        "measured when busy came from kernels; lower_bound when from stage slices (a starved "
+        "stage's slice covers launch gaps).",
+        "§5.14.2",
+    ),
+    _M(
+        "bubble_ratio_starvation_aware",
+        "idle, starvation-aware",
+        "ratio",
+        "Device idle estimate that counts launch gaps inside starved stages: (stage-slice idle + "
+        "Σ estimated gaps) / window. A starved stage's busy time is predicted from unstarved "
+        "slices of the same stage (busy ≈ a + b·tokens, least squares); the rest of its slice is "
+        "idle, blamed on launch (by phase). Equal to bubble_ratio where busy came from CUPTI "
+        "kernels.",
+        "§5.14.2",
+        "lower",
+        warn=0.05,
+        bad=0.2,
+    ),
+)
+METRIC_BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}
+
+
+def metric(key: str) -> Metric:
+    """The registry entry of a headline key (KeyError names the key)."""
+    return METRIC_BY_KEY[key]
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A number ``stepscope compare`` takes the delta of: ``path`` into ``Report.to_dict()``;
+    ``unit``/``better`` as in :class:`Metric` (from it when ``path`` starts at a headline key)."""
+
+    name: str
+    path: tuple[str, ...]
+    unit: str
+    better: Better
+
+
+def _headline(key: str, *sub: str) -> Compared:
+    """A compared headline number: ``key`` itself or a part of it (``tpot_ms``, ``p50``)."""
+    m = METRIC_BY_KEY[key]
+    return Compared("_".join((key, *sub)), (key, *sub), m.unit, m.better)
+
+
+COMPARED: tuple[Compared, ...] = (
+    _headline("overlap"),
+    _headline("bubble_ratio"),
+    _headline("wait_accepted_exposed_us"),
+    _headline("grammar_hidden_frac"),
+    _headline("grammar_wait_exposed_us"),
+    Compared("step_ms_p50", ("extra", "step_ms", "p50"), "ms", "lower"),
+    _headline("tpot_ms", "p50"),
+    _headline("ttft_ms", "p50"),
+    Compared("tokens_per_s", ("extra", "tokens_per_s"), "tok/s", "higher"),
+    Compared("output_tokens_per_s", ("extra", "output_tokens_per_s"), "tok/s", "higher"),
+    _headline("cpu_lead_us_p50"),
+    _headline("starved_steps_frac"),
+    _headline("bubble_ratio_starvation_aware"),
+)

@@ -1,0 +1,2 @@
+"""The rank-set page: finding rank sets (``sets``), the page (``view``), its figures and its
+callbacks (docs/design.md §7)."""
