@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: a warm kernel-window run kept in $OUT (lead/alignment data), its analysis,
-# then the tracing-overhead bench. Usage: bash bench/h200_lead_debug.sh
+# then the GPU tests and the tracing-overhead bench (OVERHEAD_ARGS="--rounds 5" for more rounds).
+# Usage: bash bench/h200_lead_debug.sh
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -25,4 +26,4 @@ if col in dev.columns:
         q = g["lead"].quantile([0.1, 0.5, 0.9]).round(1).tolist()
         print(name, len(g), "lead p10/p50/p90 us", q, "first/last-10 median", round(g["lead"].head(10).median(), 1), round(g["lead"].tail(10).median(), 1), "span s", round(g["t"].max(), 2))
 PY
-bash bench/h200_session.sh overhead
+bash bench/h200_session.sh tests overhead
