@@ -121,8 +121,20 @@ def lead_section(
             "starvation": starvation,
             "fill": fill,
         },
-        _verdicts(head, steps, starvation, idle_ns, measured_ns, reason),
-        {"lead_note": reason, "starved_lead_us": STARVED_LEAD_NS / 1e3},
+        _verdicts(
+            head,
+            steps,
+            starvation,
+            idle_ns,
+            measured_ns,
+            reason,
+            stages.attrs.get("clock_correction_ns", 0),
+        ),  # fmt: skip
+        {
+            "lead_note": reason,
+            "starved_lead_us": STARVED_LEAD_NS / 1e3,
+            "clock_correction_us": stages.attrs.get("clock_correction_ns", 0) / 1e3,
+        },
     )
 
 
@@ -147,6 +159,7 @@ def _verdicts(
     idle_ns: int,
     measured_ns: int,
     reason: str,
+    correction_ns: int = 0,
 ) -> list[str]:
     out: list[str] = []
     if reason:
@@ -158,6 +171,12 @@ def _verdicts(
         out.append(
             f"The CPU runs {_ms_or_us(p50)} {ahead} the device at p50 (p10 {_ms_or_us(p10)}); "
             f"the device waited for the host in {100 * frac:.0f}% of steps."
+            + (
+                f" (Device times shifted {correction_ns / 1e3:.0f} µs later: some leads were "
+                "negative, which is impossible, so the trace's clock mapping was early.)"
+                if correction_ns
+                else ""
+            )
         )
         out += _launch_bound(steps, starvation)
     if measured_ns and head["busy_source"] != BUSY_KERNELS:

@@ -11,6 +11,14 @@ A large lead: the CPU runs ahead. A lead near zero: the device reached the end e
 it was recorded, i.e. it had run dry and was waiting for the host inside the stage (*starved*);
 the slice then holds launch gaps, not only work.
 
+A lead below zero is impossible (the stream cannot reach an event before the host records it),
+so negative leads mean the device timeline's clock mapping is early: on the H200 the start-up
+calibration put every stage ~35-45 µs early (the GPU wakes from idle more slowly than it runs
+steady-state launches). :func:`clock_correction_ns` takes that offset from the trace itself: the
+most negative lead (the 1st percentile when there are 100 stages or more, else the minimum),
+and every lead is shifted by it; the report states the shift. A trace whose leads are all
+non-negative is left as it is (the correction never makes a lead smaller).
+
 A step's lead is the smallest lead among its compute stages (where the device came closest to
 catching up with the host); a step is starved when that lead is below ``STARVED_LEAD_NS``
 (50 µs: a few kernel launches' worth of queue, above the clock alignment error of the device
@@ -31,6 +39,7 @@ __all__ = [
     "STEP_LEAD_COLUMNS",
     "LEAD_HEADLINE_KEYS",
     "stage_lead",
+    "clock_correction_ns",
     "step_lead",
     "lead_headline",
     "lead_by_phase",
@@ -62,7 +71,8 @@ def stage_lead(slices: pd.DataFrame, threshold_ns: int = STARVED_LEAD_NS) -> pd.
     that carries ``host_end_ns``.
 
     Columns: ``STAGE_LEAD_COLUMNS`` (``stage`` = the slice name, ``role`` = ``compute``/``copy``,
-    ``lead_ns`` = end_ns - host_end_ns, ``starved`` = lead_ns < threshold_ns), in time order.
+    ``lead_ns`` = end_ns - host_end_ns, ``starved`` = lead_ns < threshold_ns), in time order;
+    ``end_ns`` includes the clock correction, stored in ``attrs["clock_correction_ns"]``.
     """
     require_columns(slices, ["step", "name", "role", "ts_ns", "end_ns"], "stage_lead")
     key = Arg.HOST_END_NS.value
@@ -77,8 +87,10 @@ def stage_lead(slices: pd.DataFrame, threshold_ns: int = STARVED_LEAD_NS) -> pd.
         & (slices["step"].to_numpy(np.int64) >= 0)
     )
     rows = slices[keep]
-    end = rows["end_ns"].to_numpy(np.int64)
     host = host_end[keep].astype(np.int64)
+    end = rows["end_ns"].to_numpy(np.int64)
+    correction = clock_correction_ns(end - host)
+    end = end + correction
     out = pd.DataFrame(
         {
             "step": rows["step"].to_numpy(np.int64),
@@ -91,7 +103,18 @@ def stage_lead(slices: pd.DataFrame, threshold_ns: int = STARVED_LEAD_NS) -> pd.
             "starved": (end - host) < threshold_ns,
         }
     )
-    return out.sort_values("ts_ns", kind="stable").reset_index(drop=True).astype(STAGE_LEAD_COLUMNS)
+    out = out.sort_values("ts_ns", kind="stable").reset_index(drop=True).astype(STAGE_LEAD_COLUMNS)
+    out.attrs["clock_correction_ns"] = correction
+    return out
+
+
+def clock_correction_ns(raw_lead_ns: np.ndarray) -> int:
+    """How much later the device times must be for no lead to be negative (0 when none is):
+    minus the 1st percentile of the raw leads with 100 or more stages, minus the minimum below."""
+    if raw_lead_ns.size == 0:
+        return 0
+    low = np.quantile(raw_lead_ns, 0.01) if raw_lead_ns.size >= 100 else raw_lead_ns.min()
+    return int(max(0, -int(low)))
 
 
 def step_lead(stages: pd.DataFrame, threshold_ns: int = STARVED_LEAD_NS) -> pd.DataFrame:
