@@ -7,8 +7,8 @@ limits, prefix caching or aborts. Per request:
 * every run: at most ``max_tokens`` tokens, a finish reason that fits the last token (EOS or a
   stop token for ``stop`` unless a stop string matched, the cap for ``length``), no EOS/stop token
   before the end once ``min_tokens`` are out, ``abort`` exactly for the requests the scenario
-  aborted, ``error`` exactly for the invalid structured ones; a structured request that stopped
-  matches its choice / regex;
+  aborted, ``error`` exactly for the invalid structured ones; a structured request that ended
+  with EOS (its grammar complete, not a stop token or string) matches its choice / regex;
 * greedy (structured or not): identical to the reference -- aborted: a prefix of it;
 * seeded sampling without speculation: identical to the reference. With speculation it is not
   compared: the token at a position depends on whether it was verified as a draft (accept noise,
@@ -49,6 +49,7 @@ class Coverage:
     drafts: int = 0
     accepted: int = 0
     abort_states: Counter[str] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
     spec_methods: Counter[str] = field(default_factory=Counter)
 
@@ -62,6 +63,7 @@ class Coverage:
             self.drafts += run.num_drafts
             self.accepted += run.num_accepted
             self.abort_states.update(run.abort_states)
+            self.events.update(run.events)
             self.finish_reasons.update(r or "none" for r in run.finish_reasons.values())
 
     def summary(self) -> str:
@@ -70,7 +72,8 @@ class Coverage:
             f"{self.scenarios} scenarios, {self.runs} engine runs; preemptions {self.preemptions}, "
             f"prefix-hit tokens {self.prefix_hit_tokens}, drafts {self.drafts} "
             f"(accepted {rate:.0%}); aborts by state {dict(self.abort_states)}; "
-            f"finish reasons {dict(self.finish_reasons)}; spec {dict(self.spec_methods)}"
+            f"finish reasons {dict(self.finish_reasons)}; spec {dict(self.spec_methods)}; "
+            f"events {dict(self.events)}"
         )
 
 
@@ -127,7 +130,7 @@ def _check_tokens(
             raise ScenarioFailure(f"{where}: 'stop' but last token {tokens[-1:]} stops nothing")
         if len(tokens) < params.min_tokens:
             raise ScenarioFailure(f"{where}: stopped before min_tokens {params.min_tokens}")
-        if spec.structured is not None:
+        if spec.structured is not None and tokens[-1] == w.eos:  # the grammar completed
             _check_structured(spec, tokens, w, where)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
@@ -46,6 +47,7 @@ class RunResult:
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     aborted: set[str] = field(default_factory=set)  # aborted by the scenario (not by the engine)
     abort_states: Counter[str] = field(default_factory=Counter)  # where the aborts landed
+    events: Counter[str] = field(default_factory=Counter)  # races reached (preempted in flight...)
     num_steps: int = 0
     num_preemptions: int = 0
     num_prefix_hit_tokens: int = 0
@@ -102,6 +104,41 @@ class _Drive:
         self.result = RunResult(label)
         self.added: set[str] = set()
         self.iteration = 0
+        self._observe_scheduler()
+
+    def _observe_scheduler(self) -> None:
+        """Check the books also between ``schedule()`` and ``update_from_output()`` (inside a
+        step, where the async races live), and count the races the run reached."""
+        scheduler = self.engine.scheduler
+        schedule, update = scheduler.schedule, scheduler.update_from_output
+        events = self.result.events
+
+        def observed_schedule() -> Any:
+            live = [scheduler.get_request(r) for r in self.added]
+            before = {r.req_id: (r.num_preemptions, r.num_output_placeholders) for r in live if r}
+            out = schedule()
+            for req_id, (num_preemptions, placeholders) in before.items():
+                request = scheduler.get_request(req_id)
+                if request is not None and request.num_preemptions > num_preemptions:
+                    events["preempted"] += 1
+                    if placeholders:
+                        events["preempted_in_flight"] += 1
+                    if placeholders > 1:
+                        events["preempted_with_drafts_in_flight"] += 1
+            self._check_books(mid_step=True)
+            return out
+
+        def observed_update(so: Any, runner_out: Any) -> list[RequestOutput]:
+            outputs = update(so, runner_out)
+            for o in outputs:
+                request = scheduler.get_request(o.req_id)
+                if o.finished and request is not None and request.num_steps_in_flight:
+                    events[f"finished_{o.finish_reason}_with_next_step_in_flight"] += 1
+            self._check_books(mid_step=True)
+            return outputs
+
+        scheduler.schedule = observed_schedule  # type: ignore[method-assign]
+        scheduler.update_from_output = observed_update  # type: ignore[method-assign]
 
     def fail(self, message: str) -> None:
         raise ScenarioFailure(f"[{self.result.label}, iteration {self.iteration}] {message}")
@@ -184,7 +221,8 @@ class _Drive:
             if o.finished:
                 result.finish_reasons[o.req_id] = o.finish_reason
 
-    def _check_books(self) -> None:
+    def _check_books(self, mid_step: bool = False) -> None:
+        """``mid_step``: inside ``run_step``, where committed tokens may not be returned yet."""
         scheduler = self.engine.scheduler
         scheduler.check_invariants()
         kv = scheduler.kv_cache_manager
@@ -192,14 +230,14 @@ class _Drive:
         for req_id in self.added:
             request = scheduler.get_request(req_id)
             if request is None:
-                if req_id not in self.result.finish_reasons:
+                if not mid_step and req_id not in self.result.finish_reasons:
                     self.fail(f"{req_id}: released before its final output")
                 continue
             blocks = kv.block_ids(req_id)
             if len(set(blocks)) != len(blocks):
                 self.fail(f"{req_id}: holds a block twice: {blocks}")
             holders.update(blocks)
-            self._check_request(request)
+            self._check_request(request, mid_step)
         pool = kv.pool
         for block_id in range(pool.num_blocks):
             if pool.ref_cnt(block_id) != holders[block_id]:
@@ -210,7 +248,7 @@ class _Drive:
         if pool.num_free_blocks + len(holders) != pool.num_blocks:
             self.fail(f"{pool.num_free_blocks} free + {len(holders)} held != {pool.num_blocks}")
 
-    def _check_request(self, request: Request) -> None:
+    def _check_request(self, request: Request, mid_step: bool) -> None:
         name = request.req_id
         placeholders = request.num_output_placeholders
         if placeholders < 0:
@@ -218,7 +256,7 @@ class _Drive:
         if request.num_steps_in_flight == 0 and placeholders:
             self.fail(f"{name}: {placeholders} placeholders with no step in flight")
         if not request.is_finished:
-            if self.result.tokens[name] != request.output_token_ids:
+            if not mid_step and self.result.tokens[name] != request.output_token_ids:
                 self.fail(
                     f"{name}: user got {self.result.tokens[name]}, books hold "
                     f"{request.output_token_ids}"
