@@ -71,6 +71,7 @@ def test_a_seed_replays_exactly() -> None:
     first = run_scenario(scenario, w, async_on=True)
     again = run_scenario(scenario, w, async_on=True)
     assert first.tokens == again.tokens and first.finish_reasons == again.finish_reasons
+    assert first.events == again.events and first.abort_states == again.abort_states
 
 
 # ---- mutations: each breaks one rule, and the suite must say so -----------------------------
@@ -139,3 +140,17 @@ def test_catches_a_token_after_the_final_output(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(Scheduler, "_commit", late_commit)
     _assert_caught(monkeypatch, "after its final one")
+
+
+# ---- seeds that found bugs, replayed ---------------------------------------------------------
+REGRESSION_SEEDS = {
+    # A request without logprobs got the batch's logprobs, and one with logprobs=k the batch's
+    # largest k, whenever it shared a step with a request asking for more.
+    40009: "logprobs leaked across the batch",
+    40037: "logprobs leaked across the batch",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_regression_seed(seed: int) -> None:
+    check_seed(seed)

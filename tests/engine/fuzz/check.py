@@ -109,6 +109,11 @@ def _check_run(scenario: Scenario, run: RunResult, w: World) -> None:
         if (reason == "abort") != (spec.req_id in run.aborted):
             raise ScenarioFailure(f"{where}: finish {reason}, aborted={spec.req_id in run.aborted}")
         _check_tokens(spec, tokens, reason, w, where)
+        expected_logprobs = len(tokens) if spec.params.logprobs is not None else 0
+        if run.num_logprobs[spec.req_id] != expected_logprobs:
+            raise ScenarioFailure(
+                f"{where}: {run.num_logprobs[spec.req_id]} logprob entries for {len(tokens)} tokens"
+            )
 
 
 def _check_tokens(

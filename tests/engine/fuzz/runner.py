@@ -47,6 +47,7 @@ class RunResult:
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     aborted: set[str] = field(default_factory=set)  # aborted by the scenario (not by the engine)
     abort_states: Counter[str] = field(default_factory=Counter)  # where the aborts landed
+    num_logprobs: Counter[str] = field(default_factory=Counter)  # logprob entries per request
     events: Counter[str] = field(default_factory=Counter)  # races reached (preempted in flight...)
     num_steps: int = 0
     num_preemptions: int = 0
@@ -214,6 +215,11 @@ class _Drive:
             if o.req_id in result.finish_reasons:
                 self.fail(f"{o.req_id}: output {o} after its final one")
             result.tokens[o.req_id].extend(o.new_token_ids)
+            if o.new_logprobs is not None:
+                result.num_logprobs[o.req_id] += len(o.new_logprobs)
+                k = self.specs[o.req_id].params.logprobs
+                if k is None or any(len(top) != k + 1 for top in o.new_logprobs):
+                    self.fail(f"{o.req_id}: logprobs={k} but got {o.new_logprobs}")
             result.num_drafts += o.num_draft_tokens
             result.num_accepted += o.num_accepted
             if o.num_accepted > o.num_draft_tokens:
@@ -263,12 +269,22 @@ class _Drive:
                 )
             if len(request.output_token_ids) + placeholders > request.max_tokens:
                 self.fail(f"{name}: {placeholders} placeholders past max_tokens: {request!r}")
-        if request.status is RequestStatus.RUNNING:
-            frontier = request.confirmed_frontier
-            if not 0 <= frontier <= request.num_tokens:
-                self.fail(
-                    f"{name}: confirmed frontier {frontier} outside [0, {request.num_tokens}]"
-                )
+        drafts = request.spec_token_ids
+        if len(drafts) > self.engine.config.num_spec_tokens or any(t != -1 for t in drafts):
+            self.fail(f"{name}: spec_token_ids {drafts} (drafts live on the device: -1 here)")
+        if request.status is not RequestStatus.RUNNING:
+            if drafts:
+                self.fail(f"{name}: {request.status.name} with drafts {drafts}")
+            return
+        frontier = request.confirmed_frontier
+        if not 0 <= frontier <= request.num_tokens:
+            self.fail(f"{name}: confirmed frontier {frontier} outside [0, {request.num_tokens}]")
+        if request.num_computed_tokens > request.num_tokens + placeholders:
+            self.fail(f"{name}: computed {request.num_computed_tokens} past known + in flight")
+        block_size = self.engine.config.block_size
+        num_slots = len(self.engine.scheduler.kv_cache_manager.block_ids(name)) * block_size
+        if request.num_computed_tokens > num_slots:
+            self.fail(f"{name}: {request.num_computed_tokens} computed tokens, {num_slots} slots")
 
     def _check_end(self) -> None:
         engine = self.engine

@@ -140,6 +140,12 @@ def _params(rng: random.Random, world: World, max_tokens: int) -> SamplingParams
         extra["min_tokens"] = rng.randint(0, max_tokens)
     if rng.random() < 0.1:
         extra["stop"] = (rng.choice(["e", "a", "o", " "]),)
+    if rng.random() < 0.15:  # penalties read the output history, drafts included at verify
+        extra["repetition_penalty"] = rng.choice([0.8, 1.3])
+        extra["presence_penalty"] = rng.choice([0.0, 0.5])
+        extra["frequency_penalty"] = rng.choice([0.0, -0.5, 1.0])
+    if rng.random() < 0.1:
+        extra["logprobs"] = rng.randint(0, 3)
     return SamplingParams(max_tokens=max_tokens, **sampling, **extra)
 
 
