@@ -7,5 +7,8 @@ cd "$(dirname "$0")/.."
 count="${1:-10000}"
 shift || true
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PYTHON="${PYTHON:-python}"
+if [[ -z "${PYTHON:-}" ]]; then
+    PYTHON=python
+    [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
+fi
 exec "$PYTHON" -m tests.engine.fuzz --count "$count" "$@"
