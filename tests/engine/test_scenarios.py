@@ -56,6 +56,11 @@ def test_scenarios() -> None:
     if HAS_XGRAMMAR:
         assert coverage.finish_reasons["error"] > 0  # invalid structured requests
     assert len(coverage.spec_methods) == 5  # none, ngram, and the three drafts
+    # vLLM's async races: preemption with the request's step (and drafts) still on the device,
+    # a request stopping while its next step is in flight.
+    assert coverage.events["preempted_in_flight"] > 0
+    assert coverage.events["preempted_with_drafts_in_flight"] > 0
+    assert coverage.events["finished_stop_with_next_step_in_flight"] > 0
 
 
 def test_scenarios_on_worker_threads() -> None:

@@ -87,7 +87,9 @@ def _engine_shape(rng: random.Random) -> dict:
     block_size = rng.choice([2, 4, 8])
     min_blocks = -(-MAX_MODEL_LEN // block_size)
     # Tight (a single max-length request fills the pool: preemption) to roomy.
-    num_blocks = rng.choice([min_blocks, min_blocks + rng.randint(1, 4), 3 * min_blocks])
+    num_blocks = rng.choice(
+        [min_blocks, min_blocks, min_blocks + rng.randint(1, 4), 3 * min_blocks]
+    )
     spec_method = rng.choice([None, None, "ngram", "draft"])
     num_spec = rng.randint(1, 4) if spec_method else 0
     chunked = rng.random() < 0.8
