@@ -1,17 +1,22 @@
-"""Run one scenario on a real ``EngineCore`` and check the books after every step.
+"""Run one scenario on a real ``EngineCore`` and check the books inside and after every step.
 
 The loop is ``LLM.run_workload``'s with time replaced by the iteration count, so a seed replays
 exactly: requests arrive at their iteration, aborts fire at an iteration or when the request
 reaches a state, then one ``run_step()`` (sync ``step()`` or async ``step_with_batch_queue()``).
 
-After every iteration, besides the scheduler's own ``check_invariants()`` (DESIGN.md §1), an
-independent check of what the user saw against the scheduler's books:
+Right after every ``schedule()`` and every ``update_from_output()`` (inside a step, where the
+async races live) and after every iteration: the scheduler's own ``check_invariants()``
+(docs/design.md §1), then an independent check of the five books and of what the user saw:
 
-* tokens: what the user received for a live request equals its ``output_token_ids`` (no token
-  lost, none duplicated); nothing arrives after a request's final output;
+* tokens (after an iteration): what the user received for a live request equals its
+  ``output_token_ids`` (no token lost, none duplicated); nothing arrives after a request's final
+  output; logprobs only when asked for, ``k + 1`` per token;
 * placeholders: never negative, zero with no step in flight, and ``committed + placeholders <=
   max_tokens`` (``max_tokens`` never costs an extra step);
-* frontier: ``0 <= num_computed_tokens - num_output_placeholders <= num_tokens``;
+* drafts: ``spec_token_ids`` at most ``num_spec_tokens``, all ``-1`` (they live on the device),
+  none unless running;
+* frontier: ``0 <= num_computed_tokens - num_output_placeholders <= num_tokens``, and
+  ``num_computed_tokens <= num_tokens + placeholders`` and within the request's KV slots;
 * KV: every block is free or referenced, each block's reference count is the number of live
   requests holding it, and no request holds a block twice.
 At the end: nothing queued, no placeholder, every block free, every request finished once.
