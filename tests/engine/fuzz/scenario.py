@@ -109,7 +109,17 @@ def _engine_shape(rng: random.Random) -> dict:
     return engine
 
 
-def _prompt(rng: random.Random, vocab: int, shared: list[int]) -> tuple[int, ...]:
+def _prompt(
+    rng: random.Random, vocab: int, shared: list[int], earlier: list[tuple[int, ...]]
+) -> tuple[int, ...]:
+    draw = rng.random()
+    if earlier and draw < 0.08:  # the same prompt again: every full block is a cache hit
+        return rng.choice(earlier)
+    if draw < 0.12:  # room for a token or two only: the whole pool, or max_model_len, binds
+        return tuple(
+            rng.randrange(1, vocab)
+            for _ in range(rng.randint(MAX_MODEL_LEN - 3, MAX_MODEL_LEN - 1))
+        )
     length = rng.randint(1, 16)
     if rng.random() < 0.3:  # a repeating pattern: the n-gram proposer finds matches
         period = rng.randint(1, 4)
@@ -164,7 +174,7 @@ def _requests(rng: random.Random, world: World, engine: dict) -> list[RequestSpe
     shared = [rng.randrange(1, vocab) for _ in range(rng.randint(0, 16))]
     out = []
     for index in range(rng.randint(1, 5)):
-        prompt = _prompt(rng, vocab, shared)
+        prompt = _prompt(rng, vocab, shared, [r.prompt for r in out])
         max_tokens = rng.randint(1, 12)  # may pass max_model_len: capped there
         params = _params(rng, world, max_tokens)
         structured, invalid = None, False
