@@ -126,9 +126,10 @@ def test_catches_an_unsettled_placeholder(monkeypatch: pytest.MonkeyPatch) -> No
     commit = Scheduler._commit
 
     def sticky_commit(self, request, num_drafts, num_slots, *args):  # type: ignore[no-untyped-def]
+        out = commit(self, request, num_drafts, num_slots, *args)
         if num_slots and request.req_id == "r0" and len(request.output_token_ids) == 1:
-            num_slots -= 1  # one placeholder never settles
-        return commit(self, request, num_drafts, num_slots, *args)
+            request.num_output_placeholders += 1  # one placeholder never settles
+        return out
 
     monkeypatch.setattr(Scheduler, "_commit", sticky_commit)
     _assert_caught(monkeypatch, "placeholder")
