@@ -20,7 +20,7 @@ How many drafts a step verifies is the scheduler's choice: the token budget trim
 async scheduling the placeholders of the step in flight count against the room left under
 ``max_tokens``, so near the end fewer drafts are verified than without. With speculation a seeded
 request may thus differ between async on and off or between budgets (each output still distributed
-exactly as ``p``); greedy output never differs (tests/engine/fuzz, seed 23).
+exactly as ``p``); greedy output never differs (found by tests/engine/fuzz).
 """
 
 from __future__ import annotations
