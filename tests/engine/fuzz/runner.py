@@ -131,7 +131,7 @@ class _Drive:
                         events["preempted_in_flight"] += 1
                     if placeholders > 1:
                         events["preempted_with_drafts_in_flight"] += 1
-            self._check_books(mid_step=True)
+            self._check_books()
             return out
 
         def observed_update(so: Any, runner_out: Any) -> list[RequestOutput]:
@@ -140,7 +140,7 @@ class _Drive:
                 request = scheduler.get_request(o.req_id)
                 if o.finished and request is not None and request.num_steps_in_flight:
                     events[f"finished_{o.finish_reason}_with_next_step_in_flight"] += 1
-            self._check_books(mid_step=True)
+            self._check_books()
             return outputs
 
         scheduler.schedule = observed_schedule  # type: ignore[method-assign]
@@ -161,7 +161,7 @@ class _Drive:
             if self.iteration > last_arrival and not engine.has_work():
                 break
             self._collect(engine.run_step())
-            self._check_books()
+            self._check_delivered()
         else:
             self.fail("the engine did not drain")
         self._collect(engine.drain())
@@ -232,8 +232,24 @@ class _Drive:
             if o.finished:
                 result.finish_reasons[o.req_id] = o.finish_reason
 
-    def _check_books(self, mid_step: bool = False) -> None:
-        """``mid_step``: inside ``run_step``, where committed tokens may not be returned yet."""
+    def _check_delivered(self) -> None:
+        """After an iteration: a live request's user-side tokens are its committed tokens, and a
+        request is released only after its final output."""
+        scheduler = self.engine.scheduler
+        for req_id in self.added:
+            request = scheduler.get_request(req_id)
+            if request is None:
+                if req_id not in self.result.finish_reasons:
+                    self.fail(f"{req_id}: released before its final output")
+            elif not request.is_finished and self.result.tokens[req_id] != request.output_token_ids:
+                self.fail(
+                    f"{req_id}: user got {self.result.tokens[req_id]}, books hold "
+                    f"{request.output_token_ids}"
+                )
+
+    def _check_books(self) -> None:
+        """Right after ``schedule()`` / ``update_from_output()`` (committed tokens may not be
+        returned to the user yet: that is :meth:`_check_delivered`)."""
         scheduler = self.engine.scheduler
         scheduler.check_invariants()
         kv = scheduler.kv_cache_manager
@@ -241,14 +257,12 @@ class _Drive:
         for req_id in self.added:
             request = scheduler.get_request(req_id)
             if request is None:
-                if not mid_step and req_id not in self.result.finish_reasons:
-                    self.fail(f"{req_id}: released before its final output")
                 continue
             blocks = kv.block_ids(req_id)
             if len(set(blocks)) != len(blocks):
                 self.fail(f"{req_id}: holds a block twice: {blocks}")
             holders.update(blocks)
-            self._check_request(request, mid_step)
+            self._check_request(request)
         pool = kv.pool
         for block_id in range(pool.num_blocks):
             if pool.ref_cnt(block_id) != holders[block_id]:
@@ -259,7 +273,7 @@ class _Drive:
         if pool.num_free_blocks + len(holders) != pool.num_blocks:
             self.fail(f"{pool.num_free_blocks} free + {len(holders)} held != {pool.num_blocks}")
 
-    def _check_request(self, request: Request, mid_step: bool) -> None:
+    def _check_request(self, request: Request) -> None:
         name = request.req_id
         placeholders = request.num_output_placeholders
         if placeholders < 0:
@@ -267,11 +281,6 @@ class _Drive:
         if request.num_steps_in_flight == 0 and placeholders:
             self.fail(f"{name}: {placeholders} placeholders with no step in flight")
         if not request.is_finished:
-            if not mid_step and self.result.tokens[name] != request.output_token_ids:
-                self.fail(
-                    f"{name}: user got {self.result.tokens[name]}, books hold "
-                    f"{request.output_token_ids}"
-                )
             if len(request.output_token_ids) + placeholders > request.max_tokens:
                 self.fail(f"{name}: {placeholders} placeholders past max_tokens: {request!r}")
         drafts = request.spec_token_ids
