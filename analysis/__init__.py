@@ -1,4 +1,4 @@
-"""stepscope analysis: trace files in, diagnosis out (DESIGN.md §3–§4).
+"""stepscope analysis: trace files in, diagnosis out (docs/design.md §4–§5).
 
 Public API (what the CLI and the dashboard call)::
 
@@ -16,7 +16,7 @@ import os
 
 from analysis.compare import Comparison, compare_reports
 from analysis.frames import TraceError, TraceFrames
-from analysis.load import load_trace
+from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
 from analysis.profiles import PROFILES, Profile, get_profile, load_profile_file
 from analysis.report import HEADLINE_KEYS, Report, build_report
 
@@ -54,15 +54,17 @@ def analyze_trace(
     profile: Profile | str | None = None,
     skip_steps: int = 1,
     window: str = "steady",
+    max_decompressed_mb: float = DEFAULT_MAX_DECOMPRESSED_MB,
 ) -> Report:
     """Load ``path`` (format detected from its bytes) and compute every §4 metric.
 
     ``profile``: a built-in name (``stepscope``, ``vllm``, ``sglang``), a ``.json``/``.toml``
     profile file, or a :class:`Profile`; default ``stepscope`` for Perfetto, ``vllm`` for Kineto.
     ``window``: see :func:`analyze_frames`. Raises :class:`TraceError` (plain message) for
-    unreadable traces.
+    unreadable traces, and for a gzip file that decompresses to more than
+    ``max_decompressed_mb``.
     """
-    frames = load_trace(path, profile)
+    frames = load_trace(path, profile, max_decompressed_mb)
     return build_report(frames, profile, skip_steps, window)
 
 

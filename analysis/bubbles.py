@@ -1,26 +1,135 @@
 """Device bubbles (maximal idle intervals) and who the CPU was busy with during them (§4).
 
-Blame goes to the *deepest* CPU slice running at each instant of a bubble (its exclusive time),
-so a ``wait_output`` nested in ``step`` is blamed, never the ``step`` envelope. A bubble's blame is
-the label with the largest share of its time; time with no CPU slice running is
-``(no cpu slice)``. When several CPU threads run blameable slices at once, each gets the time.
+Each instant of a bubble gets one label, chosen in tiers (the first tier running wins):
+
+1. a canonical slice (``schedule``, ``wait_output(sync)``, ...; DESIGN.md §3) running on any
+   thread, the deepest one: the engine's own words, used only where such a slice covers the time;
+2. the deepest slice of a thread that launches device work (a thread with a
+   ``cudaLaunchKernel``/``hipLaunchKernel``/memcpy-style runtime call or a slice sharing a
+   kernel's ``correlation``, or a thread holding canonical slices); every CPU thread when no
+   thread is known to launch;
+3. the deepest slice of any other thread doing work;
+4. ``(cpu waiting)``: a launching thread was itself waiting (a ``threading.py(...): wait``,
+   sleep, lock or queue wait frame, or anything nested in one): the host had nothing to do;
+5. ``(no cpu slice)``: nothing ran (other threads that wait, a tqdm monitor, do not count).
+
+Never labels: the profile's envelopes (``step``), the profiler's own whole-trace span
+(``PyTorch Profiler (0)``, Kineto ``"cat": "Trace"``). When several threads of one tier run at
+once, the deepest slice (trace nesting depth) wins, so each instant has one label. A bubble's blame is the label with the largest share of its time, so a
+10 µs sync inside a 1 ms bubble spent in ``aten::copy_`` does not name the bubble.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
 
 from analysis.build import nesting_depth
-from analysis.frames import ROLE_CPU, require_columns
-from analysis.intervals import Union, complement, intersect_measure, overlap_pairs, union
+from analysis.frames import ROLE_COMPUTE, ROLE_COPY, ROLE_CPU, require_columns
+from analysis.intervals import (
+    Union,
+    assign,
+    complement,
+    intersect,
+    overlap_pairs,
+    union,
+    unique_sorted,
+)
 from instrument.schema import CpuSlice
 
-__all__ = ["NO_CPU", "find_bubbles", "blame_label", "blame_bubbles", "blame_table"]
+__all__ = [
+    "NO_CPU",
+    "CPU_WAITING",
+    "find_bubbles",
+    "blame_label",
+    "blame_bubbles",
+    "blame_table",
+    "is_profiler_span",
+    "is_wait_frame",
+    "launch_tracks",
+]
 
 NO_CPU = "(no cpu slice)"
+CPU_WAITING = "(cpu waiting)"
 _CANONICAL = {s.value for s in CpuSlice} - {CpuSlice.STEP.value}
 BUBBLE_COLUMNS = {"bubble_id": "int64", "start_ns": "int64", "end_ns": "int64", "dur_ns": "int64"}
+# The profiler's own spans over the whole capture (Kineto "cat": "Trace" events).
+_PROFILER_SPAN = re.compile(
+    r"^(PyTorch Profiler|__cupti_profiler__|MTIA Activity Trace|__MTIA_CCP_events__) \(-?\d+\)$"
+)
+# Frames of a thread that is waiting, not working (Python stack names as torch.profiler's
+# with_stack writes them, and the C functions they call).
+_WAIT_FRAME = re.compile(
+    r"^threading\.py\(\d+\): (wait|join|_wait_for_tstate_lock)$"
+    r"|^queue\.py\(\d+\): get$"
+    r"|^selectors\.py\(\d+\): select$"
+    r"|^tqdm/_monitor\.py\(\d+\): run$"
+    r"|^multiprocessing/(connection|synchronize)\.py\(\d+\): (wait|poll|_poll|recv|recv_bytes|__enter__)$"
+    r"|^asyncio/base_events\.py\(\d+\): _run_once$"
+    r"|^(time\.)?sleep$|^<built-in function sleep>$"
+    r"|^<built-in method (acquire|wait|poll|select|epoll|recv|recv_into|sleep)\b"
+)
+# Runtime calls that put work on a device (CUDA runtime/driver, HIP).
+_LAUNCH_CALL = re.compile(r"^(cuda|hip|cu)(Ext)?(Module)?(Launch|GraphLaunch|Memcpy|Memset)")
+
+
+def _name_flags(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
+    """``pattern.search`` per row, evaluated once per distinct name."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes, distinct = names.cat.codes.to_numpy(), names.cat.categories
+    else:
+        codes, distinct = pd.factorize(names.astype(str))
+    hit = np.fromiter((bool(pattern.search(str(v))) for v in distinct), bool, len(distinct))
+    return np.append(hit, False)[codes]  # code -1 (missing) -> the appended False
+
+
+def is_profiler_span(names: pd.Series) -> np.ndarray:
+    """True where a raw name is the profiler's own whole-capture span (never blamed)."""
+    return _name_flags(names, _PROFILER_SPAN)
+
+
+def is_wait_frame(names: pd.Series) -> np.ndarray:
+    """True where a raw name is a frame of a waiting thread (wait, sleep, lock, queue get)."""
+    return _name_flags(names, _WAIT_FRAME)
+
+
+def _member(values: np.ndarray, distinct: np.ndarray) -> np.ndarray:
+    """``values[i] in distinct`` for a sorted distinct array (no ``np.isin``/``np.unique``)."""
+    if distinct.size == 0:
+        return np.zeros(values.shape, bool)
+    at = np.minimum(np.searchsorted(distinct, values), distinct.size - 1)
+    return distinct[at] == values
+
+
+def launch_tracks(slices: pd.DataFrame) -> np.ndarray:
+    """Track ids of the CPU threads that put work on a device: a launch/memcpy runtime call, a
+    slice sharing a device slice's ``correlation`` (Kineto), or a canonical slice (the engine
+    thread). Empty when none is known."""
+    cpu = slices[(slices["role"] == ROLE_CPU).to_numpy(bool)]
+    hit = _name_flags(cpu["raw_name"], _LAUNCH_CALL) | cpu["name"].isin(_CANONICAL).to_numpy(bool)
+    if "correlation" in slices.columns:
+        dev = slices["role"].isin([ROLE_COMPUTE, ROLE_COPY]).to_numpy(bool)
+        corr = slices["correlation"].to_numpy(np.float64, na_value=np.nan)
+        dev_corr = unique_sorted(corr[dev & ~np.isnan(corr)])
+        hit |= _member(corr[(slices["role"] == ROLE_CPU).to_numpy(bool)], dev_corr)
+    return unique_sorted(cpu["track_id"].to_numpy(np.int64)[hit])
+
+
+def _waiting(cpu: pd.DataFrame) -> np.ndarray:
+    """True for wait frames and every slice nested in one on the same thread."""
+    wait = is_wait_frame(cpu["raw_name"])
+    out = wait.copy()
+    track = cpu["track_id"].to_numpy(np.int64)
+    ts, end = cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64)
+    for t in unique_sorted(track[wait]):  # few threads ever wait
+        mine = track == t
+        w_s, w_e = union(ts[mine & wait], end[mine & wait])
+        k = assign(ts[mine], w_s, w_e)
+        inside = (k >= 0) & (end[mine] <= w_e[np.maximum(k, 0)])
+        out[np.flatnonzero(mine)[inside]] = True
+    return out
 
 
 def find_bubbles(busy: Union, start_ns: int, end_ns: int) -> pd.DataFrame:
@@ -44,18 +153,14 @@ def blame_label(name: np.ndarray, kind: np.ndarray) -> np.ndarray:
     return out
 
 
-def _candidates(slices: pd.DataFrame, envelopes: tuple[str, ...]) -> pd.DataFrame:
-    cpu = slices[(slices["role"] == ROLE_CPU) & ~slices["name"].isin(envelopes)]
-    canonical = cpu["name"].isin(_CANONICAL)
-    # Engines annotated with canonical names are blamed on those; others on whatever ran.
-    return cpu[canonical] if canonical.any() else cpu
-
-
 def _exclusive_segments(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(start, end, owner row)`` pieces where each candidate slice is the deepest one running."""
     track = cpu["track_id"].to_numpy(np.int64)
     ts, end = cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64)
     n = ts.size
+    if n == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
     depth = nesting_depth(track, ts, end).astype(np.int64)
     left = pd.DataFrame({"row": np.arange(n), "track": track, "ts": ts, "key": depth - 1})
     right = pd.DataFrame({"parent": np.arange(n), "track": track, "ts": ts, "key": depth})
@@ -84,32 +189,105 @@ def _exclusive_segments(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
     return seg_s[keep], seg_e[keep], seg_o[keep]
 
 
+def _tier_pieces(
+    seg: tuple[np.ndarray, np.ndarray, np.ndarray], labels: np.ndarray, left: Union
+) -> tuple[pd.DataFrame, Union]:
+    """Pieces of the still-unlabelled idle time ``left`` that segments cover, and what is left."""
+    s, e, owner = seg
+    i, _, ps, pe = overlap_pairs(s, e, left)
+    pieces = pd.DataFrame({"start_ns": ps, "label": labels[owner[i]], "idle_ns": pe - ps})
+    if not left[0].size:
+        return pieces, left
+    lo, hi = int(left[0][0]), int(left[1][-1])
+    return pieces, intersect(left, complement(union(s, e), lo, hi))
+
+
+def _segments(cpu: pd.DataFrame, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exclusive segments of the deepest slice among ``cpu[keep]``; owners index ``cpu``."""
+    rows = np.flatnonzero(keep)
+    s, e, o = _exclusive_segments(cpu.iloc[rows])
+    return s, e, rows[o]
+
+
+def _deepest_across_threads(
+    seg: tuple[np.ndarray, np.ndarray, np.ndarray], depth: np.ndarray, track: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One owner per instant: where several threads' segments overlap, the deepest slice wins
+    (ties: the lower track id), so a thread parked in a shallow range (a main thread inside
+    ``## backward ##`` while the autograd thread launches) does not take the time."""
+    s, e, owner = seg
+    if s.size == 0:
+        return seg
+    edges = unique_sorted(np.concatenate((s, e)))
+    lo, hi = edges[:-1], edges[1:]
+    best_depth = np.full(lo.size, -1, dtype=np.int64)
+    best_owner = np.full(lo.size, -1, dtype=np.int64)
+    owner_track = track[owner]
+    for t in unique_sorted(owner_track):  # one pass per thread; segments of a thread are disjoint
+        mine = np.flatnonzero(owner_track == t)
+        mine = mine[np.argsort(s[mine], kind="stable")]
+        k = assign(lo, s[mine], e[mine])
+        who = owner[mine][np.maximum(k, 0)]
+        d = np.where(k >= 0, depth[who], -1)
+        better = d > best_depth
+        best_depth[better], best_owner[better] = d[better], who[better]
+    keep = best_owner >= 0
+    return lo[keep], hi[keep], best_owner[keep]
+
+
 def blame_bubbles(
     bubbles: pd.DataFrame, slices: pd.DataFrame, envelopes: tuple[str, ...] = ("step",)
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Blame each bubble; returns ``(bubbles, pieces)``.
+    """Blame each bubble by the tiers of the module docstring; returns ``(bubbles, pieces)``.
 
     ``bubbles`` gains ``blame`` (label), ``blame_ns`` and ``blame_share`` (of the bubble's blamed
     time). ``pieces`` has one row per (bubble, label): ``bubble_id``, ``label``, ``idle_ns``.
     """
     require_columns(bubbles, BUBBLE_COLUMNS, "blame_bubbles")
     require_columns(
-        slices, ["role", "name", "kind", "track_id", "ts_ns", "end_ns"], "blame_bubbles"
+        slices,
+        ["role", "name", "raw_name", "kind", "track_id", "ts_ns", "end_ns", "depth"],
+        "blame_bubbles",
     )
-    cpu = _candidates(slices, envelopes)
-    b_u = (bubbles["start_ns"].to_numpy(np.int64), bubbles["end_ns"].to_numpy(np.int64))
+    cpu = slices[(slices["role"] == ROLE_CPU).to_numpy(bool)]
+    cpu = cpu[~cpu["name"].isin(envelopes).to_numpy(bool) & ~is_profiler_span(cpu["raw_name"])]
+    cpu = cpu.reset_index(drop=True)
     labels = blame_label(cpu["name"].to_numpy(object), cpu["kind"].to_numpy(object))
-    seg_s, seg_e, seg_o = _exclusive_segments(cpu)
-    seg_idx, bub_idx, ps, pe = overlap_pairs(seg_s, seg_e, b_u)
-    pieces = pd.DataFrame(
-        {"bubble_id": bub_idx, "label": labels[seg_o[seg_idx]], "idle_ns": pe - ps}
+    waiting = _waiting(cpu)
+    canonical = cpu["name"].isin(_CANONICAL).to_numpy(bool) & ~waiting
+    launchers = launch_tracks(slices)
+    on_launcher = (
+        np.isin(cpu["track_id"].to_numpy(np.int64), launchers)
+        if launchers.size
+        else np.ones(len(cpu), bool)
     )
-    covered = union(cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64))
-    uncovered = bubbles["dur_ns"].to_numpy(np.int64) - intersect_measure(*b_u, covered)
-    none = pd.DataFrame(
-        {"bubble_id": bubbles["bubble_id"].to_numpy(), "label": NO_CPU, "idle_ns": uncovered}
-    )
-    pieces = pd.concat([pieces, none[none["idle_ns"] > 0]], ignore_index=True)
+    depth = cpu["depth"].to_numpy(np.int64)
+    track = cpu["track_id"].to_numpy(np.int64)
+    seg_all = _segments(cpu, np.ones(len(cpu), bool))
+    working = ~waiting[seg_all[2]]
+    launcher_seg = on_launcher[seg_all[2]]
+    tiers = [
+        (_segments(cpu, canonical), labels),
+        (tuple(a[working & launcher_seg] for a in seg_all), labels),
+        (tuple(a[working & ~launcher_seg] for a in seg_all), labels),
+        (
+            tuple(a[~working & launcher_seg] for a in seg_all),
+            np.full(len(cpu), CPU_WAITING, dtype=object),
+        ),
+    ]
+    tiers = [(_deepest_across_threads(seg, depth, track), names) for seg, names in tiers]
+    b_s = bubbles["start_ns"].to_numpy(np.int64)
+    b_e = bubbles["end_ns"].to_numpy(np.int64)
+    left: Union = (b_s, b_e)
+    found = []
+    for seg, names in tiers:
+        pieces, left = _tier_pieces(seg, names, left)
+        found.append(pieces)
+    found.append(pd.DataFrame({"start_ns": left[0], "label": NO_CPU, "idle_ns": left[1] - left[0]}))
+    pieces = pd.concat(found, ignore_index=True)
+    pieces["bubble_id"] = bubbles["bubble_id"].to_numpy(np.int64)[
+        assign(pieces["start_ns"].to_numpy(np.int64), b_s, b_e)
+    ]
     pieces = pieces.groupby(["bubble_id", "label"], as_index=False, sort=True)["idle_ns"].sum()
     pieces = pieces.astype({"bubble_id": "int64", "label": "object", "idle_ns": "int64"})
     total = pieces.groupby("bubble_id")["idle_ns"].transform("sum")

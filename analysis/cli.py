@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import pandas as pd
 
 from analysis import Report, TraceError, analyze_trace, compare_reports
+from analysis.jsonout import dump_json
+from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.rank_cli import is_rank_set, rank_analyze_main
 
 __all__ = ["analyze_main", "compare_main"]
 
 _SHOWN_TABLES = (
+    "kernel_types",
+    "top_kernels",
     "phases",
+    "starvation",
+    "fill",
     "blame",
     "overlap",
     "waits",
@@ -40,14 +45,24 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "step time, see README), all, or A:B (steps A..B-1)",
     )
     parser.add_argument(
-        "--skip-steps", type=int, default=1, help="with --window all: warm-up steps left out"
+        "--skip-steps",
+        type=int,
+        default=1,
+        help="with --window all: warm-up steps left out (only when 2 steps remain and the "
+        "warm-up does not hold all the device work)",
     )
     parser.add_argument("--json", action="store_true", help="print every number as JSON")
+    parser.add_argument(
+        "--max-decompressed-mb",
+        type=float,
+        default=DEFAULT_MAX_DECOMPRESSED_MB,
+        metavar="MB",
+        help="refuse a .gz trace that decompresses to more than this (default %(default).0f)",
+    )
 
 
 def _print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str, allow_nan=False)
-    sys.stdout.write("\n")
+    dump_json(obj)
 
 
 def _fmt(df: pd.DataFrame) -> str:
@@ -55,6 +70,10 @@ def _fmt(df: pd.DataFrame) -> str:
         "display.width", 120, "display.max_columns", 12, "display.float_format", "{:.3f}".format
     ):
         return df.head(_MAX_ROWS).to_string(index=False)
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _print_report(report: Report) -> None:
@@ -68,6 +87,8 @@ def _print_report(report: Report) -> None:
     )
     if w["note"]:
         print(f"  note: {w['note']}")
+    for note in report.frames.metadata.get("notes", []):
+        print(f"  note: {note}")
     capture = report.extra.get("capture", {})
     dropped = {k: v for k, v in capture.items() if k.startswith("dropped_steps_") and v}
     if capture.get("sampled") or dropped:
@@ -77,6 +98,8 @@ def _print_report(report: Report) -> None:
         print(f"  capture: {sampled}steps left out of the trace {dropped or 'none'}")
     for name in _SHOWN_TABLES:
         df = report.tables[name]
+        if name == "top_kernels":  # C++ kernel names run to hundreds of characters
+            df = df.assign(name=df["name"].map(_short))
         if len(df):
             print(
                 f"\n{name} ({len(df)} rows{', first ' + str(_MAX_ROWS) if len(df) > _MAX_ROWS else ''})"
@@ -92,7 +115,8 @@ def analyze_main(argv: list[str]) -> int:
         "trace",
         nargs="+",
         help="a .pftrace (stepscope/Perfetto) or Kineto .json[.gz] file; several files or a "
-        "directory: the rank traces of one tensor-parallel run (per-rank and straggler tables)",
+        "directory: the rank traces of one tensor-parallel run (*.rank<i>.pftrace, or Kineto "
+        "traces ranked by their distributedInfo; per-rank and straggler tables)",
     )
     _common(parser)
     args = parser.parse_args(argv)
@@ -100,7 +124,9 @@ def analyze_main(argv: list[str]) -> int:
         return rank_analyze_main(args)
     args.trace = args.trace[0]
     try:
-        report = analyze_trace(args.trace, args.profile, args.skip_steps, args.window)
+        report = analyze_trace(
+            args.trace, args.profile, args.skip_steps, args.window, args.max_decompressed_mb
+        )
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
@@ -126,8 +152,10 @@ def compare_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     try:
-        a = analyze_trace(args.a, args.profile, args.skip_steps, args.window)
-        b = analyze_trace(args.b, args.profile, args.skip_steps, args.window)
+        a, b = (
+            analyze_trace(p, args.profile, args.skip_steps, args.window, args.max_decompressed_mb)
+            for p in (args.a, args.b)
+        )
     except TraceError as exc:
         print(f"stepscope compare: {exc}", file=sys.stderr)
         return 2
@@ -135,13 +163,14 @@ def compare_main(argv: list[str]) -> int:
     if args.json:
         _print_json({"comparison": cmp.to_dict(), "a": a.to_dict(False), "b": b.to_dict(False)})
         return 0 if cmp.contract_ok else 1
-    if cmp.contract_ok:
+    # Unchecked (no engine_config in either trace): the notes below say so.
+    if cmp.checked and cmp.contract_ok:
         varied = (
             ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in cmp.differences.items())
             or "nothing"
         )
         print(f"* A/B contract holds; the variable under test: {varied}.")
-    else:
+    elif cmp.checked:
         print(
             f"* A/B contract BROKEN: the traces differ in {', '.join(cmp.violations) or 'an unknown config'}"
             " — the deltas below mix several causes."

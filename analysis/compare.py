@@ -1,4 +1,4 @@
-"""A/B comparison of two traces: the contract check first, then deltas (DESIGN.md §4)."""
+"""A/B comparison of two traces: the contract check first, then deltas (docs/design.md §5.12)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,16 @@ _DELTAS = (
     ("ttft_ms_p50", ("ttft_ms", "p50")),
     ("tokens_per_s", ("extra", "tokens_per_s")),
     ("output_tokens_per_s", ("extra", "output_tokens_per_s")),
+    ("cpu_lead_us_p50", ("cpu_lead_us_p50",)),
+    ("starved_steps_frac", ("starved_steps_frac",)),
+    ("bubble_ratio_starvation_aware", ("bubble_ratio_starvation_aware",)),
 )
 
 
 @dataclass
 class Comparison:
-    """``contract_ok``: configs equal except the declared variables; ``differences``: key ->
+    """``contract_ok``: configs equal except the declared variables (True when neither trace
+    carries a config: nothing contradicts it, and ``checked`` is False); ``differences``: key ->
     (A, B) for every differing config key; ``violations``: differing keys not declared;
     ``deltas``: name -> {a, b, delta}; ``outputs_agree``: True/False, None without digests."""
 
@@ -40,10 +44,12 @@ class Comparison:
     deltas: dict[str, dict[str, float | None]]
     outputs_agree: bool | None
     notes: list[str] = field(default_factory=list)
+    checked: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "contract_ok": self.contract_ok,
+            "contract_checked": self.checked,
             "differences": {k: list(v) for k, v in self.differences.items()},
             "violations": self.violations,
             "deltas": self.deltas,
@@ -89,4 +95,5 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
     agree = None if ga is None or gb is None else ga == gb
     if agree is None:
         notes.append(f"outputs not compared: '{OUTPUT_DIGEST_KEY}' missing from one or both traces")
-    return Comparison(not violations and bool(ca or cb), diffs, violations, deltas, agree, notes)
+    checked = bool(ca or cb)
+    return Comparison(not violations, diffs, violations, deltas, agree, notes, checked)

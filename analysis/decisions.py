@@ -1,4 +1,4 @@
-"""Feature decisions: silent fallbacks and "enabled but ineffective" (DESIGN.md §4)."""
+"""Feature decisions: silent fallbacks and "enabled but ineffective" (docs/design.md §5.7)."""
 
 from __future__ import annotations
 

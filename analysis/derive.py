@@ -31,7 +31,8 @@ _CORE = {"track_id", "track", "scope", "name", "ts_ns"}
 
 
 def parse_requested(value: object) -> bool | None:
-    """``requested`` as written by any producer: bool, "True"/"False", or None/"None"/"auto"."""
+    """``requested``/``resolved`` as written by any producer: bool, "True"/"False", None/"auto",
+    or the name of a choice (``spec_method``: "ngram" is on, "none" is not requested; docs/design.md §2.1)."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return None
     if isinstance(value, (bool, np.bool_)):
@@ -39,11 +40,9 @@ def parse_requested(value: object) -> bool | None:
     if isinstance(value, (int, np.integer)):
         return bool(value)
     text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    return None
+    if text in ("", "auto", "nan", "none"):
+        return None  # "none": not requested (auto) / nothing chosen
+    return text not in ("false", "0", "no", "off")
 
 
 def _present(value: object) -> bool:

@@ -1,4 +1,4 @@
-"""Grammar work under device work: structured output with deferred sampling (DESIGN.md §1, §4).
+"""Grammar work under device work: structured output with deferred sampling (docs/design.md §2.9, §5.6).
 
 With deferred sampling the forward of step N+1 is enqueued before the host waits on output N;
 its sampling waits for ``wait_output(kind=grammar)`` on output N, the grammar accepting t_N, and

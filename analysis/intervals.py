@@ -20,6 +20,7 @@ __all__ = [
     "overlap_pairs",
     "complement",
     "assign",
+    "unique_sorted",
 ]
 
 Union = tuple[np.ndarray, np.ndarray]
@@ -141,3 +142,12 @@ def assign(ts: np.ndarray, u_starts: np.ndarray, u_ends: np.ndarray) -> np.ndarr
     k = np.searchsorted(u_starts, ts, side="right") - 1
     inside = (k >= 0) & (ts < u_ends[np.maximum(k, 0)])
     return np.where(inside, k, -1)
+
+
+def unique_sorted(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of a numeric array (sort-based: ``np.unique`` of numpy 2.4 hashes
+    and is ~40x slower on 400k int64 here)."""
+    s = np.sort(np.asarray(a), kind="stable")
+    if s.size == 0:
+        return s
+    return s[np.concatenate(([True], s[1:] != s[:-1]))]

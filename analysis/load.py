@@ -1,8 +1,13 @@
-"""Open any supported trace file: detect the format from its bytes, never from its name."""
+"""Open any supported trace file: detect the format from its bytes, never from its name.
+
+Inputs are bounded: a gzip-compressed trace is decompressed only up to ``max_decompressed_mb``
+(default :data:`DEFAULT_MAX_DECOMPRESSED_MB`), so a small "gzip bomb" cannot exhaust memory;
+the Kineto decoder refuses JSON nested deeper than it can hold (see ``analysis.kineto_decode``).
+Both end in a :class:`TraceError` that names the limit.
+"""
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import zlib
@@ -11,13 +16,47 @@ from pathlib import Path
 from analysis.frames import TraceError, TraceFrames, categorize
 from analysis.profiles import Profile
 
-__all__ = ["load_trace", "read_trace_bytes"]
+__all__ = ["load_trace", "read_trace_bytes", "gunzip_bounded", "DEFAULT_MAX_DECOMPRESSED_MB"]
 
+DEFAULT_MAX_DECOMPRESSED_MB = 2048.0
 _LEADING_SPACE = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.lstrip() strips
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
-def read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
-    """The file's bytes, gunzipped when gzip-compressed (a cut-off gzip yields what it holds)."""
+def gunzip_bounded(data: bytes, max_bytes: int, what: str = "the trace") -> bytes:
+    """``data`` (one or more gzip members) decompressed, at most ``max_bytes`` of output.
+
+    A cut-off or corrupt member yields what it holds (the readable prefix). Raises
+    :class:`TraceError` naming the limit when the output would exceed ``max_bytes``.
+    """
+    out: list[bytes] = []
+    size = 0
+    while data[:2] == _GZIP_MAGIC:
+        dec = zlib.decompressobj(wbits=47)
+        try:
+            chunk = dec.decompress(data, max_bytes - size + 1)
+        except zlib.error:
+            break  # corrupt: what earlier members held is kept
+        size += len(chunk)
+        out.append(chunk)
+        if size > max_bytes or dec.unconsumed_tail:
+            raise TraceError(
+                f"{what} decompresses to more than {max_bytes / 2**20:.0f} MB "
+                "(the --max-decompressed-mb limit); raise the limit if the trace is genuine"
+            )
+        if not dec.eof:
+            break  # cut off: keep the readable prefix
+        data = dec.unused_data
+    return b"".join(out)
+
+
+def read_trace_bytes(
+    path: str | os.PathLike[str], max_decompressed_mb: float = DEFAULT_MAX_DECOMPRESSED_MB
+) -> bytes:
+    """The file's bytes, gunzipped when gzip-compressed (a cut-off gzip yields what it holds).
+
+    Raises :class:`TraceError` when the decompressed size would exceed ``max_decompressed_mb``.
+    """
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -25,20 +64,24 @@ def read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
         raise TraceError(f"no such trace file: {p}") from None
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror}") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError, zlib.error):
-            return zlib.decompressobj(wbits=47).decompress(data)  # keep the readable prefix
+    if data[:2] == _GZIP_MAGIC:
+        if not max_decompressed_mb > 0:
+            raise TraceError(f"max_decompressed_mb must be > 0, got {max_decompressed_mb}")
+        return gunzip_bounded(data, int(max_decompressed_mb * 2**20), str(p))
     return data
 
 
-def load_trace(path: str | os.PathLike[str], profile: Profile | str | None = None) -> TraceFrames:
+def load_trace(
+    path: str | os.PathLike[str],
+    profile: Profile | str | None = None,
+    max_decompressed_mb: float = DEFAULT_MAX_DECOMPRESSED_MB,
+) -> TraceFrames:
     """Frames of a stepscope/Perfetto protobuf trace or a Kineto (torch.profiler) JSON trace.
 
-    Raises :class:`TraceError` with a plain message for anything it cannot read.
+    Raises :class:`TraceError` with a plain message for anything it cannot read, including a
+    gzip file that decompresses to more than ``max_decompressed_mb``.
     """
-    data = read_trace_bytes(path)
+    data = read_trace_bytes(path, max_decompressed_mb)
     match = _LEADING_SPACE.match(data)
     first = match.end() if match else 0
     head = data[first : first + 1]  # no copy of the (possibly large) file

@@ -2,25 +2,29 @@
 
 Mapping onto the stepscope contract:
 
-* ``kernel`` and ``gpu_memset`` events become device slices on ``gpu:<device> compute``,
-  ``gpu_memcpy`` on ``gpu:<device> copy`` (the CUDA stream is kept in ``stream``);
-  ``gpu_user_annotation`` ranges go to ``gpu:<device> annotations`` (role ``annotation``);
+* ``kernel``, ``gpu_memset`` and MTIA ``mtia_ccp_events`` events become device slices on
+  ``gpu:<device> compute``, ``gpu_memcpy`` (and MTIA ``dma_*``) on ``gpu:<device> copy`` (the
+  stream is kept in ``stream``); ``gpu_user_annotation`` ranges and MTIA ``event_record`` /
+  ``event_wait`` markers go to ``gpu:<device> annotations`` (role ``annotation``, not work);
 * CPU events (``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime``,
-  ``cuda_driver``) become slices on their thread's track; the profile renames ranges
-  (``gpu_model_runner: forward`` → ``launch``, ``ProfilerStep#7`` → ``step`` 7, ...);
-* ``cudaStreamSynchronize``/``cudaEventSynchronize``/``cudaDeviceSynchronize`` (and driver
-  equivalents) become ``wait_output`` with kind ``sync``; a ``cudaMemcpy`` whose copy is
+  ``cuda_driver``, ``mtia_runtime``) become slices on their thread's track; the profile renames
+  ranges (``gpu_model_runner: forward`` → ``launch``, ``ProfilerStep#7`` → ``step`` 7, ...);
+* CUDA, HIP and MTIA synchronising calls (``cudaStreamSynchronize``, ``hipDeviceSynchronize``,
+  ``synchronizeStream``, ... see ``SYNC_CALLS``) become ``wait_output`` with kind ``sync``; a
+  blocking copy (``cudaMemcpy``, ``hipMemcpy``, ``hipMemcpyWithStream``, ...) whose copy is
   device-to-host, or any copy into pageable memory, becomes ``wait_output`` with kind
   ``d2h_copy``; each of those, plus ``aten::item``/``aten::_local_scalar_dense``, is also a
   ``sync`` instant (``hot`` when inside ``schedule``/``prepare_inputs``/``launch``);
+* ``distributedInfo.rank`` / ``world_size`` become ``metadata["rank"]`` / ``["world_size"]``;
 * launch → kernel flows come from the ``correlation`` ids; steps come from step envelopes,
   else from consecutive ``schedule`` ranges; a kernel takes its launch's step.
-Events of unknown categories are kept on their thread track with role ``other``.
+Events of unknown categories are kept on their thread track with role ``other`` and named in
+``metadata["notes"]`` (one line, with counts), never dropped silently. The JSON is decoded by
+``analysis.kineto_decode`` (typed, columnar; no per-event Python).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -39,12 +43,14 @@ from analysis.frames import (
     SYNC_COLUMNS,
     TraceError,
     TraceFrames,
+    categorical_from_codes,
     categorize,
     empty_frame,
 )
 from analysis.intervals import assign, union
+from analysis.kineto_decode import decode_kineto
 from analysis.profiles import Profile, get_profile
-from instrument.schema import CpuSlice
+from instrument.schema import Arg, CpuSlice
 
 __all__ = ["load_kineto", "SYNC_CALLS"]
 
@@ -53,8 +59,15 @@ _DEVICE_CATS = {
     "gpu_memset": ROLE_COMPUTE,
     "gpu_memcpy": ROLE_COPY,
     "gpu_user_annotation": ROLE_ANNOTATION,
+    "mtia_ccp_events": ROLE_COMPUTE,  # MTIA device work (markers and DMA: see _roles)
 }
+# MTIA command-processor events that mark a point or a wait on the device, not work.
+_MTIA_MARKERS = frozenset({"event_record", "event_wait"})
+# Host runtime calls (CUDA, HIP -- Kineto files HIP calls under cuda_runtime too -- and MTIA).
+_RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "runtime", "mtia_runtime")
 _CPU_CATS = {
+    "runtime",
+    "mtia_runtime",
     "cpu_op",
     "user_annotation",
     "python_function",
@@ -72,6 +85,23 @@ SYNC_CALLS = frozenset(
         "cuStreamSynchronize",
         "cuEventSynchronize",
         "cuCtxSynchronize",
+        "hipStreamSynchronize",
+        "hipEventSynchronize",
+        "hipDeviceSynchronize",
+        "hipCtxSynchronize",
+        "synchronizeStream",  # MTIA runtime
+        "synchronize",
+    }
+)
+# Copies that block the host until they finish when they go device-to-host.
+_BLOCKING_COPIES = frozenset(
+    {
+        "cudaMemcpy",
+        "cuMemcpyDtoH",
+        "cuMemcpyDtoH_v2",
+        "hipMemcpy",
+        "hipMemcpyWithStream",
+        "hipMemcpyDtoH",
     }
 )
 _SCALAR_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
@@ -79,83 +109,97 @@ _HOT = (CpuSlice.SCHEDULE.value, CpuSlice.PREPARE_INPUTS.value, CpuSlice.LAUNCH.
 WAIT_SYNC, WAIT_D2H = "sync", "d2h_copy"
 
 
-def _events(data: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        where = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise TraceError(f"not valid JSON{where} (cut off or not a trace?)") from None
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise TraceError("a Kineto trace needs a 'traceEvents' list")
-    events = [e for e in events if isinstance(e, dict)]
-    if not events:
-        raise TraceError("the trace holds no events")
-    extra = {k: v for k, v in doc.items() if k != "traceEvents"} if isinstance(doc, dict) else {}
-    return events, extra
+def _complete(ev: pd.DataFrame) -> pd.DataFrame:
+    """The complete (``X``) events with a timestamp, categoricals kept."""
+    keep = (ev["ph"] == "X").to_numpy() & np.isfinite(ev["ts_us"].to_numpy())
+    return ev.drop(columns="ph")[keep].reset_index(drop=True)
 
 
-def _num(values: list[Any]) -> np.ndarray:
-    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(np.float64)
-
-
-def _columns(events: list[dict[str, Any]]) -> pd.DataFrame:
-    args: list[dict[str, Any]] = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
-    df = pd.DataFrame(
-        {
-            "ph": [str(e.get("ph", "")) for e in events],
-            "cat": [str(e.get("cat", "")).lower() for e in events],
-            "name": [str(e.get("name", "")) for e in events],
-            "pid": [str(e.get("pid", "")) for e in events],
-            "tid": [str(e.get("tid", "")) for e in events],
-            "ts_us": _num([e.get("ts") for e in events]),
-            "dur_us": _num([e.get("dur") for e in events]),
-            "device": _num([a.get("device") for a in args]),
-            "stream": _num([a.get("stream") for a in args]),
-            "correlation": _num([a.get("correlation") for a in args]),
-        }
+def _roles(cat: pd.Series, name: pd.Series) -> pd.Categorical:
+    """Role of each complete event from its category (per distinct category, not per event)."""
+    cats = cat.cat.categories.to_numpy(object)
+    by_cat = np.asarray(
+        [_DEVICE_CATS.get(c, ROLE_CPU if c in _CPU_CATS else ROLE_OTHER) for c in cats],
+        dtype=object,
     )
-    df["args"] = args
-    return df
+    codes = cat.cat.codes.to_numpy().astype(np.int64)
+    labels = np.asarray([*by_cat, ROLE_ANNOTATION, ROLE_COPY, ROLE_COMPUTE], dtype=object)
+    mtia = (cat == "mtia_ccp_events").to_numpy()
+    if mtia.any():  # markers (record/wait on an event) are not work; DMA requests are copies
+        raw = name.to_numpy(object)[mtia].astype(str)
+        marker = np.isin(raw, list(_MTIA_MARKERS))
+        dma = np.char.startswith(raw, "dma")
+        n = len(by_cat)
+        codes[mtia] = np.where(marker, n, np.where(dma, n + 1, n + 2))
+    return categorical_from_codes(codes, labels)
 
 
-def _thread_names(df: pd.DataFrame) -> dict[tuple[str, str], str]:
-    meta = df[(df["ph"] == "M") & (df["name"] == "thread_name")]
-    return {
-        (p, t): str(a.get("name", ""))
-        for p, t, a in zip(meta["pid"], meta["tid"], meta["args"], strict=False)
-    }
-
-
-def _tracks(x: pd.DataFrame, thread_names: dict[tuple[str, str], str]) -> pd.DataFrame:
-    """Assign ``track``/``role``/``device`` to complete events; returns the tracks frame."""
-    role = x["cat"].map(_DEVICE_CATS)
-    is_dev = role.notna().to_numpy()
-    device = np.where(np.isnan(x["device"]), pd.to_numeric(x["pid"], errors="coerce"), x["device"])
-    device = np.nan_to_num(device, nan=0).astype(np.int64)
-    lane = role.map({ROLE_COMPUTE: "compute", ROLE_COPY: "copy", ROLE_ANNOTATION: "annotations"})
-    dev_track = "gpu:" + pd.Series(device, index=x.index).astype(str) + " " + lane.fillna("")
-    pid_tid = zip(
-        x["pid"].to_numpy(object).tolist(), x["tid"].to_numpy(object).tolist(), strict=False
+def _tracks(
+    x: pd.DataFrame, role: pd.Categorical, thread_names: dict[tuple[str, str], str]
+) -> pd.DataFrame:
+    """Assign ``track``/``role``/``device_index``/``track_id`` to complete events (names are
+    built once per distinct thread or device lane); returns the tracks frame."""
+    is_dev = role.isin([ROLE_COMPUTE, ROLE_COPY, ROLE_ANNOTATION])
+    pid_num = pd.to_numeric(pd.Series(x["pid"].cat.categories), errors="coerce").to_numpy()
+    device = np.where(
+        np.isnan(x["device"].to_numpy()), pid_num[x["pid"].cat.codes.to_numpy()], x["device"]
     )
-    cpu_track = [thread_names.get(pt) or f"thread {pt[1]}" for pt in pid_tid]
-    known_cpu = x["cat"].isin(_CPU_CATS).to_numpy()
-    x["track"] = np.where(is_dev, dev_track.to_numpy(object), np.asarray(cpu_track, dtype=object))
-    x["role"] = np.where(is_dev, role.to_numpy(object), np.where(known_cpu, ROLE_CPU, ROLE_OTHER))
-    x["device_index"] = np.where(is_dev, device, -1)
-    keys = x.drop_duplicates("track")[["track", "role", "device_index", "pid", "tid"]]
-    keys = keys.reset_index(drop=True)
-    x["track_id"] = x["track"].map(pd.Series(keys.index, index=keys["track"])).to_numpy(np.int64)
+    device = np.where(is_dev, np.nan_to_num(device, nan=0).astype(np.int64), -1)
+    lane = np.select(
+        [role == ROLE_COMPUTE, role == ROLE_COPY, role == ROLE_ANNOTATION], [0, 1, 2], 3
+    )
+    p_codes = x["pid"].cat.codes.to_numpy().astype(np.int64)
+    t_codes = x["tid"].cat.codes.to_numpy().astype(np.int64)
+    n_tid = len(x["tid"].cat.categories) + 1
+    # One key per track: device lanes (device, lane) and threads (pid, tid) never collide.
+    key = np.where(
+        is_dev,
+        -(device * 4 + lane) - 1,
+        p_codes * n_tid + t_codes,
+    )
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    pids = x["pid"].cat.categories.to_numpy(object)
+    tids = x["tid"].cat.categories.to_numpy(object)
+    lanes = ("compute", "copy", "annotations", "")
+    key_names = [
+        f"gpu:{device[i]} {lanes[lane[i]]}"
+        if is_dev[i]
+        else (
+            thread_names.get((pids[p_codes[i]], tids[t_codes[i]])) or f"thread {tids[t_codes[i]]}"
+        )
+        for i in first.tolist()
+    ]  # one per distinct thread or device lane
+    # Tracks are keyed by name (as in the Perfetto loader), ids in order of first appearance.
+    order = np.argsort(first, kind="stable")
+    name_codes, track_names = pd.factorize(np.asarray(key_names, dtype=object)[order])
+    key_track = np.empty(order.size, dtype=np.int64)
+    key_track[order] = name_codes
+    track_id = key_track[inverse]
+    head = first[order][np.unique(name_codes, return_index=True)[1]]  # first event per track
+    names = list(track_names)
+    roles = [ROLE_CPU if role[i] == ROLE_OTHER else role[i] for i in head.tolist()]
+    devs = device[head].tolist()
+    tk_pid = pids[p_codes[head]].tolist()
+    tk_tid = tids[t_codes[head]].tolist()
+    track_names = np.asarray(names, dtype=object)
+    x["track"] = categorical_from_codes(track_id, track_names)
+    x["role"] = role
+    x["device_index"] = device
+    x["track_id"] = track_id.astype(np.int64)
     return pd.DataFrame(
         {
-            "track_id": keys.index.to_numpy(np.int64),
-            "uuid": keys.index.to_numpy(np.uint64),
-            "parent_id": np.full(len(keys), -1, dtype=np.int64),
-            "name": keys["track"].to_numpy(object),
-            "role": np.where(keys["role"] == ROLE_OTHER, ROLE_CPU, keys["role"]).astype(object),
-            "pid": pd.to_numeric(keys["pid"], errors="coerce").fillna(-1).to_numpy(np.int64),
-            "tid": pd.to_numeric(keys["tid"], errors="coerce").fillna(-1).to_numpy(np.int64),
-            "device": keys["device_index"].to_numpy(np.int64),
+            "track_id": np.arange(len(names), dtype=np.int64),
+            "uuid": np.arange(len(names), dtype=np.uint64),
+            "parent_id": np.full(len(names), -1, dtype=np.int64),
+            "name": pd.Series(track_names, dtype=object),
+            "role": pd.Series(np.asarray(roles, dtype=object), dtype=object),
+            "pid": pd.to_numeric(pd.Series(tk_pid, dtype=object), errors="coerce")
+            .fillna(-1)
+            .to_numpy(np.int64),
+            "tid": pd.to_numeric(pd.Series(tk_tid, dtype=object), errors="coerce")
+            .fillna(-1)
+            .to_numpy(np.int64),
+            "device": np.asarray(devs, dtype=np.int64),
         }
     )
 
@@ -166,18 +210,16 @@ def _mark_waits(x: pd.DataFrame) -> None:
     d2h = copies["name"].str.contains("DtoH|Device -> Pageable|Pageable", regex=True)
     d2h_corr = set(copies["correlation"][d2h].tolist())
     pageable = set(copies["correlation"][copies["name"].str.contains("Pageable")].tolist())
-    runtime = x["cat"].isin(["cuda_runtime", "cuda_driver"])
+    runtime = x["cat"].isin(_RUNTIME_CATS)
     is_sync = runtime & x["raw_name"].isin(SYNC_CALLS)
     corr = x["correlation"]
     blocking_copy = runtime & (
-        (
-            x["raw_name"].isin(["cudaMemcpy", "cuMemcpyDtoH", "cuMemcpyDtoH_v2"])
-            & corr.isin(d2h_corr)
-        )
-        | (x["raw_name"].str.startswith("cudaMemcpy") & corr.isin(pageable))
+        (x["raw_name"].isin(_BLOCKING_COPIES) & corr.isin(d2h_corr))
+        | (x["raw_name"].str.startswith(("cudaMemcpy", "hipMemcpy")) & corr.isin(pageable))
     )
-    x.loc[is_sync, ["name", "kind"]] = [CpuSlice.WAIT_OUTPUT.value, WAIT_SYNC]
-    x.loc[blocking_copy & ~is_sync, ["name", "kind"]] = [CpuSlice.WAIT_OUTPUT.value, WAIT_D2H]
+    is_sync, blocking_copy = is_sync.to_numpy(), blocking_copy.to_numpy() & ~is_sync.to_numpy()
+    x["name"] = _with(x["name"], is_sync | blocking_copy, CpuSlice.WAIT_OUTPUT.value)
+    x["kind"] = _with(_with(x["kind"], is_sync, WAIT_SYNC), blocking_copy, WAIT_D2H)
 
 
 def _assign_steps(x: pd.DataFrame) -> None:
@@ -210,15 +252,15 @@ def _assign_steps(x: pd.DataFrame) -> None:
 
 
 def _syncs(x: pd.DataFrame) -> pd.DataFrame:
-    cpu = x[x["role"] == ROLE_CPU]
-    hit = cpu[
-        (cpu["name"] == CpuSlice.WAIT_OUTPUT.value) & cpu["kind"].isin([WAIT_SYNC, WAIT_D2H])
-        | cpu["raw_name"].isin(_SCALAR_OPS)
-    ]
+    cpu = (x["role"] == ROLE_CPU).to_numpy()
+    waits = (x["name"] == CpuSlice.WAIT_OUTPUT.value).to_numpy() & x["kind"].isin(
+        [WAIT_SYNC, WAIT_D2H]
+    ).to_numpy()
+    hit = x.loc[cpu & (waits | x["raw_name"].isin(_SCALAR_OPS).to_numpy())]
     if hit.empty:
         return empty_frame(SYNC_COLUMNS)
-    hot_ranges = cpu[cpu["name"].isin(_HOT)]
-    hot_u = union(hot_ranges["ts_ns"].to_numpy(), hot_ranges["end_ns"].to_numpy())
+    hot = cpu & x["name"].isin(_HOT).to_numpy()
+    hot_u = union(x["ts_ns"].to_numpy()[hot], x["end_ns"].to_numpy()[hot])
     return pd.DataFrame(
         {
             "ts_ns": hit["ts_ns"].to_numpy(np.int64),
@@ -233,17 +275,14 @@ def _syncs(x: pd.DataFrame) -> pd.DataFrame:
 
 def _slices(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     x["ts_ns"] = np.round(x["ts_us"].to_numpy() * 1e3).astype(np.int64)
-    x["dur_ns"] = np.round(np.nan_to_num(x["dur_us"].to_numpy(), nan=0.0).clip(min=0) * 1e3).astype(
-        np.int64
-    )
+    dur_us = np.nan_to_num(x["dur_us"].to_numpy(), nan=0.0).clip(min=0)
+    x["dur_ns"] = np.round(dur_us * 1e3).astype(np.int64)
     x["end_ns"] = x["ts_ns"] + x["dur_ns"]
     x["raw_name"] = x["name"]
-    x["kind"] = ""
     x["step"] = -1
-    x = x.sort_values(["ts_ns", "end_ns"], ascending=[True, False], kind="stable").reset_index(
-        drop=True
-    )
-    x = prof.apply(x)
+    order = np.lexsort((-x["end_ns"].to_numpy(), x["ts_ns"].to_numpy()))
+    x = x.take(order).reset_index(drop=True)
+    x = _apply_profile(x, prof)
     _mark_waits(x)
     _assign_steps(x)
     depth = nesting_depth(
@@ -254,17 +293,76 @@ def _slices(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     return x
 
 
+def _apply_profile(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
+    """``prof.apply`` on one row per distinct (role, raw name), broadcast to every row.
+
+    A profile maps a slice by its role and raw name only (``Profile.apply``), so this equals
+    applying it to every row, at the cost of the distinct names instead of the events.
+    """
+    key = (
+        x["role"].cat.codes.to_numpy().astype(np.int64) * (len(x["raw_name"].cat.categories) + 1)
+        + x["raw_name"].cat.codes.to_numpy()
+    )
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    distinct = x.take(first).reset_index(drop=True)
+    distinct["name"] = pd.Series(distinct["name"].to_numpy(object), dtype=object)
+    distinct["kind"] = pd.Series(np.full(len(distinct), "", dtype=object), dtype=object)
+    mapped = prof.apply(distinct)
+    x["name"] = categorical_from_codes(inverse, mapped["name"].to_numpy(object))
+    x["kind"] = categorical_from_codes(inverse, mapped["kind"].to_numpy(object))
+    x["step"] = mapped["step"].to_numpy(np.int64)[inverse]
+    return x
+
+
+def _with(col: pd.Series | pd.Categorical, mask: np.ndarray, value: str) -> pd.Categorical:
+    """``col`` (categorical) with ``value`` written where ``mask`` holds (sorted categories)."""
+    cat = col.array if isinstance(col, pd.Series) else col
+    labels = cat.categories.to_numpy(object)
+    codes = cat.codes.astype(np.int64)
+    codes[mask] = labels.size
+    return categorical_from_codes(codes, [*labels, value])
+
+
+def _rank_metadata(extra: dict[str, Any]) -> dict[str, Any]:
+    """``rank``/``world_size`` from Kineto's ``distributedInfo`` (whatever the file's name)."""
+    info = extra.get("distributedInfo")
+    out: dict[str, Any] = {}
+    if isinstance(info, dict):
+        for key in (Arg.RANK.value, Arg.WORLD_SIZE.value):
+            value = info.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                out[key] = int(value)
+    return out
+
+
+def _notes(x: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Categories the diagnosis does not use, and a one-line note naming them with counts."""
+    other = x["role"].to_numpy(object) == ROLE_OTHER
+    if not other.any():
+        return [], []
+    counts = pd.Series(x["cat"].to_numpy(object)[other]).value_counts().sort_index()
+    names = [str(c) or "(no category)" for c in counts.index]
+    listed = ", ".join(f"{n} ({c})" for n, c in zip(names, counts.tolist(), strict=True))
+    return names, [
+        f"events of categories not analysed (kept on their thread tracks, not device work, "
+        f"never blamed as work): {listed}"
+    ]
+
+
 def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrames:
     """Frames of a Kineto JSON trace held in ``data`` (already decompressed)."""
     prof = get_profile(profile or "vllm")
-    events, extra = _events(data)
-    df = _columns(events)
-    complete = df[(df["ph"] == "X") & np.isfinite(df["ts_us"].to_numpy())].copy()
+    cols = decode_kineto(data)
+    ev = cols.events
+    if ev.empty:
+        raise TraceError("the trace holds no events")
+    complete = _complete(ev)
     if complete.empty:
         raise TraceError(
-            f"the trace holds no complete ('X') events ({len(df)} events): metadata only, nothing to analyse"
+            f"the trace holds no complete ('X') events ({len(ev)} events): metadata only, nothing to analyse"
         )
-    tracks = _tracks(complete, _thread_names(df))
+    role = _roles(complete["cat"], complete["name"])
+    tracks = _tracks(complete, role, cols.thread_names)
     x = _slices(complete, prof)
     cpu = (x["role"] == ROLE_CPU).to_numpy()
     corr = x["correlation"].to_numpy()
@@ -275,77 +373,75 @@ def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrame
         x["ts_ns"].to_numpy()[mention],
         ~cpu[mention],
     )
-    slices = x[
-        [
-            "slice_id",
-            "track_id",
-            "track",
-            "role",
-            "name",
-            "raw_name",
-            "ts_ns",
-            "dur_ns",
-            "end_ns",
-            "depth",
-            "step",
-            "kind",
-            "stream",
-            "correlation",
-        ]
-    ].copy()
-    slices["stream"] = slices["stream"].astype("Int64")
-    slices["correlation"] = slices["correlation"].astype("Int64")
-    unknown = sorted(set(complete["cat"]) - set(_DEVICE_CATS) - _CPU_CATS)
+    slices = pd.DataFrame(
+        {
+            "slice_id": x["slice_id"].to_numpy(),
+            "track_id": x["track_id"].to_numpy(),
+            "track": x["track"],
+            "role": x["role"],
+            "name": x["name"],
+            "raw_name": x["raw_name"].cat.remove_unused_categories(),
+            "ts_ns": x["ts_ns"].to_numpy(),
+            "dur_ns": x["dur_ns"].to_numpy(),
+            "end_ns": x["end_ns"].to_numpy(),
+            "depth": x["depth"].to_numpy(),
+            "step": x["step"].to_numpy(np.int64),
+            "kind": x["kind"],
+            "stream": pd.array(x["stream"].to_numpy(), dtype="Int64"),
+            "correlation": pd.array(x["correlation"].to_numpy(), dtype="Int64"),
+        }
+    )
+    unknown, notes = _notes(x)
     metadata: dict[str, Any] = {
         "format": "kineto",
         "profile": prof.name,
         "bytes_total": len(data),
         "bytes_dropped": 0,
-        "num_events": len(df),
+        "num_events": len(ev),
         "unknown_categories": unknown,
+        "notes": notes,
+        **_rank_metadata(cols.extra),
     }
-    for key in ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds"):
-        if key in extra:
-            metadata[key] = extra[key]
+    metadata.update(cols.extra)
     frames = TraceFrames.empty()
-    frames.slices, frames.tracks, frames.flows = categorize(slices), tracks, flows
+    frames.slices, frames.tracks, frames.flows = slices, tracks, flows
     frames.syncs = _syncs(x)
-    frames.instants = categorize(_instants(df, tracks))
-    frames.counters = _counters(df)
+    frames.instants = categorize(_instants(ev))
+    frames.counters = _counters(cols.counters)
     frames.metadata = metadata
     return frames
 
 
-def _instants(df: pd.DataFrame, tracks: pd.DataFrame) -> pd.DataFrame:
-    inst = df[df["ph"].isin(["i", "I"]) & np.isfinite(df["ts_us"].to_numpy())]
+def _instants(ev: pd.DataFrame) -> pd.DataFrame:
+    keep = ev["ph"].isin(["i", "I"]).to_numpy() & np.isfinite(ev["ts_us"].to_numpy())
+    inst = ev[keep]
     if inst.empty:
         return empty_frame(INSTANT_COLUMNS)
     return pd.DataFrame(
         {
             "track_id": np.full(len(inst), -1, dtype=np.int64),
-            "track": ("thread " + inst["tid"]).to_numpy(object),
+            "track": pd.Categorical("thread " + inst["tid"].astype(object)),
             "scope": np.full(len(inst), "thread", dtype=object),
-            "name": inst["name"].to_numpy(object),
+            "name": inst["name"].astype(object).to_numpy(object),
             "ts_ns": np.round(inst["ts_us"].to_numpy() * 1e3).astype(np.int64),
         }
     )
 
 
-def _counters(df: pd.DataFrame) -> pd.DataFrame:
-    c = df[(df["ph"] == "C") & np.isfinite(df["ts_us"].to_numpy())]
+def _counters(counters: list[tuple[str, float, dict[str, Any]]]) -> pd.DataFrame:
     rows = [
         (f"{n}.{k}" if len(a) > 1 else n, t, v)
-        for n, t, a in zip(c["name"], c["ts_us"], c["args"], strict=False)
+        for n, t, a in counters
         for k, v in a.items()
-        if isinstance(v, (int, float))
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
     ]
     if not rows:
         return empty_frame(COUNTER_COLUMNS)
-    name, ts, value = zip(*rows, strict=False)
+    name, ts, value = zip(*rows, strict=True)
     return pd.DataFrame(
         {
             "track_id": -1,
-            "name": list(name),
+            "name": pd.Series(name, dtype=object),
             "ts_ns": np.round(np.asarray(ts) * 1e3).astype(np.int64),
             "value": np.asarray(value, dtype=np.float64),
         }

@@ -1,4 +1,4 @@
-"""Schedule/forward overlap: how much CPU scheduling is hidden under device work (DESIGN.md §4)."""
+"""Schedule/forward overlap: how much CPU scheduling is hidden under device work (docs/design.md §5.3)."""
 
 from __future__ import annotations
 

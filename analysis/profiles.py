@@ -1,7 +1,7 @@
 """Trace profiles: which range names of an engine mean stepscope's ``schedule``, ``launch``, ...
 
 A profile maps raw CPU range names (``record_function`` / ``user_annotation`` names in Kineto
-traces, span names in Perfetto traces) onto the canonical names of DESIGN.md §3 through an
+traces, span names in Perfetto traces) onto the canonical names of docs/design.md §4.2 (profiles: §6) through an
 ordered list of regex rules (first match wins). Built in: ``stepscope`` (identity), ``vllm``,
 ``sglang``. A user profile is a JSON or TOML file::
 
@@ -9,10 +9,13 @@ ordered list of regex rules (first match wins). Built in: ``stepscope`` (identit
     name = "myengine"                         # shown in reports
     step_pattern = "^ProfilerStep#(\\d+)$"     # optional: ranges that envelope one step;
                                               # group 1, when present, is the step number
+    step_fallback_pattern = ["run_step$", "execute_model$"]  # optional: envelopes when no
+                                              # name matches step_pattern; the first pattern
+                                              # that matches a name wins (a string works too)
     ineffective_overlap = 0.5                 # optional: async "on" but overlap below this
     [[rules]]
     pattern = "^MyScheduler\\.schedule$"      # Python regex, searched in the raw name
-    name = "schedule"                         # canonical name (DESIGN.md §3 CPU slices)
+    name = "schedule"                         # canonical name (docs/design.md §4.2)
     [[rules]]
     pattern = "wait_for_accepted"
     name = "wait_output"
@@ -69,6 +72,7 @@ class Profile:
     name: str
     rules: tuple[NameRule, ...] = ()
     step_pattern: str | None = None
+    step_fallback_patterns: tuple[str, ...] = ()
     ineffective_overlap: float = 0.5
     async_features: tuple[str, ...] = ("async_scheduling", "async_schedule", "async")
     envelopes: tuple[str, ...] = field(default=(_STEP,))
@@ -80,20 +84,38 @@ class Profile:
             raise ValueError(
                 f"ineffective_overlap must be in [0, 1], got {self.ineffective_overlap}"
             )
-        if self.step_pattern is not None:
-            re.compile(self.step_pattern)
+        for pattern in (self.step_pattern, *self.step_fallback_patterns):
+            try:
+                re.compile(pattern) if pattern is not None else None
+            except re.error as exc:
+                raise ValueError(f"step pattern {pattern!r} is not a valid regex: {exc}") from None
 
-    def map_name(self, raw: str) -> tuple[str, str, int]:
-        """``(canonical name, kind, step)`` for one raw name; unmapped names keep themselves."""
-        if self.step_pattern is not None:
-            match = re.search(self.step_pattern, raw)
+    def map_name(self, raw: str, step_pattern: str | None | bool = True) -> tuple[str, str, int]:
+        """``(canonical name, kind, step)`` for one raw name; unmapped names keep themselves.
+
+        ``step_pattern``: the envelope regex to use (default: the profile's ``step_pattern``)."""
+        step_re = self.step_pattern if step_pattern is True else step_pattern
+        if isinstance(step_re, str):
+            match = re.search(step_re, raw)
             if match:
-                step = int(match.group(1)) if match.groups() and match.group(1) else -1
+                group = match.group(1) if match.groups() else None
+                step = int(group) if group and group.isdigit() else -1
                 return _STEP, "", step
         for rule in self.rules:
             if re.search(rule.pattern, raw):
                 return rule.name, rule.kind, -1
         return raw, "", -1
+
+    def envelope_pattern(self, names: Any) -> str | None:
+        """The step envelope regex for a trace with these distinct raw names: ``step_pattern``
+        when some name matches it, else the first of ``step_fallback_patterns`` that matches
+        one (e.g. vLLM's engine ``step``, else ``execute_model``, when the trace has no
+        ``ProfilerStep#``), else ``step_pattern``."""
+        names = [str(n) for n in names]
+        for pattern in (self.step_pattern, *self.step_fallback_patterns):
+            if pattern is not None and any(re.search(pattern, n) for n in names):
+                return pattern
+        return self.step_pattern
 
     def apply(self, slices: pd.DataFrame) -> pd.DataFrame:
         """Rename mapped CPU/annotation slices in place of ``name``; ``raw_name`` keeps the original.
@@ -102,11 +124,15 @@ class Profile:
 
         Works per distinct name, so the cost is one dict lookup per row.
         """
-        if (not self.rules and self.step_pattern is None) or slices.empty:
+        if (not self.rules and self.step_pattern is None and not self.step_fallback_patterns) or (
+            slices.empty
+        ):
             return slices
         target = slices["role"].isin([ROLE_CPU, ROLE_ANNOTATION]).to_numpy()
         raw = slices.loc[target, "raw_name"]
-        table = {r: self.map_name(r) for r in pd.unique(raw)}
+        distinct = pd.unique(raw)
+        step_re = self.envelope_pattern(distinct)
+        table = {r: self.map_name(r, step_re) for r in distinct}
         mapped = [table[r] for r in raw.tolist()]
         if not mapped:
             return slices
@@ -127,11 +153,16 @@ class Profile:
 
 
 _R = NameRule
+# Python-stack names as torch.profiler's with_stack writes them: "<path>(<line>): <function>".
+_VLLM = r"vllm/v1/"
+_VLLM_RUNNER = _VLLM + r"worker/gpu_model_runner\.py\(\d+\): "
+_SGL = r"sglang/srt/"
 PROFILES: dict[str, Profile] = {
     "stepscope": Profile("stepscope"),
     "vllm": Profile(
         "vllm",
         rules=(
+            # VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 names.
             _R(r"^core step[\w ]*: schedul", "schedule"),
             _R(r"^gpu_model_runner: preprocess$", "prepare_inputs"),
             _R(r"^gpu_model_runner: (forward|sample|draft|propose)", "launch"),
@@ -140,31 +171,83 @@ PROFILES: dict[str, Profile] = {
             _R(
                 r"^core step[\w ]*: (get_output|wait|future)", "wait_output", WaitKind.SAMPLED.value
             ),
-            _R(r"(structured_output|grammar_bitmask|apply_grammar)", "grammar_mask"),
+            _R(r"^structured_output: ", "grammar_mask"),
+            # Default traces (with_stack=True): function names.
+            _R(_VLLM + r"core/sched/\w*scheduler\.py\(\d+\): schedule$", "schedule"),
+            _R(_VLLM_RUNNER + r"(_update_states|_prepare_inputs)$", "prepare_inputs"),
+            _R(
+                _VLLM_RUNNER + r"_get_valid_sampled_token_count$",
+                "wait_output",
+                WaitKind.ACCEPTED_COUNT.value,
+            ),
+            _R(
+                _VLLM_RUNNER + r"(_model_forward|_sample|sample_tokens|propose_draft_token_ids)$",
+                "launch",
+            ),
+            _R(_VLLM + r"sample/(rejection_)?sampler\.py\(\d+\): forward$", "launch"),
+            _R(_VLLM_RUNNER + r"_bookkeeping_sync$", "update_from_output"),
+            _R(
+                _VLLM + r"core/sched/\w*scheduler\.py\(\d+\): update_from_output$",
+                "update_from_output",
+            ),
+            _R(
+                _VLLM
+                + r"structured_output/[\w/]*\.py\(\d+\): (grammar_bitmask|apply_grammar_bitmask)$",
+                "grammar_mask",
+            ),
         ),
         step_pattern=r"^ProfilerStep#(\d+)$",
+        step_fallback_patterns=(
+            _VLLM + r"engine/core\.py\(\d+\): (?:step|step_with_batch_queue)$",
+            _VLLM_RUNNER + r"execute_model$",
+        ),
     ),
     "sglang": Profile(
         "sglang",
         rules=(
-            _R(r"get_next_batch_to_run", "schedule"),
-            _R(r"(prepare_for_extend|prepare_for_decode|ForwardBatch\.init_new)", "prepare_inputs"),
-            _R(r"(forward_batch_generation|run_batch)", "launch"),
-            _R(r"process_batch_result", "update_from_output"),
+            _R(_SGL + r"managers/scheduler\.py\(\d+\): get_next_batch_to_run$", "schedule"),
             _R(
-                r"(resolve_(last_)?batch_result|copy_done\.synchronize)",
+                _SGL + r"managers/schedule_batch\.py\(\d+\): "
+                r"(prepare_for_extend|prepare_for_decode|get_model_worker_batch)$",
+                "prepare_inputs",
+            ),
+            _R(_SGL + r"model_executor/forward_batch_info\.py\(\d+\): init_new$", "prepare_inputs"),
+            _R(_SGL + r"managers/scheduler\.py\(\d+\): run_batch$", "launch"),
+            _R(_SGL + r"managers/tp_worker\w*\.py\(\d+\): forward_batch_generation$", "launch"),
+            _R(
+                _SGL
+                + r"managers/scheduler\w*\.py\(\d+\): process_batch_result(_decode|_prefill)?$",
+                "update_from_output",
+            ),
+            _R(
+                _SGL + r"managers/\w+\.py\(\d+\): resolve_(last_)?batch_result$",
                 "wait_output",
                 WaitKind.SAMPLED.value,
             ),
-            _R(r"(grammar|vocab_mask)", "grammar_mask"),
+            # Only the grammar backend's mask work: sampling_batch_info's update_regex_vocab_mask
+            # runs every step, grammar or not.
+            _R(
+                _SGL + r"constrained/\w+\.py\(\d+\): "
+                r"(allocate_vocab_mask|fill_vocab_mask|move_vocab_mask|apply_vocab_mask)$",
+                "grammar_mask",
+            ),
         ),
         step_pattern=r"^ProfilerStep#(\d+)$",
     ),
 }
 
 
+def _patterns(value: Any) -> tuple[str, ...]:
+    """A string or a list of strings, as a tuple."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TypeError(f"step_fallback_pattern must be a string or a list of strings, got {value!r}")
+
+
 def _from_mapping(raw: dict[str, Any], source: str) -> Profile:
-    known = {"name", "rules", "step_pattern", "ineffective_overlap"}
+    known = {"name", "rules", "step_pattern", "step_fallback_pattern", "ineffective_overlap"}
     unknown = set(raw) - known
     if unknown:
         raise TraceError(f"profile {source}: unknown key(s) {', '.join(sorted(unknown))}")
@@ -177,6 +260,7 @@ def _from_mapping(raw: dict[str, Any], source: str) -> Profile:
             name=str(raw.get("name", Path(source).stem)),
             rules=rules,
             step_pattern=raw.get("step_pattern"),
+            step_fallback_patterns=_patterns(raw.get("step_fallback_pattern", ())),
             ineffective_overlap=float(raw.get("ineffective_overlap", 0.5)),
         )
     except (KeyError, TypeError, ValueError) as exc:

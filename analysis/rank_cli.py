@@ -1,15 +1,16 @@
-"""``stepscope analyze`` on a rank set (several traces, or a directory of ``*.rank<i>.pftrace``)."""
+"""``stepscope analyze`` on a rank set (several traces, or a directory of ``*.rank<i>.pftrace`` or
+of Kineto ``.json[.gz]`` rank traces)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import pandas as pd
 
 from analysis.frames import TraceError
+from analysis.jsonout import dump_json
 from analysis.rank_report import RankReport, analyze_ranks
 
 __all__ = ["is_rank_set", "rank_analyze_main", "print_rank_report"]
@@ -54,13 +55,14 @@ def print_rank_report(report: RankReport) -> None:
 def rank_analyze_main(args: argparse.Namespace) -> int:
     """The rank-set branch of ``stepscope analyze`` (``args.trace`` is a list)."""
     try:
-        report = analyze_ranks(args.trace, args.profile, args.skip_steps, args.window)
+        report = analyze_ranks(
+            args.trace, args.profile, args.skip_steps, args.window, args.max_decompressed_mb
+        )
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2, default=str, allow_nan=False)
-        sys.stdout.write("\n")
+        dump_json(report.to_dict())
     else:
         print_rank_report(report)
     return 0

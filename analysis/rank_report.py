@@ -14,6 +14,7 @@ import pandas as pd
 
 from analysis.intervals import intersect_measure, union
 from analysis.latency import percentiles
+from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.ranks import (
     RankSet,
     collective_table,
@@ -56,9 +57,10 @@ def analyze_ranks(
     profile: str | None = None,
     skip_steps: int = 1,
     window: str = "steady",
+    max_decompressed_mb: float = DEFAULT_MAX_DECOMPRESSED_MB,
 ) -> RankReport:
     """Load a rank set (files and/or directories) and merge the per-rank reports."""
-    ranks = load_rank_set(paths, profile)
+    ranks = load_rank_set(paths, profile, max_decompressed_mb)
     reports = {r: build_report(f, profile, skip_steps, window) for r, f in ranks.frames.items()}
     lead = reports[min(reports)].headline["window"]
     first, last = int(lead["first_step"]), int(lead["last_step"])

@@ -1,14 +1,16 @@
 """A set of tensor-parallel rank traces on one timeline: per-rank metrics, stragglers, collectives.
 
 Each rank of a tensor-parallel run writes its own trace (``<run>.rank<i>.pftrace``, with ``rank``,
-``world_size`` and ``clock_offset_ns`` in its ``trace_metadata``). :func:`load_rank_set` reads a
+``world_size`` and ``clock_offset_ns`` in its ``trace_metadata``; or a Kineto ``.json[.gz]`` with
+``distributedInfo.rank`` / ``world_size``, whatever its file name). :func:`load_rank_set` reads a
 list of such files or a directory of them; traces from different hosts are shifted by their
 measured clock offset onto rank 0's clock (on one host CLOCK_MONOTONIC is shared and the measured
 offset is only noise within ``clock_rtt_ns / 2``, so nothing is shifted).
 
 Tables (DataFrame in, DataFrame out):
 
-* :func:`forward_table` -- each rank's ``forward`` device slice per step;
+* :func:`forward_table` -- each rank's ``forward`` device slice per step (on a Kineto trace,
+  which has kernels instead: the span of the step's kernels);
 * :func:`straggler_table` -- per step, the rank whose forward ends last (the straggler), and how
   far the ranks' forward ends and starts are apart;
 * :func:`collective_table` -- per rank and step, the host-timed collectives (``all_reduce`` /
@@ -25,8 +27,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from analysis.frames import ROLE_COMPUTE, TraceError, TraceFrames, require_columns
-from analysis.load import load_trace
+from analysis.frames import ROLE_COMPUTE, ROLE_KERNEL, TraceError, TraceFrames, require_columns
+from analysis.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
 from instrument.schema import Arg, DeviceSlice, ParallelSlice, parse_rank_trace_path
 
 __all__ = [
@@ -40,6 +42,9 @@ __all__ = [
 ]
 
 COLLECTIVES = (ParallelSlice.ALL_REDUCE.value, ParallelSlice.ALL_GATHER.value)
+# NCCL's device kernels (Kineto traces): each one is a collective (or send/recv) on the device.
+NCCL_KERNEL = r"nccl(?:Dev)?Kernel_"  # matched at the start of the kernel name
+_KINETO_SUFFIXES = (".json", ".json.gz")
 FORWARD_COLUMNS = {"step": "int64", "rank": "int64", "start_ns": "int64", "end_ns": "int64"}
 STRAGGLER_COLUMNS = {
     "step": "int64",
@@ -77,7 +82,9 @@ class RankSet:
 
 def rank_trace_files(paths: list[str]) -> list[str]:
     """The trace files named by ``paths``: files as given; a directory -> its
-    ``*.rank<i>.pftrace`` files in rank order. Raises :class:`TraceError` when none."""
+    ``*.rank<i>.pftrace`` files in rank order, else its Kineto ``*.json`` / ``*.json.gz`` files
+    (their ranks come from ``distributedInfo`` when loaded). Raises :class:`TraceError` when
+    none."""
     files: list[str] = []
     for path in paths:
         if not os.path.isdir(path):
@@ -89,7 +96,13 @@ def rank_trace_files(paths: list[str]) -> list[str]:
             if parsed is not None:
                 runs.setdefault(parsed[0], []).append((parsed[1], os.path.join(path, name)))
         if not runs:
-            raise TraceError(f"{path}: no <name>.rank<i>.pftrace files in this directory")
+            kineto = sorted(n for n in os.listdir(path) if n.endswith(_KINETO_SUFFIXES))
+            if not kineto:
+                raise TraceError(
+                    f"{path}: no <name>.rank<i>.pftrace or Kineto .json[.gz] files in this directory"
+                )
+            files.extend(os.path.join(path, n) for n in kineto)
+            continue
         if len(runs) > 1:
             raise TraceError(
                 f"{path}: rank traces of several runs ({', '.join(sorted(runs))}); "
@@ -99,17 +112,24 @@ def rank_trace_files(paths: list[str]) -> list[str]:
     return files
 
 
-def load_rank_set(paths: list[str], profile: str | None = None) -> RankSet:
+def load_rank_set(
+    paths: list[str],
+    profile: str | None = None,
+    max_decompressed_mb: float = DEFAULT_MAX_DECOMPRESSED_MB,
+) -> RankSet:
     """Load every rank trace of ``paths`` (files and/or directories; see
     :func:`rank_trace_files`). Raises :class:`TraceError` on duplicate ranks or mixed runs."""
     frames: dict[int, TraceFrames] = {}
     sizes = set()
     for path in rank_trace_files(paths):
-        f = load_trace(path, profile)
+        f = load_trace(path, profile, max_decompressed_mb)
         parsed = parse_rank_trace_path(os.path.basename(path))
         rank = f.metadata.get(Arg.RANK.value, parsed[1] if parsed else None)
         if rank is None:
-            raise TraceError(f"{path}: no rank in the trace metadata or the file name")
+            raise TraceError(
+                f"{path}: no rank in the trace metadata (Kineto: distributedInfo.rank) "
+                "or the file name (<name>.rank<i>.pftrace)"
+            )
         if int(rank) in frames:
             raise TraceError(f"{path}: rank {rank} given twice")
         frames[int(rank)] = f
@@ -121,7 +141,8 @@ def load_rank_set(paths: list[str], profile: str | None = None) -> RankSet:
     notes = []
     missing = sorted(set(range(world_size)) - set(frames))
     if missing:
-        notes.append(f"ranks {missing} of {world_size} missing: the tables cover the others")
+        listed = missing if len(missing) <= 10 else f"{_ranges(missing)} ({len(missing)} ranks)"
+        notes.append(f"ranks {listed} of {world_size} missing: the tables cover the others")
     hosts = {f.metadata.get("host") for f in frames.values()}
     same_host = len(hosts) <= 1
     shift = {
@@ -130,6 +151,20 @@ def load_rank_set(paths: list[str], profile: str | None = None) -> RankSet:
     }
     frames = {r: _shifted(f, shift[r]) for r, f in frames.items()}
     return RankSet(frames, world_size, shift, same_host, notes)
+
+
+def _ranges(values: list[int]) -> str:
+    """``[2, 3, 4, 7]`` -> ``"2-4, 7"``."""
+    parts: list[str] = []
+    start = prev = values[0]
+    for v in [*values[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(parts)
 
 
 def _shifted(frames: TraceFrames, shift_ns: int) -> TraceFrames:
@@ -148,12 +183,17 @@ def _shifted(frames: TraceFrames, shift_ns: int) -> TraceFrames:
 
 def forward_table(ranks: RankSet) -> pd.DataFrame:
     """Each rank's ``forward`` device slice per step. Columns: ``step``, ``rank``, ``start_ns``,
-    ``end_ns`` (int64; one row per step and rank, the step's first start / last end)."""
+    ``end_ns`` (int64; one row per step and rank, the step's first start / last end). A rank
+    without ``forward`` slices (a Kineto trace: kernels, not stages) gives the span of its
+    stepped compute kernels instead."""
     parts = []
     for rank, f in ranks.frames.items():
         s = f.slices
         require_columns(s, ["role", "name", "step", "ts_ns", "end_ns"], "forward_table")
-        fw = s[(s["role"] == ROLE_COMPUTE) & (s["name"] == DeviceSlice.FORWARD.value)]
+        compute = s[s["role"] == ROLE_COMPUTE]
+        fw = compute[compute["name"] == DeviceSlice.FORWARD.value]
+        if fw.empty:
+            fw = compute
         fw = fw[fw["step"] >= 0].groupby("step", as_index=False)
         parts.append(fw.agg(start_ns=("ts_ns", "min"), end_ns=("end_ns", "max")).assign(rank=rank))
     if not parts:
@@ -208,11 +248,16 @@ def collective_table(ranks: RankSet, forwards: pd.DataFrame) -> pd.DataFrame:
 
 def _collectives_by_step(slices: pd.DataFrame) -> pd.DataFrame:
     """``step``, ``num_collectives``, ``collective_ns`` of one rank: each collective slice is
-    assigned to the stepped compute slice of its track that contains it."""
+    assigned to the stepped compute slice of its track that contains it; each NCCL kernel
+    counts in its own step (the step of its launch)."""
+    device = slices[slices["role"].isin([ROLE_COMPUTE, ROLE_KERNEL])]
+    nccl = device[device["raw_name"].str.match(NCCL_KERNEL) & (device["step"] >= 0)]
     compute = slices[slices["role"] == ROLE_COMPUTE]
     is_coll = compute["name"].isin(COLLECTIVES)
     coll, parents = compute[is_coll], compute[~is_coll & (compute["step"] >= 0)]
-    rows = []
+    rows = [
+        pd.DataFrame({"step": nccl["step"].to_numpy(np.int64), "dur": nccl["dur_ns"].to_numpy()})
+    ]
     for track, cs in coll.groupby("track"):
         ps = parents[parents["track"] == track].sort_values("ts_ns")
         p_ts, p_end = ps["ts_ns"].to_numpy(np.int64), ps["end_ns"].to_numpy(np.int64)

@@ -1,4 +1,4 @@
-"""The diagnosis of one trace: headline numbers (DESIGN.md §4 names), tables, plain-words verdicts."""
+"""The diagnosis of one trace: headline numbers (docs/design.md §5.11 names), tables, plain-words verdicts."""
 
 from __future__ import annotations
 
@@ -9,15 +9,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.bubbles import blame_bubbles, blame_table, find_bubbles
+from analysis.bubbles import BUBBLE_COLUMNS, blame_bubbles, blame_table
 from analysis.decisions import ineffective_features, silent_fallbacks
-from analysis.frames import TraceFrames
+from analysis.frames import ROLE_COPY, TraceFrames
 from analysis.grammar import GRAMMAR_HEADLINE_KEYS, grammar_by_step, grammar_headline
-from analysis.intervals import complement
+from analysis.intervals import measure, union
+from analysis.kernel_window import busy_with_kernels
+from analysis.kernels import kernel_breakdown, kernel_slices
 from analysis.latency import percentiles, request_latency
-from analysis.overlap import overall_overlap, overlap_by_step
+from analysis.lead_report import LEAD_SECTION_KEYS, lead_section
+from analysis.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
 from analysis.phases import phase_table
 from analysis.profiles import Profile, get_profile
+from analysis.runs import clip_to_runs, idle_in_runs, measured_ns, run_spans, runs_verdict
 from analysis.steps import step_table
 from analysis.syncs import hot_sync_count, sync_summary
 from analysis.verdicts import verdicts
@@ -30,6 +34,7 @@ __all__ = ["Report", "build_report", "HEADLINE_KEYS"]
 HEADLINE_KEYS = (
     "overlap",
     "bubble_ratio",
+    "device_idle_ratio",
     "bubbles",
     "top_blame",
     "wait_accepted_total_us",
@@ -42,6 +47,7 @@ HEADLINE_KEYS = (
     "ttft_ms",
     "tpot_ms",
     "window",
+    *LEAD_SECTION_KEYS,
 )
 MAX_HEADLINE_BUBBLES = 20
 _CAPTURE_PREFIXES = (
@@ -60,7 +66,10 @@ class Report:
     ``headline``: the §4 numbers by their fixed names (JSON-ready); ``verdicts``: plain sentences,
     most important first; ``tables``: ``steps``, ``overlap``, ``bubbles``, ``blame``, ``waits``,
     ``grammar`` (``analysis.grammar.grammar_by_step``), ``syncs``, ``decisions``,
-    ``silent_fallbacks``, ``ineffective``, ``latency`` frames;
+    ``silent_fallbacks``, ``ineffective``, ``latency``, ``runs`` (``analysis.runs``),
+    ``stage_lead``, ``starved``, ``starvation`` and ``fill`` (``analysis.lead_report``),
+    ``kernel_types`` and ``top_kernels`` (``analysis.kernels.kernel_breakdown`` over the window)
+    frames;
     ``frames``: the loaded trace; ``extra``: secondary numbers (throughput, step time, e2e).
     """
 
@@ -98,8 +107,21 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _column(s: pd.Series) -> list[Any]:
+    """JSON-ready values of one column: numeric numpy columns vectorised, the rest per value."""
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind in "iub":
+        return s.to_numpy().tolist()
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind == "f":
+        v = s.to_numpy()
+        out = v.astype(object)
+        out[~np.isfinite(v)] = None
+        return out.tolist()
+    return [_clean(v) for v in s.astype(object).where(s.notna(), None).tolist()]
+
+
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [_clean(r) for r in df.astype(object).where(df.notna(), None).to_dict("records")]
+    cols = {str(c): _column(df[c]) for c in df.columns}
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
 def build_report(
@@ -108,23 +130,23 @@ def build_report(
     skip_steps: int = 1,
     window: str = WINDOW_STEADY,
 ) -> Report:
-    """Compute every metric of DESIGN.md §4 on loaded frames, over ``window`` (``steady``,
+    """Compute every metric of docs/design.md §5 on loaded frames, over ``window`` (``steady``,
     ``all`` or ``A:B``; see ``analysis.win.select_window``)."""
     prof = get_profile(profile or frames.metadata.get("profile", "stepscope"))
     if int(frames.metadata.get(CaptureArg.WARMUP_STEPS.value, 0) or 0) > 0:
         skip_steps = 0  # the tracer already left the warm-up steps out
     all_steps = step_table(frames.slices)
     sl, win = select_window(frames.slices, skip_steps, window, all_steps)
-    busy = device_busy(frames.slices)
-    idle = (
-        complement(busy, win.start_ns, win.end_ns)
-        if win.duration_ns
-        else (np.zeros(0, np.int64),) * 2
-    )
-    overlap, _, _ = overall_overlap(sl, busy)
-    bubbles, pieces = blame_bubbles(
-        find_bubbles(busy, win.start_ns, win.end_ns), sl, prof.envelopes
-    )
+    # Kernel union where the trace has kernels; sampled traces measured inside kept runs only.
+    busy, kernel_windows = busy_with_kernels(frames.slices)
+    runs = run_spans(sl, win.start_ns, win.end_ns)
+    span_ns = measured_ns(runs)
+    idle = idle_in_runs(busy, runs) if span_ns else (np.zeros(0, np.int64),) * 2
+    # Scheduling is paired only with device work of its own run (none before a run's start).
+    paired = clip_to_runs(sl[sl["name"].isin(SCHEDULING_SLICES)], runs)
+    overlap, _, _ = overall_overlap(paired, busy)
+    bubbles, pieces = blame_bubbles(_bubbles(idle), sl, prof.envelopes)
+    kernel_types, top_kernels = kernel_breakdown(kernel_slices(frames), win.start_ns, win.end_ns)
     blame = blame_table(pieces)
     waits = accepted_wait_by_step(sl, busy, idle)
     grammar = grammar_by_step(sl, busy, idle)
@@ -151,10 +173,15 @@ def build_report(
     )
     latency = request_latency(frames.slices)
     idle_ns = int(bubbles["dur_ns"].sum())
+    # Device idle: no compute and no copy, measured in the same runs as compute idle.
+    copies = device_busy(frames.slices[frames.slices["role"] == ROLE_COPY], True)
+    device_busy_u = union(*(np.concatenate(p) for p in zip(busy, copies, strict=True)))
+    device_idle_ns = int(measure(idle_in_runs(device_busy_u, runs))) if span_ns else 0
     largest = bubbles.sort_values("dur_ns", ascending=False).head(MAX_HEADLINE_BUBBLES)
     headline: dict[str, Any] = {
         "overlap": _clean(overlap),
-        "bubble_ratio": idle_ns / win.duration_ns if win.duration_ns else None,
+        "bubble_ratio": idle_ns / span_ns if span_ns else None,
+        "device_idle_ratio": device_idle_ns / span_ns if span_ns else None,
         "bubbles": {
             "count": len(bubbles),
             "idle_ms": idle_ns / 1e6,
@@ -182,9 +209,17 @@ def build_report(
     }
     in_window = (all_steps["step"] >= win.first_step) & (all_steps["step"] <= win.last_step)
     steps = all_steps[in_window].reset_index(drop=True)
-    overlap_steps = overlap_by_step(sl, busy)
-    phases = phase_table(steps, overlap_steps, waits, bubbles, sl)
-    extra = _extra(steps, latency, win.duration_ns)
+    overlap_steps = overlap_by_step(paired, busy)
+    phases = phase_table(steps, overlap_steps, waits, bubbles, sl, (win.start_ns, win.end_ns))
+    lead = lead_section(
+        sl, steps, runs, busy, kernel_windows, idle_ns, span_ns, frames.metadata.get("format", "")
+    )
+    headline |= lead.headline
+    steps = steps.merge(lead.steps, on="step", how="left")
+    phases = phases.merge(lead.phases, on="phase", how="left", suffixes=("", "_lead"))
+    extra = _extra(steps, latency, span_ns)
+    extra["lead"] = lead.extra
+    extra["runs"] = _records(runs)
     extra["phases"] = {
         r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in _records(phases)
     }
@@ -202,8 +237,23 @@ def build_report(
         "silent_fallbacks": silent,
         "ineffective": ineffective,
         "latency": latency,
+        "runs": runs,
+        **lead.tables,
+        "kernel_types": kernel_types,
+        "top_kernels": top_kernels,
     }
-    return Report(headline, verdicts(headline, frames, extra), tables, frames, extra)
+    says = verdicts(headline, frames, extra)
+    sampled = [runs_verdict(runs)] if len(runs) > 1 else []
+    return Report(headline, says[:1] + lead.verdicts + sampled + says[1:], tables, frames, extra)
+
+
+def _bubbles(idle: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    """The idle union as a ``find_bubbles`` frame (``bubble_id``, ``start_ns``, ``end_ns``,
+    ``dur_ns``)."""
+    s, e = idle
+    return pd.DataFrame(
+        {"bubble_id": np.arange(s.size), "start_ns": s, "end_ns": e, "dur_ns": e - s}
+    ).astype(BUBBLE_COLUMNS)
 
 
 def _capture(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +269,11 @@ def _extra(steps: pd.DataFrame, latency: pd.DataFrame, window_ns: int) -> dict[s
     return {
         "step_ms": percentiles(cadence),
         "e2e_ms": percentiles(latency["e2e_ms"]),
+        # every request the trace holds; those whose prefill it left out have no TTFT/TPOT
+        "requests": {
+            "count": len(latency),
+            "prefill_hidden": int(latency["prefill_hidden"].sum()),
+        },
         "batch_tokens": tokens,
         "tokens_per_s": tokens / (window_ns / 1e9) if tokens and window_ns else None,
         "output_tokens_per_s": (int(latency["num_output_tokens"].sum()) / (window_ns / 1e9))

@@ -4,11 +4,13 @@ The rule (documented in the README; the defaults are :class:`SteadyRule`'s):
 
 1. Per step take the batch size ``b`` (``num_reqs`` of its ``schedule`` slice) and the step time
    ``t`` (cadence: start of the next step minus this one's, per step when steps were sampled).
-2. Smooth both with a centred rolling median over ``smooth`` steps, so one slow step (a
-   prefill chunk, a GC pause) neither ends nor starts the window.
+2. Smooth both with a centred rolling median over ``smooth`` steps, so one normal-looking step
+   inside warm-up does not start the window.
 3. The references are the medians over all steps: ``B`` of ``b`` and ``T`` of ``t``.
 4. A step is *stable* when ``|b~ - B| <= max(1, batch_tol * B)`` and
-   ``T / time_tol <= t~ <= T * time_tol`` (``~`` = smoothed).
+   ``T / time_tol <= t~ <= T * time_tol`` (``~`` = smoothed), and its own ``b`` and ``t`` pass the
+   same tests (so an edge outlier, which the centred median would smooth away, stays outside;
+   the last step has no cadence and is judged on ``t~`` alone).
 5. The window runs from the first stable step to the last stable step (steps in between are kept
    even when unstable: a window is contiguous). Warm-up (ramping batch, slow first steps) falls
    before it and cool-down (a draining batch) after it.
@@ -62,16 +64,23 @@ def stable_steps(steps: pd.DataFrame, rule: SteadyRule = SteadyRule()) -> pd.Ser
     t = steps["step_ns"].astype("float64")
     t = t.where(t > 0)
     t_ref = float(t.median()) if t.notna().any() else float("nan")
-    t_s = _smoothed(t, rule.smooth)
-    ok = np.isfinite(t_s) & (t_s >= t_ref / rule.time_tol) & (t_s <= t_ref * rule.time_tol)
-    # The last step has no cadence: judge it by its neighbours' (the smoothed value).
+    t_own = t.to_numpy(np.float64)
+    ok = _within(_smoothed(t, rule.smooth), t_ref / rule.time_tol, t_ref * rule.time_tol)
+    # Own value too, so an edge outlier (a 5x slower first step) is not smoothed into the window;
+    # the last step has no cadence and is judged by its neighbours' (the smoothed value) alone.
+    ok &= np.isnan(t_own) | _within(t_own, t_ref / rule.time_tol, t_ref * rule.time_tol)
     key = Arg.NUM_REQS.value
     if key in steps.columns and steps[key].notna().any():
         b = steps[key].astype("float64")
         b_ref = float(b.median())
-        b_s = _smoothed(b, rule.smooth)
-        ok &= np.isfinite(b_s) & (np.abs(b_s - b_ref) <= max(1.0, rule.batch_tol * b_ref))
+        tol = max(1.0, rule.batch_tol * b_ref)
+        ok &= _within(_smoothed(b, rule.smooth), b_ref - tol, b_ref + tol)
+        ok &= _within(b.to_numpy(np.float64), b_ref - tol, b_ref + tol)
     return pd.Series(ok, index=steps.index)
+
+
+def _within(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    return np.isfinite(x) & (x >= lo) & (x <= hi)
 
 
 def steady_range(steps: pd.DataFrame, rule: SteadyRule = SteadyRule()) -> tuple[int, int] | None:

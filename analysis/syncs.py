@@ -1,4 +1,4 @@
-"""Host-device synchronisation summary (DESIGN.md §4): counts by op and site."""
+"""Host-device synchronisation summary (docs/design.md §5.8): counts by op and site."""
 
 from __future__ import annotations
 

@@ -4,13 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.frames import TraceFrames
+import numpy as np
 
-__all__ = ["verdicts"]
+from analysis.frames import ROLE_COMPUTE, TraceFrames
+
+__all__ = ["verdicts", "pct"]
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+def pct(x: float) -> str:
+    """A percentage with the precision that shows it: ``37%``, ``0.24%``, ``99.8%``; ``0%`` and
+    ``100%`` only when exact."""
+    p = 100 * float(x)
+    if p in (0.0, 100.0) or 1 <= p <= 99:
+        return f"{p:.0f}%"
+    if p < 1:
+        return np.format_float_positional(p, precision=2, fractional=False, trim="-") + "%"
+    digits = 1
+    while round(p, digits) >= 100 and digits < 6:
+        digits += 1
+    return f"{p:.{digits}f}%"
+
+
+_pct = pct
+
+
+def _duration(us: float) -> str:
+    """``1.23 ms``, or ``4.5 µs`` below a millisecond (so a short wait does not print 0.00 ms)."""
+    return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
 def _grammar(headline: dict[str, Any]) -> str:
@@ -32,15 +52,32 @@ def _grammar(headline: dict[str, Any]) -> str:
     return "Grammar work: " + "; ".join(parts) + "." if parts else ""
 
 
+def _empty_window(window: dict[str, Any], frames: TraceFrames) -> str:
+    """Why nothing can be measured, and how to widen the window when the trace has device work."""
+    num_compute = int((frames.slices["role"] == ROLE_COMPUTE).sum())
+    if not num_compute:
+        return "The trace has no device compute slices: overlap and bubbles cannot be measured."
+    steps = (
+        f"steps {window['first_step']}..{window['last_step']}"
+        if window["num_steps"]
+        else "the window"
+    )
+    return (
+        f"The measured window ({steps}) holds none of the trace's {num_compute} device compute "
+        "slices: overlap and bubbles cannot be measured; widen it with --window all "
+        "--skip-steps 0 (or --window A:B)."
+    )
+
+
 def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
     """Sentences a person reads before any table."""
     out: list[str] = []
     if not headline["window"]["duration_ms"]:
-        out.append(
-            "The trace has no device compute slices: overlap and bubbles cannot be measured."
-        )
+        out.append(_empty_window(headline["window"], frames))
     overlap, top = headline["overlap"], headline["top_blame"]
-    blame = f"; {_pct(top['share'])} of device idle time is blamed on {top['label']}" if top else ""
+    blame = (
+        f"; {_pct(top['share'])} of compute idle time is blamed on {top['label']}" if top else ""
+    )
     for row in headline["ineffective"]:
         out.append(
             f"{row['feature']} is on but hides only {_pct(row['overlap'])} of CPU scheduling{blame}."
@@ -54,14 +91,19 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
         )
     if headline["bubble_ratio"] is not None:
         b = headline["bubbles"]
+        device = headline.get("device_idle_ratio")
+        both = (
+            f"; device idle (no kernel and no copy): {_pct(device)}" if device is not None else ""
+        )
         out.append(
-            f"The device idles {_pct(headline['bubble_ratio'])} of the window ({b['count']} bubbles, {b['idle_ms']:.2f} ms)."
+            f"Compute idle (no compute kernel running): {_pct(headline['bubble_ratio'])} of the "
+            f"window ({b['count']} bubbles, {b['idle_ms']:.2f} ms){both}."
         )
     total = headline["wait_accepted_total_us"]
     if total:
         exposed = headline["wait_accepted_exposed_us"]
         out.append(
-            f"Waiting for accepted counts took {total / 1e3:.2f} ms; {exposed / 1e3:.2f} ms of it "
+            f"Waiting for accepted counts took {_duration(total)}; {_duration(exposed)} of it "
             f"({_pct(exposed / total)}) left the device idle (recoverable)."
         )
     grammar = _grammar(headline)
@@ -73,11 +115,26 @@ def verdicts(headline: dict[str, Any], frames: TraceFrames, extra: dict[str, Any
         out.append(
             f"{headline['hot_syncs']} host-device syncs on the hot path after warm-up (defects)."
         )
+    requests = extra.get("requests", {})
+    hidden = requests.get("prefill_hidden", 0)
     if headline["ttft_ms"]["count"]:
         t, p = headline["ttft_ms"], headline["tpot_ms"]
         tpot = f", TPOT p50 {p['p50']:.2f} ms" if p["count"] else ""
+        total = requests.get("count", t["count"])
         out.append(
-            f"{t['count']} requests: TTFT p50 {t['p50']:.2f} ms / p99 {t['p99']:.2f} ms{tpot}."
+            f"{total} requests: TTFT p50 {t['p50']:.2f} ms / p99 {t['p99']:.2f} ms{tpot}"
+            + (f" (TTFT of {t['count']})." if hidden else ".")
+        )
+    if hidden:
+        out.append(
+            f"{hidden} request(s) prefilled in steps left out of the trace (warm-up, step range "
+            "or sampling): counted, but without TTFT/TPOT (use --trace-warmup to see them)."
+        )
+    interrupted = frames.metadata.get("interrupted")
+    if interrupted:
+        out.append(
+            f"The run was interrupted by {interrupted}: requests in flight were aborted and "
+            "later arrivals never ran."
         )
     dropped = frames.metadata.get("bytes_dropped", 0)
     if dropped:

@@ -1,4 +1,4 @@
-"""Accepted-count wait exposure (DESIGN.md §4): exposed = |A ∩ idle|, hidden = |A ∩ B|."""
+"""Accepted-count wait exposure (docs/design.md §5.5): exposed = |A ∩ idle|, hidden = |A ∩ B|."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.frames import ROLE_COMPUTE, SLICE_COLUMNS, TraceError, require_columns
-from analysis.intervals import Union, union
+from analysis.frames import ROLE_COMPUTE, ROLE_COPY, SLICE_COLUMNS, TraceError, require_columns
+from analysis.intervals import Union, union, unique_sorted
 from analysis.steady import steady_range
 
 __all__ = ["Window", "select_window", "device_busy", "parse_window", "WINDOW_ALL", "WINDOW_STEADY"]
@@ -63,17 +63,47 @@ def parse_window(text: str) -> tuple[str, int, int | None]:
     return "steps", first, end
 
 
-def device_busy(slices: pd.DataFrame) -> Union:
-    """B: the union of slices on device compute tracks (whole trace)."""
+def device_busy(slices: pd.DataFrame, with_copies: bool = False) -> Union:
+    """B: the union of slices on device compute tracks (whole trace); with ``with_copies``,
+    copy tracks too (the complement is then *device idle*: no kernel and no copy)."""
     require_columns(slices, ["role", "ts_ns", "end_ns"], "device_busy")
-    compute = (slices["role"] == ROLE_COMPUTE).to_numpy(bool)
+    roles = [ROLE_COMPUTE, ROLE_COPY] if with_copies else [ROLE_COMPUTE]
+    busy = slices["role"].isin(roles).to_numpy(bool)
     return union(
-        slices["ts_ns"].to_numpy(np.int64)[compute], slices["end_ns"].to_numpy(np.int64)[compute]
+        slices["ts_ns"].to_numpy(np.int64)[busy], slices["end_ns"].to_numpy(np.int64)[busy]
     )
 
 
+MIN_STEPS_AFTER_SKIP = 2
+
+
+def _warmup_skip(steps: np.ndarray, skip_steps: int, compute_steps: np.ndarray) -> tuple[int, str]:
+    """How many leading steps to leave out as warm-up, and a note when fewer than asked.
+
+    Warm-up is skipped only when ``MIN_STEPS_AFTER_SKIP`` steps remain and, if the skipped steps
+    hold device compute, the remaining ones do too (a two-step profile keeps its work)."""
+    if skip_steps == 0:
+        return 0, ""
+    kept = steps[skip_steps:]
+    if kept.size < MIN_STEPS_AFTER_SKIP:
+        return 0, (
+            f"only {steps.size} step(s): the {skip_steps} warm-up step(s) were not skipped "
+            f"(skipped only when {MIN_STEPS_AFTER_SKIP} steps remain)"
+        )
+    if np.isin(steps[:skip_steps], compute_steps).any() and not np.isin(kept, compute_steps).any():
+        return 0, (
+            f"the warm-up step(s) {steps[0]}..{steps[skip_steps - 1]} hold the only device "
+            "compute of the trace: not skipped"
+        )
+    return skip_steps, ""
+
+
 def _step_bounds(
-    steps: np.ndarray, window: str, skip_steps: int, step_table: pd.DataFrame | None
+    steps: np.ndarray,
+    window: str,
+    skip_steps: int,
+    step_table: pd.DataFrame | None,
+    compute_steps: np.ndarray,
 ) -> tuple[int, int, str, str]:
     """(first, last, rule, note) for the trace's sorted distinct ``steps``."""
     rule, first, end = parse_window(window)
@@ -84,15 +114,15 @@ def _step_bounds(
             return int(inside[0]), int(inside[-1]), rule, ""
         note = f"no step in {window} (the trace has steps {steps[0]}..{steps[-1]})"
         raise TraceError(note)
+    notes = []
     if rule == WINDOW_STEADY:
         found = steady_range(step_table) if step_table is not None and len(step_table) else None
         if found is not None:
             return found[0], found[1], rule, ""
-        note = "no steady state found (too few or too unstable steps): all steps used"
-    else:
-        note = ""
-    skip = skip_steps if steps.size > skip_steps else 0
-    return int(steps[skip]), int(steps[-1]), WINDOW_ALL, note
+        notes.append("no steady state found (too few or too unstable steps): all steps used")
+    skip, note = _warmup_skip(steps, skip_steps, compute_steps)
+    notes += [note] if note else []
+    return int(steps[skip]), int(steps[-1]), WINDOW_ALL, "; ".join(notes)
 
 
 def select_window(
@@ -103,8 +133,9 @@ def select_window(
 ) -> tuple[pd.DataFrame, Window]:
     """Slices of the measured steps, and the window.
 
-    ``window``: ``all`` (steps below ``min(step) + skip_steps`` are warm-up, kept only when the
-    trace has no more than ``skip_steps`` steps), ``steady`` (the rule of ``analysis.steady``,
+    ``window``: ``all`` (steps below ``min(step) + skip_steps`` are warm-up, skipped only when
+    ``MIN_STEPS_AFTER_SKIP`` steps remain and the device work is not all in them; the note
+    says so), ``steady`` (the rule of ``analysis.steady``,
     on ``step_table`` = ``step_table(slices)``; falls back to ``all`` with a note) or ``A:B``.
     Slices without a step are kept when they lie inside the window's time span. With no steps at
     all the whole trace is the window. Returns a frame with the input's columns.
@@ -113,10 +144,11 @@ def select_window(
     if skip_steps < 0:
         raise TraceError(f"skip_steps must be >= 0, got {skip_steps}")
     step = slices["step"].to_numpy(np.int64)
-    steps = np.unique(step[step >= 0])
+    steps = unique_sorted(step[step >= 0])
     rule, note = WINDOW_ALL, ""
     if steps.size:
-        first, last, rule, note = _step_bounds(steps, window, skip_steps, step_table)
+        compute_steps = unique_sorted(step[(slices["role"] == ROLE_COMPUTE).to_numpy(bool)])
+        first, last, rule, note = _step_bounds(steps, window, skip_steps, step_table, compute_steps)
         stepped = (step >= first) & (step <= last)
         ts, ends = slices["ts_ns"].to_numpy(np.int64), slices["end_ns"].to_numpy(np.int64)
         lo, hi = int(ts[stepped].min()), int(ends[stepped].max())

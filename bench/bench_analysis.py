@@ -9,6 +9,13 @@ Each is loaded and analysed (default steady window) in a fresh subprocess, which
 time, CPU time and peak RSS. Prints a table and writes JSON (``--out``).
 
     python bench/bench_analysis.py [--steps 100000] [--kineto-steps 1400] [--plain]
+
+``--real`` instead measures public real Kineto traces (tests/data/real) and a ~193k-event vLLM
+trace built from one of them: `stepscope analyze --json` against stdlib ``json.load`` of the same
+file and against HTA (HolisticTraceAnalysis) run by ``--hta-python`` (a separate venv with
+pandas 2.x; see bench/README.md). See ``bench/_kineto_vs_hta.py``.
+
+    python bench/bench_analysis.py --real --hta-python /path/to/hta-venv/bin/python [--repeat 3]
 """
 
 from __future__ import annotations
@@ -237,7 +244,21 @@ def main() -> None:
         "--kineto-steps", type=int, default=1_400, help="Kineto steps (51 events each)"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench_analysis.json")
+    parser.add_argument(
+        "--real", action="store_true", help="public real Kineto traces vs json.load and HTA"
+    )
+    parser.add_argument("--hta-python", default=None, help="with --real: the HTA venv's python")
+    parser.add_argument("--repeat", type=int, default=1, help="with --real: best of N runs")
+    parser.add_argument("--real-dir", type=Path, default=ROOT / "tests" / "data" / "real")
     args = parser.parse_args()
+    if args.real:
+        from bench._kineto_vs_hta import run
+
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = run(args.real_dir, args.hta_python, args.repeat, Path(tmp))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name("bench_analysis_real.json").write_text(json.dumps(rows, indent=2))
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         pf, pp, kj = Path(tmp) / "big.pftrace", Path(tmp) / "plain.pftrace", Path(tmp) / "big.json"

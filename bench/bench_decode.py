@@ -190,12 +190,13 @@ def profile_main(args: argparse.Namespace) -> None:
     floor as in the engine table; x floor = (graph forward + eager compute_logits) / floor (the
     sampler is not included here; the engine table above includes it)."""
     from engine.engine_parts import load_model_config
+    from engine.kernels.backend import create_kernel_backend
     from engine.model.loader import build_random_model
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     cfg = load_model_config(args.model_config)
-    model = build_random_model(cfg, dtype, device, seed=0, use_triton=True)
+    model = build_random_model(cfg, dtype, device, seed=0, kernels=create_kernel_backend("triton"))
     ctx_len = args.prompt_len + args.output_len // 2
     bw = copy_bandwidth_bytes_per_s() if cuda else float("nan")
     with torch.no_grad():

@@ -44,8 +44,12 @@ _RANK_SET_TAB = "a rank set is open: its ranks' own pages (Overview) show their 
 
 
 def _error_text(exc: BaseException) -> str:
-    if is_trace_error(exc):
+    if is_trace_error(exc):  # e.g. the loader's decompressed-size limit: its own words
         return str(exc)
+    if isinstance(exc, MemoryError):
+        return "the trace needs more memory than this server has (a very large or compressed file)"
+    if isinstance(exc, RecursionError):
+        return "the trace is nested too deeply to read"
     log.exception("dashboard callback failed")
     return f"internal error while analysing: {type(exc).__name__}: {exc}"
 

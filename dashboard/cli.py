@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -60,5 +61,23 @@ def dashboard_main(argv: list[str]) -> int:
     print(
         f"stepscope dashboard: http://{config.host}:{config.port}/  (traces: {config.traces_dir.resolve()})"
     )
-    app.run(host=config.host, port=config.port, debug=False)
+    _exit_on_sigterm()
+    try:
+        app.run(host=config.host, port=config.port, debug=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        app.server.extensions["stepscope_store"].close()  # the uploads' temporary folder
     return 0
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the server as Ctrl-C does (``finally`` blocks and atexit run), unless the
+    parent set it to be ignored."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)

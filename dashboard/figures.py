@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis import Report
+from analysis.lead import STARVED_LEAD_NS
 from dashboard.theme import GRID, IDLE, MUTED, base_layout, color_for
 
 __all__ = [
@@ -25,9 +26,11 @@ __all__ = [
     "empty_figure",
     "note_no_data",
     "STEP_PANELS",
+    "LEAD_PANEL",
 ]
 
 MAX_POINTS = 4000
+LEAD_PANEL = "CPU lead (ms): device reached the step's end event − host recorded it"
 # (panel title, [(series label, table, column, scale, colour)])
 STEP_PANELS: tuple[tuple[str, tuple[tuple[str, str, str, float, str], ...]], ...] = (
     (
@@ -40,6 +43,10 @@ STEP_PANELS: tuple[tuple[str, tuple[tuple[str, str, str, float, str], ...]], ...
             ("step time", "steps", "step_ns", 1e-6, "#1f2430"),
             ("device busy", "steps", "device_busy_ns", 1e-6, "#2f9e5b"),
         ),
+    ),
+    (
+        LEAD_PANEL,
+        (("CPU lead", "steps", "cpu_lead_us", 1e-3, "#c2410c"),),
     ),
     (
         "accepted-count wait (µs)",
@@ -108,7 +115,8 @@ def step_series(
 def steps_figure(
     report: Report, step_range: tuple[int, int] | None = None, max_points: int = MAX_POINTS
 ) -> go.Figure:
-    """Five stacked panels sharing the step axis (see :data:`STEP_PANELS`)."""
+    """Stacked panels sharing the step axis, one per :data:`STEP_PANELS` entry; the CPU lead
+    panel has a dotted line at the starved threshold (below it the device waited for the host)."""
     fig = make_subplots(
         rows=len(STEP_PANELS),
         cols=1,
@@ -138,6 +146,10 @@ def steps_figure(
             drawn = True
         if not drawn:
             note_no_data(fig, "not recorded in this trace", row)
+        elif STEP_PANELS[row - 1][0] == LEAD_PANEL:
+            fig.add_hline(
+                y=STARVED_LEAD_NS / 1e6, row=row, col=1, line={"dash": "dot", "color": IDLE}
+            )
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=1)
     fig.update_xaxes(title_text="step", row=len(STEP_PANELS), col=1)
     fig.update_xaxes(gridcolor=GRID, showspikes=True, spikemode="across", spikethickness=1)

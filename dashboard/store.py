@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +91,11 @@ class TraceStore:
 
     def __init__(self, traces_dir: Path, max_cached: int, max_upload_bytes: int) -> None:
         self._upload_root = Path(tempfile.mkdtemp(prefix="stepscope-uploads-"))
+        # Uploads live as long as the store: removed by close(), when the store is collected,
+        # or at interpreter exit (the dashboard turns SIGTERM into a normal exit for this).
+        self._remove_uploads = weakref.finalize(
+            self, shutil.rmtree, str(self._upload_root), ignore_errors=True
+        )
         self.roots = {
             "traces": TraceDirectory(traces_dir),
             "uploads": TraceDirectory(self._upload_root, suffixes=()),
@@ -238,6 +245,15 @@ class TraceStore:
         return la, lb, compare_reports(la.report, lb.report)
 
     # ---- uploads -------------------------------------------------------------------------
+    @property
+    def upload_root(self) -> Path:
+        """The temporary folder holding this store's uploads (removed by :meth:`close`)."""
+        return self._upload_root
+
+    def close(self) -> None:
+        """Remove the uploads folder (idempotent); uploaded traces cannot be opened after."""
+        self._remove_uploads()
+
     def save_upload(self, filename: str, data: bytes) -> TraceRef:
         """Store uploaded bytes under a content-addressed name; returns its ref."""
         if not data:

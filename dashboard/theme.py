@@ -38,6 +38,7 @@ _COLORS: dict[str, str] = {
     "d2h_output": "#8d6e63",
     # idle
     "(no cpu slice)": "#9aa1ab",
+    "(cpu waiting)": "#c4c9d0",
 }
 _FALLBACK = ["#6c8ebf", "#d6a656", "#82b366", "#b85450", "#9673a6", "#56a0a8", "#c28f5c", "#7f7f7f"]
 

@@ -40,7 +40,9 @@ DEFINITIONS: dict[str, str] = {
     "hidden under device work.",
     "bubble_ratio": "Σ device idle / window. Idle is the complement of device compute slices inside "
     "[first device slice start, last device slice end] of the measured steps; each "
-    "maximal idle interval is a bubble.",
+    "maximal idle interval is a bubble. From stage slices it is a lower bound (a starved stage's "
+    "slice covers launch gaps); from CUPTI kernels (--trace-kernels, Kineto) it is measured. "
+    "Sampled traces: measured inside runs of consecutive kept steps only.",
     "wait_accepted_exposed_us": "Accepted-count wait exposure: |A ∩ idle|, A = wait_output(accepted_count) "
     "slices. Only the exposed part is recoverable; the hidden part (|A ∩ B|) "
     "waited while the device was busy, which costs nothing.",
@@ -53,6 +55,18 @@ DEFINITIONS: dict[str, str] = {
     "sampling the forward of N+1 runs meanwhile; 'forward early' is the share of masked steps "
     "whose device work began before their mask was built. Exposed grammar wait: "
     "|wait_output(grammar) ∩ idle|.",
+    "cpu_lead_us_p50": "CPU lead = (device time the stream reached a stage's end event) − (host "
+    "time the CPU recorded that event), per device stage; a step's lead is its smallest compute "
+    "stage lead. p50/p10 over the measured steps. Large: the CPU runs ahead of the device; near "
+    "zero: the device caught up and waited for the host.",
+    "starved_steps_frac": "Share of measured steps whose CPU lead fell below 50 µs: the device "
+    "caught up with the host inside the step (starved), so that step's stage slices also hold "
+    "launch gaps, not only device work.",
+    "bubble_ratio_starvation_aware": "Device idle estimate that counts launch gaps inside starved "
+    "stages: (stage-slice idle + Σ estimated gaps) / window. A starved stage's busy time is "
+    "predicted from unstarved slices of the same stage (busy ≈ a + b·tokens, least squares); "
+    "the rest of its slice is idle, blamed on launch (by phase). Equal to bubble_ratio where "
+    "busy came from CUPTI kernels.",
     "top_blame": "The CPU slice running (deepest slice, largest share) during most of the device idle time.",
     "tpot_ms": "Time per output token after the first, per request, from the per-request tracks (p50).",
 }
@@ -108,11 +122,13 @@ def _cards(report: Report) -> list[Card]:
             "bubble ratio",
             h["bubble_ratio"],
             fmt_pct(h["bubble_ratio"]),
-            f"{h['bubbles']['count']:,} bubbles · {fmt_num(h['bubbles']['idle_ms'], 'ms', 2)} idle",
+            f"{h['bubbles']['count']:,} bubbles · {fmt_num(h['bubbles']['idle_ms'], 'ms', 2)} idle"
+            + (" · lower bound" if h.get("bubble_ratio_bound") == "lower_bound" else ""),
             ""
             if h["bubble_ratio"] is None
             else _tone(h["bubble_ratio"] > 0.2, h["bubble_ratio"] > 0.05),
         ),
+        *_lead_cards(h),
         Card(
             "wait_accepted_exposed_us",
             "exposed accepted-count wait",
@@ -177,6 +193,42 @@ def _cards(report: Report) -> list[Card]:
             )
         )
     return cards
+
+
+def _lead_cards(h: dict[str, Any]) -> list[Card]:
+    """CPU lead, starved steps and the starvation-aware idle (n/a without host_end_ns)."""
+    p50, p10, starved = (
+        h.get("cpu_lead_us_p50"),
+        h.get("cpu_lead_us_p10"),
+        h.get("starved_steps_frac"),
+    )
+    aware = h.get("bubble_ratio_starvation_aware")
+    return [
+        Card(
+            "cpu_lead_us_p50",
+            "CPU lead p50",
+            p50,
+            "n/a" if p50 is None else fmt_num(p50 / 1e3, "ms", 2),
+            "not recorded in this trace" if p10 is None else f"p10 {fmt_num(p10 / 1e3, 'ms', 2)}",
+            "" if p10 is None else _tone(p10 < 50, p10 < 500),
+        ),
+        Card(
+            "starved_steps_frac",
+            "starved steps",
+            starved,
+            fmt_pct(starved),
+            "device waited for the host (lead < 50 µs)",
+            "" if starved is None else _tone(starved > 0.5, starved > 0.05),
+        ),
+        Card(
+            "bubble_ratio_starvation_aware",
+            "idle, starvation-aware",
+            aware,
+            fmt_pct(aware),
+            "estimate: starved stages' launch gaps counted as idle",
+            "" if aware is None else _tone(aware > 0.2, aware > 0.05),
+        ),
+    ]
 
 
 def _numeric(value: Any) -> bool:
@@ -341,7 +393,13 @@ def _table(rows: list[dict[str, Any]], table_id: str) -> dash_table.DataTable:
 def _delta_rows(cmp: Comparison) -> list[dict[str, str]]:
     out = []
     for name, d in cmp.deltas.items():
-        pct = name in ("overlap", "bubble_ratio", "grammar_hidden_frac")
+        pct = name in (
+            "overlap",
+            "bubble_ratio",
+            "grammar_hidden_frac",
+            "starved_steps_frac",
+            "bubble_ratio_starvation_aware",
+        )
         fmt = (lambda v: fmt_pct(v)) if pct else (lambda v: fmt_num(v, digits=3))
         delta = d["delta"]
         shown = "n/a" if delta is None else (f"{100 * delta:+.1f} pp" if pct else f"{delta:+,.3f}")

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
-from engine.llm import LLM, CompletionOutput, outputs_digest
+from engine.interrupt import Interrupt
+from engine.output_writer import OutputPathError, OutputWriter, check_output_path
 from engine.workload import WorkloadError, load_workload
 from instrument.capture import CaptureConfig, parse_step_range
 from instrument.schema import Arg, rank_trace_path
+
+if TYPE_CHECKING:  # engine.llm imports torch: only once a run starts, never for --help
+    from engine.llm import LLM, CompletionOutput
+    from instrument.tracer import Tracer
 
 __all__ = ["run_main", "build_parser"]
 
@@ -30,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stepscope run",
         description="Run a workload on the stepscope engine. Prints a run summary (requests, "
         "output tok/s, TTFT/TPOT percentiles, feature decisions, trace path).",
+        epilog="Ctrl-C or SIGTERM: stop admitting, abort the requests in flight (their partial "
+        "outputs written as finish_reason 'abort'), close the trace with a note, exit 130 / 143; "
+        "a second Ctrl-C exits at once (the trace stays loadable).",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="HF checkpoint folder (config.json, *.safetensors, tokenizer)")
@@ -92,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="record every host<-device sync as a trace instant (slower)",
     )
-    p.add_argument("--output", help="write one JSON line per request here")
+    p.add_argument(
+        "--output",
+        help="write one JSON line per request here, as each finishes (rejected and aborted ones "
+        "too); a complete run's file is rewritten in the workload's order at the end",
+    )
     p.add_argument(
         "--async",
         dest="async_scheduling",
@@ -188,14 +199,26 @@ def _fmt_pcts(d: dict[str, float]) -> str:
 
 
 def print_summary(
-    llm: LLM, outputs: list[CompletionOutput], elapsed_s: float, trace: str | None
+    llm: LLM,
+    outputs: list[CompletionOutput],
+    elapsed_s: float,
+    trace: str | None,
+    interrupted: str = "",
+    num_requests: int = 0,
 ) -> None:
+    from engine.llm import outputs_digest
+
     num_out = sum(len(o.output_token_ids) for o in outputs)
     lat = llm.engine.requests.summary()
     print("\n== stepscope run summary ==")
-    print(
-        f"requests          {len(outputs)}  ({sum(o.finish_reason == 'abort' for o in outputs)} aborted)"
-    )
+    if interrupted:
+        print(
+            f"interrupted       by {interrupted}: {len(outputs)} of {num_requests} requests "
+            f"admitted, {num_requests - len(outputs)} never started"
+        )
+    num_aborted = sum(o.finish_reason == "abort" for o in outputs)
+    num_failed = sum(o.finish_reason == "error" for o in outputs)
+    print(f"requests          {len(outputs)}  ({num_aborted} aborted, {num_failed} rejected)")
     print(
         f"output tokens     {num_out}  in {elapsed_s:.2f} s  = {num_out / max(elapsed_s, 1e-9):.1f} tok/s"
     )
@@ -226,51 +249,87 @@ def _progress(total: int, enabled: bool) -> tuple[Any, Any]:
 
 def run_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from instrument.sync_detect import SyncDetector
-    from instrument.tracer import Tracer, set_tracer
-
     try:
         config = config_from_args(args)
-        workload = load_workload(args.workload)
         capture = capture_from_args(args)
-    except (ConfigError, WorkloadError, ValueError) as err:
+        if args.output:  # before the model loads: a wrong path fails now, not after the run
+            check_output_path(args.output)
+        workload = load_workload(args.workload)
+    except (ConfigError, WorkloadError, OutputPathError, ValueError) as err:
         print(f"stepscope run: error: {err}", file=sys.stderr)
         return 2
+    from instrument.tracer import Tracer, set_tracer
+
     tracer = None
     trace = args.trace
     if trace and config.tensor_parallel_size > 1:  # one trace per rank; this process is rank 0
         trace = rank_trace_path(trace, 0)
     if trace:
         os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
-        tracer = Tracer(trace, nvtx=args.nvtx, install_signal_handlers=True, capture=capture)
+        # Signals are this command's (engine/interrupt.py), not the tracer's.
+        tracer = Tracer(trace, nvtx=args.nvtx, capture=capture)
         set_tracer(tracer)
+    interrupt = Interrupt(on_second=(lambda: tracer.close(blocking=False)) if tracer else None)
+    try:
+        return _run(args, config, workload, tracer, trace, interrupt)
+    finally:
+        interrupt.restore()
+        if tracer is not None:
+            tracer.close()
+
+
+def _run(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    workload: list[Any],
+    tracer: Tracer | None,
+    trace: str | None,
+    interrupt: Interrupt,
+) -> int:
+    """Build the engine, run the workload (outputs streamed to ``--output``), close in order."""
+    from engine.llm import LLM, outputs_digest
+    from instrument.sync_detect import SyncDetector
+
     detector = SyncDetector(tracer) if (tracer and args.detect_syncs) else None
     try:
         llm = LLM(config, tracer=tracer, trace_requests=args.trace_requests)
+    except ConfigError as err:
+        print(f"stepscope run: error: {err}", file=sys.stderr)
+        return 2
+    writer = None
+    try:
+        writer = OutputWriter(args.output) if args.output else None
         bar, update = _progress(len(workload), not args.no_progress)
         if detector is not None:
             detector.install()
         start = time.monotonic()
-        outputs = llm.run_workload(workload, progress=update)
+        outputs = llm.run_workload(
+            workload,
+            progress=update,
+            on_finish=writer.write if writer is not None else None,
+            should_stop=lambda: interrupt.requested,
+        )
         elapsed = time.monotonic() - start
         if detector is not None:
             detector.uninstall()
         if bar is not None:
             bar.close()
-        llm.close()
-    except ConfigError as err:
+    except (ConfigError, OutputPathError) as err:
         print(f"stepscope run: error: {err}", file=sys.stderr)
-        if tracer is not None:
-            tracer.close()
         return 2
+    finally:
+        llm.close()  # worker threads joined before the interpreter exits
+        if writer is not None:
+            writer.close()
     if tracer is not None:
+        note = {Arg.INTERRUPTED.value: interrupt.name} if interrupt.requested else {}
         tracer.metadata(
-            **{Arg.OUTPUT_DIGEST.value: outputs_digest(outputs)}, num_requests=len(outputs)
+            **{Arg.OUTPUT_DIGEST.value: outputs_digest(outputs)},
+            num_requests=len(outputs),
+            **note,
         )
         tracer.close()
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            for out in outputs:
-                f.write(json.dumps(out.to_json()) + "\n")
-    print_summary(llm, outputs, elapsed, trace)
-    return 0
+    if writer is not None and not interrupt.requested:
+        writer.finish_in_order(outputs)
+    print_summary(llm, outputs, elapsed, trace, interrupt.name, len(workload))
+    return interrupt.exit_code

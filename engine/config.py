@@ -76,7 +76,7 @@ class EngineConfig:
     spec_sync_accepted: bool = False
     cuda_graph_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     debug_invariants: bool = False
-    # Ranks of tensor parallelism (engine.distributed): one process per rank, rank 0 here.
+    # Ranks of tensor parallelism (engine.executor): one process per rank, rank 0 here.
     tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ Synchronous: schedule N -> launch N -> wait N -> update N. With the batch queue 
 vLLM's ``step_with_batch_queue``): schedule and launch N+1 before waiting on N, so the CPU's
 scheduling and input preparation of N+1 run while the device computes N.
 
-Structured output (DESIGN.md §1, deferred sampling): a grammar's mask for step N+1 exists only once
+Structured output (docs/design.md §2.9, deferred sampling): a grammar's mask for step N+1 exists only once
 output N is committed and the grammar has accepted t_N. With the batch queue, a step holding a
 structured request behind a step still in flight is split: its forward (and logits) is enqueued at
 once, its sampling after ``update_from_output(N)`` and the ``grammar_mask`` of N+1; the wait on
@@ -12,7 +12,7 @@ output N is then ``wait_output(kind=grammar)``. Free-only steps keep the single 
 deferred sampling (async off, or turned off) a structured step is launched with its mask built
 first (async: only after the step before it is updated).
 
-Every CPU phase is a slice of DESIGN.md §3 on the ``engine-core`` thread; the runner adds
+Every CPU phase is a slice of docs/design.md §4.2 on the ``engine-core`` thread; the runner adds
 ``prepare_inputs``/``launch`` and the device slices; counters are sampled after each update.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 from collections import deque
 from typing import Any
@@ -29,12 +28,20 @@ import torch
 
 from engine.config import EngineConfig, ResolvedFeatures, resolve_features
 from engine.device import Device
-from engine.distributed.rank_context import RankContext
-from engine.engine_parts import DTYPES, build_device, build_model, scheduler_config_for
+from engine.engine_parts import (
+    build_device,
+    build_kernels,
+    build_model,
+    build_runner,
+    check_state_fits,
+    record_start,
+    scheduler_config_for,
+)
+from engine.executor.rank_context import RankContext
 from engine.request import Request, RequestStatus
 from engine.request_timeline import RequestTimeline
 from engine.runner.async_output import AsyncOutput, PendingSample
-from engine.runner.model_runner import ModelRunner, RunnerConfig
+from engine.runner.model_runner import ModelRunner
 from engine.scheduler.async_scheduler import AsyncScheduler
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.scheduler.request_output import (
@@ -43,17 +50,8 @@ from engine.scheduler.request_output import (
     StopStringChecker,
 )
 from engine.scheduler.scheduler import Scheduler
-from engine.spec.proposer import Proposer, ProposerContext, create_proposer
 from engine.structured.manager import StructuredOutputManager
-from instrument.schema import (
-    ENGINE_THREAD,
-    REQUESTED_AUTO,
-    Arg,
-    Counter,
-    CpuSlice,
-    Instant,
-    WaitKind,
-)
+from instrument.schema import ENGINE_THREAD, Arg, Counter, CpuSlice, WaitKind
 from instrument.sync_detect import cold_region, hot_region
 from instrument.tracer import Tracer, get_tracer
 
@@ -73,7 +71,7 @@ class EngineCore:
         trace_requests: write one track per request (queued/prefill/decode).
         tokenizer: the model's tokenizer; structured requests need it (grammars are compiled
             against its vocabulary).
-        tp: this rank's tensor-parallel context (``engine.distributed``); None with
+        tp: this rank's tensor-parallel context (``engine.executor``); None with
             ``tensor_parallel_size > 1`` starts the other ranks here (this is rank 0).
     """
 
@@ -92,41 +90,30 @@ class EngineCore:
         # The thread that drives the engine is the trace's ``engine-core`` CPU track.
         threading.current_thread().name = ENGINE_THREAD
         self.features: ResolvedFeatures = resolve_features(config)
+        self.kernels = build_kernels(self.features)  # chosen once, for every part below
         # Tensor parallel: every rank builds its device and model shard through its context.
         if tp is None and config.tensor_parallel_size > 1:
-            from engine.distributed.executor import TPDriver
+            from engine.executor.tp_driver import TPDriver
 
             tp = TPDriver.start(config, self.tracer)
         self.tp = tp
         if tp is None:
             self.device: Device = build_device(config)
-            self.model, self.model_config = build_model(config, self.features, self.device)
+            self.model, self.model_config = build_model(config, self.device, self.kernels)
         else:
             self.device = tp.build_device(config)
-            self.model, self.model_config = tp.build_model(config, self.features, self.device)
+            self.model, self.model_config = tp.build_model(config, self.device, self.kernels)
         sched_config = scheduler_config_for(config, self.model_config)
         self.max_model_len = sched_config.max_model_len
+        check_state_fits(config, self.model_config, self.max_model_len, self.device)
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
         self.scheduler: Scheduler = scheduler_cls(sched_config, stop_string_checker)
-        self.proposer = self._build_proposer()
         # The older way: the CPU waits for step N's accepted counts before preparing N+1.
-        self.sync_accepted = self.proposer is not None and config.spec_sync_accepted
-        self.runner = ModelRunner(
-            self.model,
-            self.device,
-            RunnerConfig(
-                max_num_reqs=config.max_num_seqs,
-                max_model_len=self.max_model_len,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                block_size=config.block_size,
-                num_blocks=config.num_kv_blocks,
-                seed=config.seed,
-                use_triton=self.features.triton_kernels,
-                cuda_graphs=self.features.cuda_graphs,
-            ),
-            self.tracer,
-            proposer=self.proposer,
-        )
+        self.sync_accepted = self.features.spec_method is not None and config.spec_sync_accepted
+        self.runner: ModelRunner = build_runner(
+            config, self.features, self.device, self.model, self.max_model_len, self.tracer,
+            self.kernels,
+        )  # fmt: skip
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)
         self.requests = RequestTimeline(self.tracer, write_tracks=trace_requests)
@@ -135,28 +122,7 @@ class EngineCore:
         )
         # A PendingSample is a structured step whose sampling waits for the step before it.
         self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample]] = deque()
-        self._record_start()
-
-    def _build_proposer(self) -> Proposer | None:
-        """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None."""
-        method, config = self.features.spec_method, self.config
-        if method is None:
-            return None
-        spec_model = config.spec_model
-        if method == "mtp" and spec_model is None and config.model is not None:
-            spec_model = os.path.join(config.model, "mtp")
-        ctx = ProposerContext(
-            target=self.model,
-            spec_model=spec_model,
-            num_spec_tokens=config.num_spec_tokens,
-            num_blocks=config.num_kv_blocks,
-            block_size=config.block_size,
-            max_num_reqs=config.max_num_seqs,
-            dtype=DTYPES[config.dtype],
-            device=self.device.torch_device,
-            use_triton=self.features.triton_kernels,
-        )
-        return create_proposer(method, ctx)
+        record_start(self.tracer, config, self.features, self.max_model_len)
 
     # ---- requests -------------------------------------------------------------------------
     @property
@@ -364,34 +330,6 @@ class EngineCore:
             self.tracer.counter(counter.value, getattr(stats, counter.value))
 
     # ---- start and end --------------------------------------------------------------------
-    def _record_start(self) -> None:
-        tracer = self.tracer
-        tracer.instant(
-            Instant.ENGINE_CONFIG.value,
-            scope="process",
-            **self.config.flat(),
-            max_model_len_resolved=self.max_model_len,
-        )
-        for d in self.features.decisions:
-            tracer.instant(
-                Instant.FEATURE_DECISION.value,
-                scope="process",
-                **{
-                    Arg.FEATURE.value: d.feature,
-                    Arg.REQUESTED.value: REQUESTED_AUTO if d.requested is None else d.requested,
-                    Arg.RESOLVED.value: d.resolved,
-                    Arg.REASON.value: d.reason,
-                    Arg.SHOWN.value: True,
-                },
-            )
-            _log.info(
-                "feature %s: requested=%s resolved=%s (%s)",
-                d.feature,
-                REQUESTED_AUTO if d.requested is None else d.requested,
-                d.resolved,
-                d.reason,
-            )
-
     def drain(self) -> list[RequestOutput]:
         """Wait for and apply every queued step (end of a run)."""
         outputs: list[RequestOutput] = []

@@ -1,8 +1,15 @@
-"""Factories that turn an :class:`EngineConfig` into the engine's parts (device, model, limits)."""
+"""Factories that turn an :class:`EngineConfig` into the engine's parts (device, kernels, model,
+limits, proposer, runner).
+
+``EngineCore`` and every tensor-parallel worker build their runner through :func:`build_runner`,
+with the one kernel backend :func:`build_kernels` chose from the resolved features, and record the
+same start-up instants (:func:`record_start`)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from typing import Any
 
@@ -10,6 +17,7 @@ import torch
 
 from engine.config import ConfigError, EngineConfig, ResolvedFeatures
 from engine.device import CpuDevice, CudaDevice, Device
+from engine.kernels.backend import KernelBackend, create_kernel_backend
 from engine.model.config import ModelConfig
 from engine.model.loader import (
     build_random_model,
@@ -17,9 +25,30 @@ from engine.model.loader import (
     qwen3_0_6b_config,
     qwen3_8b_config,
 )
+from engine.runner.model_runner import ModelRunner, RunnerConfig
 from engine.scheduler.scheduler_config import SchedulerConfig
+from engine.spec.proposer import Proposer, ProposerContext, create_proposer
+from instrument.schema import REQUESTED_AUTO, Arg, Instant
+from instrument.tracer import Tracer
 
-__all__ = ["build_device", "build_model", "load_model_config", "scheduler_config_for", "DTYPES"]
+__all__ = [
+    "DTYPES",
+    "build_device",
+    "build_kernels",
+    "build_model",
+    "build_proposer",
+    "build_runner",
+    "check_state_fits",
+    "estimate_state_bytes",
+    "load_model_config",
+    "record_start",
+    "scheduler_config_for",
+]
+
+_log = logging.getLogger("stepscope.engine")
+# Host bytes per KV block in the scheduler's block pool (a Python object and its list/dict
+# entries; measured ~150 B with CPython 3.12, rounded up).
+_HOST_BYTES_PER_BLOCK = 200
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -59,28 +88,131 @@ def load_model_config(source: str) -> ModelConfig:
     return ModelConfig.from_hf_config(AutoConfig.for_model(model_type, **data))
 
 
+def build_kernels(features: ResolvedFeatures) -> KernelBackend:
+    """The engine's one kernel backend, from the resolved ``triton_kernels`` feature."""
+    return create_kernel_backend("triton" if features.triton_kernels else "torch")
+
+
 def build_model(
-    config: EngineConfig, features: ResolvedFeatures, device: Device
+    config: EngineConfig, device: Device, kernels: KernelBackend
 ) -> tuple[Any, ModelConfig]:
     dtype = DTYPES[config.dtype]
     if config.model is not None:
         if not os.path.isdir(config.model):
             raise ConfigError(f"model folder not found: {config.model}")
-        return load_model(
-            config.model, dtype, device.torch_device, use_triton=features.triton_kernels
-        )
+        return load_model(config.model, dtype, device.torch_device, kernels=kernels)
     assert config.model_config is not None
     model_config = load_model_config(config.model_config)
     model = build_random_model(
-        model_config, dtype, device.torch_device, config.seed, use_triton=features.triton_kernels
+        model_config, dtype, device.torch_device, config.seed, kernels=kernels
     )
     return model, model_config
+
+
+def build_proposer(
+    config: EngineConfig,
+    features: ResolvedFeatures,
+    model: Any,
+    device: Device,
+    kernels: KernelBackend,
+) -> Proposer | None:
+    """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None."""
+    method = features.spec_method
+    if method is None:
+        return None
+    spec_model = config.spec_model
+    if method == "mtp" and spec_model is None and config.model is not None:
+        spec_model = os.path.join(config.model, "mtp")
+    ctx = ProposerContext(
+        target=model,
+        spec_model=spec_model,
+        num_spec_tokens=config.num_spec_tokens,
+        num_blocks=config.num_kv_blocks,
+        block_size=config.block_size,
+        max_num_reqs=config.max_num_seqs,
+        dtype=DTYPES[config.dtype],
+        device=device.torch_device,
+        kernels=kernels,
+    )
+    return create_proposer(method, ctx)
+
+
+def build_runner(
+    config: EngineConfig,
+    features: ResolvedFeatures,
+    device: Device,
+    model: Any,
+    max_model_len: int,
+    tracer: Tracer,
+    kernels: KernelBackend,
+) -> ModelRunner:
+    """The model runner of ``model`` (with the resolved proposer): the one factory that
+    ``EngineCore`` and every tensor-parallel worker use."""
+    return ModelRunner(
+        model,
+        device,
+        RunnerConfig(
+            max_num_reqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size,
+            num_blocks=config.num_kv_blocks,
+            seed=config.seed,
+            cuda_graphs=features.cuda_graphs,
+        ),
+        tracer,
+        proposer=build_proposer(config, features, model, device, kernels),
+        kernels=kernels,
+    )
+
+
+def record_start(
+    tracer: Tracer, config: EngineConfig, features: ResolvedFeatures, max_model_len: int
+) -> None:
+    """The ``engine_config`` instant and one ``feature_decision`` instant per feature
+    (docs/design.md §4.6), each decision also logged."""
+    tracer.instant(
+        Instant.ENGINE_CONFIG.value,
+        scope="process",
+        **config.flat(),
+        max_model_len_resolved=max_model_len,
+    )
+    for d in features.decisions:
+        tracer.instant(
+            Instant.FEATURE_DECISION.value,
+            scope="process",
+            **{
+                Arg.FEATURE.value: d.feature,
+                Arg.REQUESTED.value: REQUESTED_AUTO if d.requested is None else d.requested,
+                Arg.RESOLVED.value: d.resolved,
+                Arg.REASON.value: d.reason,
+                Arg.SHOWN.value: True,
+            },
+        )
+        _log.info(
+            "feature %s: requested=%s resolved=%s (%s)",
+            d.feature,
+            REQUESTED_AUTO if d.requested is None else d.requested,
+            d.resolved,
+            d.reason,
+        )
 
 
 def scheduler_config_for(config: EngineConfig, model_config: ModelConfig) -> SchedulerConfig:
     """Scheduler limits; ``max_model_len`` defaults to what the model and the KV pool allow."""
     kv_capacity = config.num_kv_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, kv_capacity)
+    if config.max_model_len is None and kv_capacity < model_config.max_position_embeddings:
+        _log.warning(
+            "the KV pool (%d blocks x %d slots = %d tokens) is smaller than the model's "
+            "max_position_embeddings=%d: max_model_len is %d; a request whose prompt + max_tokens "
+            "exceeds it is refused (raise --num-kv-blocks for longer requests)",
+            config.num_kv_blocks,
+            config.block_size,
+            kv_capacity,
+            model_config.max_position_embeddings,
+            max_model_len,
+        )
     if max_model_len > model_config.max_position_embeddings:
         raise ConfigError(
             f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
@@ -105,3 +237,84 @@ def scheduler_config_for(config: EngineConfig, model_config: ModelConfig) -> Sch
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def estimate_state_bytes(
+    config: EngineConfig, model_config: ModelConfig, max_model_len: int
+) -> dict[str, int]:
+    """A lower bound on the bytes the KV pool and the request state table will take.
+
+    ``kv_cache``: layers x 2 (K, V) x blocks x block_size x KV heads (this rank's share) x
+    head_dim x dtype size, on the device. ``request_state``: per state-table row (max_num_seqs + 1)
+    the token ids (int64 x max_model_len), the block table (int32 x max blocks per request) and
+    the penalty books (int32 + bool per vocab entry), on the device. ``host_blocks``: the
+    scheduler's block pool on the host. Draft/EAGLE state and activations are not counted.
+    """
+    dtype_bytes = DTYPES[config.dtype].itemsize
+    kv_heads = math.ceil(model_config.num_key_value_heads / config.tensor_parallel_size)
+    kv = (
+        model_config.num_hidden_layers
+        * 2
+        * config.num_kv_blocks
+        * config.block_size
+        * kv_heads
+        * model_config.head_dim
+        * dtype_bytes
+    )
+    rows = config.max_num_seqs + 1
+    blocks_per_req = math.ceil(max_model_len / config.block_size)
+    per_row = max_model_len * 8 + blocks_per_req * 4 + model_config.vocab_size * 5
+    return {
+        "kv_cache": kv,
+        "request_state": rows * per_row,
+        "host_blocks": config.num_kv_blocks * _HOST_BYTES_PER_BLOCK,
+    }
+
+
+def _host_available_bytes() -> int | None:
+    """The kernel's MemAvailable (what can be allocated without swapping), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_state_fits(
+    config: EngineConfig, model_config: ModelConfig, max_model_len: int, device: Device
+) -> None:
+    """Refuse at start-up, with the numbers, sizes whose state cannot fit in free memory
+    (instead of a MemoryError or an allocator error deep in the runner)."""
+    need = estimate_state_bytes(config, model_config, max_model_len)
+    on_device = need["kv_cache"] + need["request_state"]
+    host = _host_available_bytes()
+    if device.is_cuda:
+        checks = [
+            (
+                on_device,
+                int(torch.cuda.mem_get_info(device.torch_device)[0]),
+                str(device.torch_device),
+            ),
+            (need["host_blocks"], host, "the host"),
+        ]
+    else:
+        checks = [(on_device + need["host_blocks"], host, "the host (cpu device)")]
+    gib = 2**30
+    for wanted, available, where in checks:
+        if available is None or wanted <= available:
+            continue
+        raise ConfigError(
+            f"the engine's state does not fit: at least {wanted / gib:.2f} GiB needed on {where} "
+            f"but {available / gib:.2f} GiB is free (KV cache {need['kv_cache'] / gib:.2f} GiB = "
+            f"{config.num_kv_blocks} blocks x {config.block_size} slots x "
+            f"{model_config.num_hidden_layers} layers; request state "
+            f"{need['request_state'] / gib:.2f} GiB = {config.max_num_seqs} seqs x max_model_len "
+            f"{max_model_len}; block pool {need['host_blocks'] / gib:.2f} GiB on the host); lower "
+            "--num-kv-blocks, --max-num-seqs or --max-model-len"
+        )

@@ -37,6 +37,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # why the request failed (finish_reason "error")
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -48,6 +49,8 @@ class CompletionOutput:
         }
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
+        if self.stop_reason is not None:
+            out["stop_reason"] = self.stop_reason
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -97,7 +100,7 @@ class LLM:
         self.config = config if config is not None else EngineConfig(**engine_kwargs)
         self.tokenizer = self._load_tokenizer()
         checker = _StopStrings(self.tokenizer) if self.tokenizer is not None else None
-        # tp: a started ``engine.distributed.executor.TPDriver`` (for its options); None with
+        # tp: a started ``engine.executor.tp_driver.TPDriver`` (for its options); None with
         # tensor_parallel_size > 1 starts one with the defaults.
         self.engine = EngineCore(
             self.config, tracer, checker, trace_requests, tokenizer=self.tokenizer, tp=tp
@@ -188,64 +191,68 @@ class LLM:
         self,
         workload: Sequence[WorkloadRequest],
         progress: Callable[[int], None] | None = None,
+        on_finish: Callable[[CompletionOutput], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[CompletionOutput]:
-        """Run requests at their arrival times; returns outputs in workload order."""
-        results: dict[str, CompletionOutput] = {}
+        """Run requests at their arrival times; returns outputs in workload order.
+
+        ``on_finish`` is called once per request as it finishes (in finish order), rejected
+        ones included (``finish_reason="error"``). When ``should_stop()`` turns True the run stops
+        admitting, aborts every request in flight (their partial outputs finish as ``"abort"``)
+        and returns: requests that never arrived are left out of the returned list.
+        """
+        prompts = self._prepare(workload)
+        results = {w.id: CompletionOutput(w.id, len(prompts[w.id])) for w in workload}
+        run = _Run(self, workload, prompts, results, progress, on_finish)
+        run.loop(should_stop or (lambda: False))
+        return [results[w.id] for w in workload if w.id in run.admitted]
+
+    def _prepare(self, workload: Sequence[WorkloadRequest]) -> dict[str, list[int]]:
+        """Encode and validate every request before the first step (nothing runs on an error)."""
         prompts: dict[str, list[int]] = {}
-        for w in workload:  # encode and validate everything before the first step
+        too_long: list[str] = []
+        for w in workload:
             if w.id in prompts:
                 raise ValueError(f"duplicate request id {w.id!r}")
             ids = w.prompt_token_ids
             prompts[w.id] = list(ids) if ids is not None else self._encode(w.prompt or "")
             self._check(w.id, prompts[w.id], w.params)
-            results[w.id] = CompletionOutput(w.id, len(prompts[w.id]))
-        pending = deque(sorted(workload, key=lambda w: w.arrival_time_s))
-        aborts: list[tuple[float, str]] = []
-        start = time.monotonic()
-        engine = self.engine
-        while pending or engine.has_work():
-            now = time.monotonic() - start
-            while pending and pending[0].arrival_time_s <= now:
-                w = pending.popleft()
-                failed = engine.add_request(
-                    self._request(w.id, prompts[w.id], w.params), w.structured
+            if len(prompts[w.id]) + w.params.max_tokens > self.engine.max_model_len:
+                too_long.append(
+                    f"{w.id!r} ({len(prompts[w.id])} prompt + {w.params.max_tokens} max_tokens)"
                 )
-                if failed is not None:  # its grammar did not compile: it ends here, alone
-                    self._collect([failed], results, progress)
-                    continue
-                if w.abort_after_s is not None:
-                    aborts.append((w.arrival_time_s + w.abort_after_s, w.id))
-            for deadline, req_id in [a for a in aborts if a[0] <= now]:
-                aborts.remove((deadline, req_id))
-                out = engine.abort_request(req_id)
-                if out is not None:
-                    self._collect([out], results, progress)
-            if not engine.has_work():
-                time.sleep(max(0.0, min(pending[0].arrival_time_s - now, 0.05)))
-                continue
-            self._collect(engine.run_step(), results, progress)
-        self._collect(engine.drain(), results, progress)
-        if self.tokenizer is not None:
-            for result in results.values():
-                result.text = self.tokenizer.decode(result.output_token_ids)
-        return [results[w.id] for w in workload]
+        if too_long:  # as vLLM's server: refuse rather than cut the output short
+            shown = ", ".join(too_long[:5]) + (
+                f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
+            )
+            raise ConfigError(
+                f"{len(too_long)} request(s) cannot get their max_tokens within "
+                f"max_model_len={self.engine.max_model_len}: {shown}; lower max_tokens, or raise "
+                "--max-model-len / --num-kv-blocks"
+            )
+        return prompts
 
-    @staticmethod
-    def _collect(
-        outputs: list[RequestOutput],
-        results: dict[str, CompletionOutput],
-        progress: Callable[[int], None] | None,
-    ) -> None:
-        for o in outputs:
-            res = results[o.req_id]
-            res.output_token_ids.extend(o.new_token_ids)
-            if o.new_logprobs:
-                res.logprobs = (res.logprobs or []) + o.new_logprobs
-            if o.finished:
-                res.finish_reason = o.finish_reason
-                res.error = o.error
-                if progress is not None:
-                    progress(1)
+    def _finish_text(self, result: CompletionOutput, params: SamplingParams) -> None:
+        """Detokenize a finished request as vLLM does: special tokens skipped
+        (``skip_special_tokens``), the stop string or stop token left out of the text unless
+        ``include_stop_str_in_output`` (the token ids keep it)."""
+        if self.tokenizer is None:
+            return
+        ids = result.output_token_ids
+        stop = result.stop_reason
+        stopped_by_token = result.finish_reason == "stop" and not isinstance(stop, str)
+        if stopped_by_token and ids and not params.include_stop_str_in_output:
+            ids = ids[:-1]  # EOS or a stop token id: not part of the text
+        text = self.tokenizer.decode(
+            ids,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+        )
+        if result.finish_reason == "stop" and isinstance(stop, str):
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[: cut + len(stop)] if params.include_stop_str_in_output else text[:cut]
+        result.text = text
 
     def close(self) -> None:
         self.engine.close()
@@ -255,3 +262,94 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Run:
+    """One pass of :meth:`LLM.run_workload`: admission at arrival times, deadlines for
+    ``abort_after_s``, steps, and the books of which request has arrived and finished."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        workload: Sequence[WorkloadRequest],
+        prompts: dict[str, list[int]],
+        results: dict[str, CompletionOutput],
+        progress: Callable[[int], None] | None,
+        on_finish: Callable[[CompletionOutput], None] | None,
+    ) -> None:
+        self.llm = llm
+        self.engine = llm.engine
+        self.params = {w.id: w.params for w in workload}
+        self.prompts = prompts
+        self.results = results
+        self.progress = progress
+        self.on_finish = on_finish
+        self.pending = deque(sorted(workload, key=lambda w: w.arrival_time_s))
+        self.aborts: list[tuple[float, str]] = []
+        self.admitted: set[str] = set()
+        self.live: set[str] = set()  # admitted and not finished
+
+    def loop(self, should_stop: Callable[[], bool]) -> None:
+        start = time.monotonic()
+        engine = self.engine
+        while self.pending or engine.has_work():
+            if should_stop():
+                self.abort_all()
+                break
+            now = time.monotonic() - start
+            self.admit(now)
+            self.abort_due(now)
+            if not engine.has_work():
+                if self.pending:  # idle until the next arrival (checking for a stop meanwhile)
+                    time.sleep(max(0.0, min(self.pending[0].arrival_time_s - now, 0.05)))
+                continue
+            self.collect(engine.run_step())
+        self.collect(engine.drain())
+
+    def admit(self, now: float) -> None:
+        while self.pending and self.pending[0].arrival_time_s <= now:
+            w = self.pending.popleft()
+            self.admitted.add(w.id)
+            self.live.add(w.id)
+            request = self.llm._request(w.id, self.prompts[w.id], w.params)
+            failed = self.engine.add_request(request, w.structured)
+            if failed is not None:  # its grammar did not compile: it ends here, alone
+                self.collect([failed])
+                continue
+            if w.abort_after_s is not None:
+                self.aborts.append((w.arrival_time_s + w.abort_after_s, w.id))
+
+    def abort_due(self, now: float) -> None:
+        for deadline, req_id in [a for a in self.aborts if a[0] <= now]:
+            self.aborts.remove((deadline, req_id))
+            out = self.engine.abort_request(req_id)
+            if out is not None:
+                self.collect([out])
+
+    def abort_all(self) -> None:
+        """Stop admitting; every request in flight finishes as ``"abort"`` with what it has."""
+        self.pending.clear()
+        for req_id in sorted(self.live):
+            out = self.engine.abort_request(req_id)
+            if out is not None:
+                self.collect([out])
+
+    def collect(self, outputs: list[RequestOutput]) -> None:
+        for o in outputs:
+            if o.req_id not in self.live:  # finished already: nothing more is its
+                continue
+            res = self.results[o.req_id]
+            res.output_token_ids.extend(o.new_token_ids)
+            if o.new_logprobs:
+                res.logprobs = (res.logprobs or []) + o.new_logprobs
+            if not o.finished:
+                continue
+            self.live.discard(o.req_id)
+            res.finish_reason = o.finish_reason
+            res.stop_reason = o.stop_reason
+            res.error = o.error
+            self.llm._finish_text(res, self.params[o.req_id])
+            if self.on_finish is not None:
+                self.on_finish(res)
+            if self.progress is not None:
+                self.progress(1)

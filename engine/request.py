@@ -1,7 +1,7 @@
 """One generation request and its scheduler-side books.
 
 The scheduler owns every mutable field here; the runner only ever sees copies carried by
-``SchedulerOutput``. Following DESIGN.md §1, a request keeps five books that are never mixed:
+``SchedulerOutput``. Following docs/design.md §2.3, a request keeps five books that are never mixed:
 
 ==========================  ==============================================================
 ``output_token_ids``         tokens returned by the device and committed

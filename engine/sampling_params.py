@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.fields import (
+    check_bool,
+    check_int,
+    check_number,
+    check_str_list,
+    check_token_ids,
+)
+
 __all__ = ["SamplingParams", "MAX_LOGPROBS"]
 
 MAX_LOGPROBS = 20
@@ -33,36 +41,51 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
 
+    # Output text, as vLLM's defaults: special tokens left out of the text (with spaces between
+    # them when kept), and the stop string / stop token that ended the request left out too.
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
     def __post_init__(self) -> None:
-        # Lists are accepted for convenience and frozen into tuples.
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
-            )
+        """Every field's type and range as vLLM checks them (engine/fields.py); a
+        :class:`~engine.fields.FieldError` names the field. Lists are frozen into tuples."""
+        num, integer = check_number, check_int
+        setattr_ = object.__setattr__
+        setattr_(self, "temperature", num("temperature", self.temperature, lo=0.0))
+        setattr_(self, "top_p", num("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True))
+        integer("top_k", self.top_k, lo=-1, what="-1 or 0 (off), or >= 1")
+        setattr_(self, "min_p", num("min_p", self.min_p, lo=0.0, hi=1.0))
+        setattr_(
+            self,
+            "repetition_penalty",
+            num("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True),
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            setattr_(self, name, num(name, getattr(self, name), lo=-2.0, hi=2.0))
+        integer("max_tokens", self.max_tokens, lo=1)
+        integer(
+            "min_tokens",
+            self.min_tokens,
+            lo=0,
+            hi=self.max_tokens,
+            what=(f"in [0, max_tokens={self.max_tokens}]"),
+        )
+        if self.seed is not None:
+            integer("seed", self.seed, lo=0, hi=2**63 - 1)
+        setattr_(self, "stop", check_str_list("stop", self.stop))
+        setattr_(self, "stop_token_ids", check_token_ids("stop_token_ids", self.stop_token_ids))
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "include_stop_str_in_output",
+        ):
+            check_bool(name, getattr(self, name))
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+            if value is not None:
+                integer(name, value, lo=0, hi=MAX_LOGPROBS)
 
     @property
     def is_greedy(self) -> bool:

@@ -11,8 +11,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
-
+from engine.fields import FieldError, check_number, check_token_ids
 from engine.sampling_params import SamplingParams
 
 __all__ = [
@@ -53,16 +52,50 @@ class WorkloadRequest:
     abort_after_s: float | None = None  # abort this long after arrival (tests, fault drills)
 
     def __post_init__(self) -> None:
+        where = f"request {self.id!r}"
         if (self.prompt is None) == (self.prompt_token_ids is None):
-            raise WorkloadError(
-                f"request {self.id!r}: give exactly one of prompt, prompt_token_ids"
-            )
-        if self.prompt_token_ids is not None and len(self.prompt_token_ids) == 0:
-            raise WorkloadError(f"request {self.id!r}: prompt_token_ids is empty")
-        if self.prompt is not None and not self.prompt:
-            raise WorkloadError(f"request {self.id!r}: prompt is empty")
-        if self.arrival_time_s < 0:
-            raise WorkloadError(f"request {self.id!r}: arrival_time_s must be >= 0")
+            raise WorkloadError(f"{where}: give exactly one of prompt, prompt_token_ids")
+        try:
+            if self.prompt_token_ids is not None:
+                ids = check_token_ids("prompt_token_ids", self.prompt_token_ids, allow_empty=False)
+                object.__setattr__(self, "prompt_token_ids", ids)
+            elif not isinstance(self.prompt, str) or not self.prompt:
+                raise FieldError("prompt", f"expected a non-empty string, got {self.prompt!r:.40}")
+            arrival = check_number("arrival_time_s", self.arrival_time_s, lo=0.0)
+            object.__setattr__(self, "arrival_time_s", arrival)
+            if self.abort_after_s is not None:
+                abort = check_number("abort_after_s", self.abort_after_s, lo=0.0)
+                object.__setattr__(self, "abort_after_s", abort)
+            if self.structured is not None:
+                _check_structured(self.structured)
+        except FieldError as err:
+            raise WorkloadError(f"{where}: {err}") from None
+
+
+_STRUCTURED_KINDS = ("json_schema", "regex", "choice")
+
+
+def _check_structured(obj: Any) -> None:
+    """The shape of ``structured`` (the grammar itself is compiled, and may fail, on arrival)."""
+    if not isinstance(obj, dict) or len(obj) != 1 or next(iter(obj)) not in _STRUCTURED_KINDS:
+        raise FieldError(
+            "structured", f"expected an object with exactly one of {list(_STRUCTURED_KINDS)}"
+        )
+    ((kind, value),) = obj.items()
+    ok = {
+        "regex": isinstance(value, str),
+        "choice": isinstance(value, list)
+        and bool(value)
+        and all(isinstance(c, str) for c in value),
+        "json_schema": isinstance(value, dict | str | bool),
+    }[kind]
+    if not ok:
+        wanted = {
+            "regex": "a string",
+            "choice": "a non-empty list of strings",
+            "json_schema": "a JSON schema object",
+        }[kind]
+        raise FieldError(f"structured.{kind}", f"expected {wanted}, got {value!r:.40}")
 
 
 def _request_from_dict(obj: Any, where: str, index: int) -> WorkloadRequest:
@@ -72,40 +105,73 @@ def _request_from_dict(obj: Any, where: str, index: int) -> WorkloadRequest:
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {sorted(unknown)}")
     params = {k: v for k, v in obj.items() if k in _PARAM_NAMES}
-    if isinstance(params.get("stop"), str):
-        params["stop"] = [params["stop"]]
+    prompt, ids = obj.get("prompt"), obj.get("prompt_token_ids")
+    if isinstance(prompt, list) and ids is None:  # vLLM: a prompt may be token ids
+        prompt, ids = None, prompt
+    req_id = obj.get("id", index)
     try:
+        if isinstance(req_id, bool) or not isinstance(req_id, str | int):
+            raise FieldError("id", f"expected a string or an integer, got {req_id!r:.40}")
         sampling = SamplingParams(**params)
-        ids = obj.get("prompt_token_ids")
-        return WorkloadRequest(
-            id=str(obj.get("id", index)),
-            prompt=obj.get("prompt"),
-            prompt_token_ids=tuple(int(t) for t in ids) if ids is not None else None,
+        request = WorkloadRequest(
+            id=str(req_id),
+            prompt=prompt,
+            prompt_token_ids=ids,
             params=sampling,
-            arrival_time_s=float(obj.get("arrival_time_s", 0.0)),
+            arrival_time_s=obj.get("arrival_time_s", 0.0),
             structured=obj.get("structured"),
             abort_after_s=obj.get("abort_after_s"),
         )
-    except (TypeError, ValueError) as err:
+    except FieldError as err:
         raise WorkloadError(f"{where}: {err}") from None
+    except WorkloadError as err:  # already names the request; give the line instead
+        raise WorkloadError(f"{where}: {str(err).split(': ', 1)[-1]}") from None
+    return request
+
+
+def _read_text(path: str) -> str:
+    """The file as text; a byte that is not UTF-8 names the line and column."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        lineno = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        byte = data[err.start]
+        raise WorkloadError(
+            f"{path}:{lineno}: not UTF-8 (byte 0x{byte:02x} at column {column})"
+        ) from None
 
 
 def load_jsonl(path: str) -> list[WorkloadRequest]:
-    """One JSON object per line: ``id``, ``prompt`` or ``prompt_token_ids``, vLLM's parameter
-    names (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
-    ``stop_token_ids``, ``ignore_eos``, ``logprobs``, ...), ``arrival_time_s``, ``structured``."""
+    """One JSON object per line: ``id``, ``prompt`` (text or token ids) or ``prompt_token_ids``,
+    vLLM's parameter names (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``logprobs``,
+    ``skip_special_tokens``, ...), ``arrival_time_s``, ``abort_after_s``, ``structured``.
+    Types and ranges are vLLM's (engine/fields.py); NaN and Infinity are refused."""
     requests: list[WorkloadRequest] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise WorkloadError(f"{where}: not JSON ({err.msg})") from None
-            requests.append(_request_from_dict(obj, where, len(requests)))
+    for lineno, line in enumerate(_read_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line, parse_constant=_refuse_constant)
+        except json.JSONDecodeError as err:
+            raise WorkloadError(f"{where}: not JSON ({err.msg})") from None
+        except _NonFinite as err:
+            raise WorkloadError(f"{where}: {err} is not a number JSON allows") from None
+        requests.append(_request_from_dict(obj, where, len(requests)))
     return _checked(requests, path)
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    """``json`` accepts NaN, Infinity and -Infinity by default; a workload may not hold them."""
+    raise _NonFinite(name)
 
 
 def load_sharegpt(
@@ -113,27 +179,29 @@ def load_sharegpt(
 ) -> list[WorkloadRequest]:
     """ShareGPT JSON: a list of ``{"id", "conversations": [{"from": "human", "value": ...}, ...]}``;
     the first human turn is the prompt, the first reply's length (in words) hints ``max_tokens``."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as err:
-            raise WorkloadError(f"{path}: not JSON ({err.msg})") from None
+    try:
+        data = json.loads(_read_text(path), parse_constant=_refuse_constant)
+    except json.JSONDecodeError as err:
+        raise WorkloadError(f"{path}:{err.lineno}: not JSON ({err.msg})") from None
+    except _NonFinite as err:
+        raise WorkloadError(f"{path}: {err} is not a number JSON allows") from None
     if not isinstance(data, list):
         raise WorkloadError(f"{path}: ShareGPT data must be a JSON list")
     requests = []
     for i, item in enumerate(data):
-        turns = item.get("conversations") if isinstance(item, dict) else None
+        turns = _sharegpt_turns(item, f"{path}: item {i}")
         if not turns:
             continue
-        human = next((t.get("value") for t in turns if t.get("from") in ("human", "user")), None)
-        reply = next((t.get("value") for t in turns if t.get("from") in ("gpt", "assistant")), "")
+        human = next((v for who, v in turns if who in ("human", "user")), None)
+        reply = next((v for who, v in turns if who in ("gpt", "assistant")), "")
         if not human:
             continue
-        out_len = max(1, min(max_tokens, len(str(reply).split()) or max_tokens))
+        out_len = max(1, min(max_tokens, len(reply.split()) or max_tokens))
+        item_id = item.get("id", i)
         requests.append(
             WorkloadRequest(
-                str(item.get("id", i)),
-                str(human),
+                str(item_id),
+                human,
                 None,
                 SamplingParams(temperature=0.0, max_tokens=out_len),
             )
@@ -141,6 +209,34 @@ def load_sharegpt(
         if limit is not None and len(requests) >= limit:
             break
     return _checked(requests, path)
+
+
+def _sharegpt_turns(item: Any, where: str) -> list[tuple[str, str]]:
+    """An item's ``conversations`` as (from, value) pairs; a malformed one names the field."""
+    if not isinstance(item, dict):
+        raise WorkloadError(f"{where}: expected an object, got {type(item).__name__}")
+    item_id = item.get("id")
+    if item_id is not None and (isinstance(item_id, bool) or not isinstance(item_id, str | int)):
+        raise WorkloadError(f"{where}: id: expected a string or an integer, got {item_id!r:.40}")
+    turns = item.get("conversations")
+    if turns is None:
+        return []
+    if not isinstance(turns, list):
+        raise WorkloadError(f"{where}: conversations: expected a list of turns")
+    pairs = []
+    for j, turn in enumerate(turns):
+        ok = (
+            isinstance(turn, dict)
+            and isinstance(turn.get("from"), str)
+            and isinstance(turn.get("value"), str)
+        )
+        if not ok:
+            raise WorkloadError(
+                f"{where}: conversations[{j}]: expected an object with string 'from' and "
+                f"'value', got {turn!r:.40}"
+            )
+        pairs.append((turn["from"], turn["value"]))
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -170,6 +266,8 @@ class SyntheticSpec:
 
 
 def synthetic_workload(spec: SyntheticSpec) -> list[WorkloadRequest]:
+    import numpy as np  # here, so that `stepscope run --help` imports neither numpy nor torch
+
     rng = np.random.default_rng(spec.seed)
     prefix = rng.integers(0, spec.vocab_size, spec.shared_prefix_len).tolist()
     t = 0.0

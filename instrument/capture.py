@@ -3,7 +3,9 @@
 Every decision is made once per step (cached), off the hot path: the tracer's hot path appends
 every event as usual and the flush thread asks the :class:`CaptureGate` whether the event's step
 is kept. An event's step is its ``step`` argument; events without one (counters, ``sync``
-instants, request slices) belong to the step of the latest CPU slice that carried one.
+instants, request slices) belong to the step of the latest CPU slice that carried one. Request
+slices are written when the request finishes but span many steps, so rules 1-3 never drop them
+(a request finishing in a warm-up step keeps its track; only the size budget applies).
 Process-scoped instants (``trace_metadata``, ``engine_config``, ``feature_decision``) are always
 kept.
 

@@ -8,6 +8,12 @@ comment ``# stepscope: hot``. Inside hot functions (nested functions included) t
 and ``.any()``/``.all()`` used as a condition (``if``/``while``/``assert``/``and``/``or``/``not``).
 A line that ends with ``# stepscope: allow-sync`` is the one intended wait, and is not reported.
 
+Host objects are not device tensors, so calls on them are not syncs. The lint knows a host object
+by its name (STYLE.md's placement suffixes: ``*_cpu``, ``*_np``, ``*_host``; e.g.
+``states.num_computed_cpu.tolist()``) or by an annotation in the function (a parameter or a local
+annotated ``np.ndarray`` / ``NDArray`` / ``list`` / ``tuple`` / ``int`` / ``float`` / ``bool``).
+Anything else is treated as possibly on the device.
+
 Output: one line per finding, ``file:line: op``; exit status 1 when anything is found, else 0.
 """
 
@@ -74,10 +80,49 @@ def _is_cpu_literal(node: ast.expr) -> bool:
     return False
 
 
-def _call_op(call: ast.Call) -> str | None:
+_HOST_SUFFIXES = ("_cpu", "_np", "_host")
+_HOST_ANNOTATIONS = ("ndarray", "NDArray", "list", "tuple", "int", "float", "bool", "str")
+
+
+def _base_name(node: ast.expr) -> str:
+    """The name a receiver is known by: ``a.b_cpu[:n]`` -> ``b_cpu``."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return ""
+
+
+def _is_host(node: ast.expr, host_names: frozenset[str]) -> bool:
+    name = _base_name(node)
+    return bool(name) and (name.endswith(_HOST_SUFFIXES) or name in host_names)
+
+
+def _host_annotated(fn: ast.AST) -> frozenset[str]:
+    """Names annotated as host types inside ``fn`` (its parameters and annotated locals)."""
+
+    def is_host_type(annotation: ast.expr | None) -> bool:
+        if annotation is None:
+            return False
+        text = ast.unparse(annotation)
+        head = text.split("[", 1)[0].rsplit(".", 1)[-1]
+        return head in _HOST_ANNOTATIONS
+
+    names: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.arg) and is_host_type(node.annotation):
+            names.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and is_host_type(node.annotation):
+            names.add(_base_name(node.target))
+    return frozenset(names)
+
+
+def _call_op(call: ast.Call, host_names: frozenset[str] = frozenset()) -> str | None:
     func = call.func
     if isinstance(func, ast.Name):
-        if func.id == "bool":
+        if func.id == "bool" and not (call.args and _is_host(call.args[0], host_names)):
             return "bool()"
         return None
     if not isinstance(func, ast.Attribute):
@@ -87,6 +132,8 @@ def _call_op(call: ast.Call) -> str | None:
         return f"{owner}.synchronize()" if owner.endswith("cuda") else ".synchronize()"
     if func.attr == "nonzero" and ast.unparse(func.value) == "torch":
         return "torch.nonzero()"
+    if _is_host(func.value, host_names):
+        return None  # a host mirror / numpy array: no device involved
     if func.attr in _SYNC_METHODS:
         return f".{func.attr}()"
     if func.attr == "to":
@@ -108,9 +155,10 @@ def _condition_exprs(node: ast.AST) -> Iterator[ast.expr]:
 
 
 def _scan_function(fn: ast.AST, path: str, lines: list[str]) -> Iterator[Finding]:
+    host_names = _host_annotated(fn)
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
-            op = _call_op(node)
+            op = _call_op(node, host_names)
             if op is not None:
                 yield Finding(path, node.lineno, op)
         for cond in _condition_exprs(node):
@@ -118,6 +166,7 @@ def _scan_function(fn: ast.AST, path: str, lines: list[str]) -> Iterator[Finding
                 isinstance(cond, ast.Call)
                 and isinstance(cond.func, ast.Attribute)
                 and cond.func.attr in _COND_METHODS
+                and not _is_host(cond.func.value, host_names)
             ):
                 yield Finding(path, cond.lineno, f".{cond.func.attr}() as a condition")
 

@@ -29,7 +29,7 @@ from instrument import proto_encode as pe
 from instrument.capture import CaptureConfig, CaptureGate
 from instrument.events import EV_COUNTER, EV_INSTANT, EV_SLICE_AT, FLOW_IN, FLOW_OUT, RawEvent
 from instrument.ring_output import FileOutput, RingOutput
-from instrument.schema import PROCESS_NAME, Arg, CaptureArg, Instant
+from instrument.schema import PROCESS_NAME, Arg, CaptureArg, Instant, request_track_name
 
 __all__ = ["PerfettoWriter"]
 
@@ -39,6 +39,18 @@ _SEQ_NEEDS = _SEQ + pe.field_varint(13, pe.SEQ_NEEDS_INCREMENTAL_STATE)
 _STEP = Arg.STEP.value
 _BEGIN, _END = pe.field_varint(9, pe.TYPE_SLICE_BEGIN), pe.field_varint(9, pe.TYPE_SLICE_END)
 _INSTANT, _COUNTER = pe.field_varint(9, pe.TYPE_INSTANT), pe.field_varint(9, pe.TYPE_COUNTER)
+
+
+_REQUEST_TRACK_PREFIX = request_track_name("")
+
+
+def _is_request_slice(event: RawEvent) -> bool:
+    """A slice on a request's track (``request <id>``), written when the request finishes."""
+    return (
+        event[0] == EV_SLICE_AT
+        and isinstance(event[1], str)
+        and event[1].startswith(_REQUEST_TRACK_PREFIX)
+    )
 
 
 def _event_packet(ts: int, te: bytes, interned: bytes, seq: bytes = _SEQ_NEEDS) -> bytes:
@@ -234,8 +246,10 @@ class PerfettoWriter:
             if step is not None:
                 reason = gate.static(step)
                 if reason is not None:
-                    gate.drop(reason)
-                    continue
+                    if not _is_request_slice(event):
+                        gate.drop(reason)
+                        continue
+                    step = None  # a request's track spans many steps: kept (docs/design.md)
             if kind == EV_SLICE_AT:
                 start_ns, end_ns = event[3], event[4]
                 keyed.append((start_ns, 1, start_ns - end_ns, seq, event, step))

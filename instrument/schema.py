@@ -1,4 +1,4 @@
-"""The stepscope trace contract (DESIGN.md §3), defined once.
+"""The stepscope trace contract (docs/design.md §4), defined once.
 
 The engine's writer and the analysis reader both import this module; nothing else spells these
 names. Extend it (bump ``SCHEMA_VERSION`` when a reader would misread an old trace); never rename.
@@ -120,7 +120,7 @@ class Instant(str, Enum):
 
 
 class ParallelSlice(str, Enum):
-    """Tensor-parallel slices (``engine.distributed``); each rank writes its own trace.
+    """Tensor-parallel slices (``engine.executor``); each rank writes its own trace.
 
     ``broadcast_step``: CPU, engine thread, arg ``step``: rank 0 sends a step's runner call to the
     other ranks / another rank waits for and receives it. ``all_reduce`` / ``all_gather``: on the
@@ -169,6 +169,9 @@ class Arg(str, Enum):
     NUM_OUTPUT_TOKENS = "num_output_tokens"  # on a request's decode slice (TPOT's denominator)
     NUM_PROMPT_TOKENS = "num_prompt_tokens"  # on a request's prefill slice
     OUTPUT_DIGEST = "output_digest"  # trace_metadata: digest of every request's output tokens
+    # trace_metadata: the signal ("SIGINT", "SIGTERM") that stopped the run early; absent when
+    # the run ended on its own. Requests in flight were aborted, those not arrived never ran.
+    INTERRUPTED = "interrupted"
     SCHEMA_VERSION = "schema_version"
     # trace_metadata of a tensor-parallel rank: its rank, the world size, and its clock minus
     # rank 0's (measured at start-up; error within clock_rtt_ns / 2).
@@ -178,7 +181,7 @@ class Arg(str, Enum):
     CLOCK_RTT_NS = "clock_rtt_ns"
     # On a device stage slice (``gpu:<i> compute`` / ``copy``): the host time at which the CPU
     # recorded the stage's end event, i.e. finished enqueueing the stage. The slice's end is when
-    # the stream reached that event, so CPU lead = slice end - host_end_ns (docs/design.md).
+    # the stream reached that event, so CPU lead = slice end - host_end_ns (docs/design.md §5.14.1).
     HOST_END_NS = "host_end_ns"
     # On a kernel slice (``gpu:<i> kernels``): the device stage it ran in (``forward``, ...) and
     # its CUPTI activity kind (``kernel``, ``memcpy``, ``memset``).

@@ -276,33 +276,44 @@ class Tracer:
         while not self._stop.wait(self._flush_interval_s):
             self.flush()
 
-    def close(self) -> None:
-        """Flush, record dropped counts, close the file. Idempotent."""
-        with self._close_lock:
-            if self._closed or self._writer is None:
-                self._closed = True
-                return
+    def close(self, blocking: bool = True) -> None:
+        """Flush, record dropped counts, close the file. Idempotent.
+
+        ``blocking=False`` (from a signal handler): return at once if a close is under way."""
+        if not self._close_lock.acquire(blocking=blocking):
+            return
+        try:
+            self._close_locked()
+        finally:
+            self._close_lock.release()
+
+    def _close_locked(self) -> None:
+        if self._closed or self._writer is None:
             self._closed = True
-            self._stop.set()
-            if self._flusher is not None and self._flusher is not threading.current_thread():
-                self._flusher.join(timeout=5.0)
-            self.flush()
-            self.enabled = False
-            counts: dict[str, object] = {f"dropped_{k}": v for k, v in self.dropped.items()}
-            counts.update(self._writer.gate.counts())
-            counts.update(self._writer.ring_counts())
-            # Zero drop counts are left out (absent = 0); the last packet is a small "closed".
-            self._writer.write_metadata(
-                {k: v for k, v in counts.items() if v or not k.startswith("dropped_")}, now_ns()
-            )
-            self._writer.close({"closed": True}, now_ns())
-            atexit.unregister(self.close)
+            return
+        self._closed = True
+        self._stop.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(timeout=5.0)
+        self.flush()
+        self.enabled = False
+        counts: dict[str, object] = {f"dropped_{k}": v for k, v in self.dropped.items()}
+        counts.update(self._writer.gate.counts())
+        counts.update(self._writer.ring_counts())
+        # Zero drop counts are left out (absent = 0); the last packet is a small "closed".
+        self._writer.write_metadata(
+            {k: v for k, v in counts.items() if v or not k.startswith("dropped_")}, now_ns()
+        )
+        self._writer.close({"closed": True}, now_ns())
+        atexit.unregister(self.close)
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(signum)
+            if previous == signal.SIG_IGN:  # ignored by the parent (nohup, `cmd &`): the run
+                continue  # goes on, so the trace must not be closed under it
 
             def handler(num: int, frame: FrameType | None, previous: Any = previous) -> None:
                 self.close()

@@ -1,13 +1,11 @@
-"""Tensor parallelism through ``torch.distributed`` (``--tensor-parallel-size N``).
+"""Tensor-parallel building blocks under the model (``--tensor-parallel-size N``).
 
 * :mod:`engine.distributed.parallel_state` -- process groups (NCCL/gloo), collectives, clock sync;
 * :mod:`engine.distributed.parallel_linear` -- column/row-parallel linears, vocab-parallel
-  embedding and LM head, and the shard rules the loader uses;
-* :mod:`engine.distributed.rank_context` -- what one rank builds (its device, its shard);
-* :mod:`engine.distributed.executor` -- rank 0: spawns the other ranks, broadcasts each step;
-* :mod:`engine.distributed.worker` -- ranks 1..N-1: run their runner on each broadcast step.
+  embedding and LM head, and the shard rules the loader uses.
 
-Nothing is imported here, so ``engine.model`` can import the layers without a cycle.
+The ranks themselves (what one rank builds, rank 0's driver, the workers) live one floor up in
+:mod:`engine.executor`. This package imports nothing of the engine above it (docs/design.md §1.2).
 """
 
 __all__: list[str] = []

@@ -20,7 +20,7 @@ except ImportError:  # the engine runs on the torch path without triton
     triton = None
     tl = None
 
-__all__ = ["silu_and_mul", "silu_and_mul_torch", "silu_and_mul_triton"]
+__all__ = ["silu_and_mul_torch", "silu_and_mul_triton"]
 
 _BLOCK = 1024
 
@@ -70,11 +70,3 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
         gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4
     )
     return out
-
-
-# stepscope: hot
-def silu_and_mul(gate_up: torch.Tensor, use_triton: bool) -> torch.Tensor:
-    """Dispatch to :func:`silu_and_mul_triton` or :func:`silu_and_mul_torch`."""
-    if use_triton:
-        return silu_and_mul_triton(gate_up)
-    return silu_and_mul_torch(gate_up)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 
 try:
     import triton
@@ -26,7 +26,6 @@ except ImportError:  # the engine runs on the torch path without triton
     tl = None
 
 __all__ = [
-    "paged_attention",
     "paged_attention_torch",
     "paged_attention_triton",
     "paged_decode_attention_triton",
@@ -374,17 +373,3 @@ def paged_varlen_attention_triton(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     return out
-
-
-# stepscope: hot
-def paged_attention(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    attn_metadata: AttentionMetadata,
-    scale: float,
-    use_triton: bool,
-) -> torch.Tensor:
-    """Dispatch to :func:`paged_attention_triton` or :func:`paged_attention_torch`."""
-    if use_triton:
-        return paged_attention_triton(q, kv_cache, attn_metadata, scale)
-    return paged_attention_torch(q, kv_cache, attn_metadata, scale)

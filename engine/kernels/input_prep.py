@@ -31,7 +31,7 @@ except ImportError:  # the engine runs without triton; only the torch path is av
     triton = None
     tl = None
 
-__all__ = ["InputPrepArgs", "prepare_inputs", "prepare_inputs_torch", "prepare_inputs_triton"]
+__all__ = ["InputPrepArgs", "fill_padding", "prepare_inputs_torch", "prepare_inputs_triton"]
 
 HAS_TRITON = triton is not None
 
@@ -187,12 +187,9 @@ def prepare_inputs_triton(a: InputPrepArgs) -> None:
 
 
 # stepscope: hot
-def prepare_inputs(a: InputPrepArgs, use_triton: bool) -> None:
-    """Fill the step's inputs (and the padding past them); dispatch Triton or torch."""
-    if use_triton:
-        prepare_inputs_triton(a)
-    else:
-        prepare_inputs_torch(a)
+def fill_padding(a: InputPrepArgs) -> None:
+    """Padding past the step's tokens and requests (a CUDA graph's padded batch): id 0,
+    position 0, slot -1 (write nothing), seq_len 0."""
     t, tp = a.num_tokens, a.num_padded_tokens
     if tp > t:
         a.input_ids[t:tp].zero_()

@@ -18,7 +18,7 @@ except ImportError:  # the engine runs on the torch path without triton
     triton = None
     tl = None
 
-__all__ = ["write_kv", "write_kv_torch", "write_kv_triton"]
+__all__ = ["write_kv_torch", "write_kv_triton"]
 
 
 # stepscope: hot
@@ -107,21 +107,6 @@ def write_kv_triton(
         ROW=row,
         BLOCK=triton.next_power_of_2(row),
     )
-
-
-# stepscope: hot
-def write_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    use_triton: bool,
-) -> None:
-    """Dispatch to :func:`write_kv_triton` or :func:`write_kv_torch`."""
-    if use_triton:
-        write_kv_triton(k, v, kv_cache, slot_mapping)
-    else:
-        write_kv_torch(k, v, kv_cache, slot_mapping)
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:

@@ -23,10 +23,8 @@ except ImportError:  # the engine runs on the torch path without triton
     tl = None
 
 __all__ = [
-    "add_rms_norm",
     "add_rms_norm_torch",
     "add_rms_norm_triton",
-    "rms_norm",
     "rms_norm_torch",
     "rms_norm_triton",
 ]
@@ -112,21 +110,3 @@ def add_rms_norm_triton(
     out, res_out = _launch(x, residual, weight, eps)
     assert res_out is not None
     return out, res_out
-
-
-# stepscope: hot
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, use_triton: bool) -> torch.Tensor:
-    """Dispatch to :func:`rms_norm_triton` (2-D ``x`` only) or :func:`rms_norm_torch`."""
-    if use_triton and x.dim() == 2:
-        return rms_norm_triton(x, weight, eps)
-    return rms_norm_torch(x, weight, eps)
-
-
-# stepscope: hot
-def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, use_triton: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to :func:`add_rms_norm_triton` or :func:`add_rms_norm_torch`."""
-    if use_triton:
-        return add_rms_norm_triton(x, residual, weight, eps)
-    return add_rms_norm_torch(x, residual, weight, eps)

@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
 
-__all__ = ["rejection_scan", "rejection_scan_torch", "rejection_scan_triton"]
+__all__ = ["rejection_scan_torch", "rejection_scan_triton"]
 
 
 # stepscope: hot
@@ -114,20 +114,3 @@ def rejection_scan_triton(
         BLOCK=block,
     )
     return out, num_accepted
-
-
-# stepscope: hot
-def rejection_scan(
-    cu_num_logits: torch.Tensor,
-    draft_ids: torch.Tensor,
-    accepted: torch.Tensor,
-    fallback_ids: torch.Tensor,
-    max_rows_per_req: int,
-    use_triton: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out [N] int64, num_accepted [B] int64)``; dispatch Triton or torch."""
-    if use_triton:
-        return rejection_scan_triton(
-            cu_num_logits, draft_ids, accepted, fallback_ids, max_rows_per_req
-        )
-    return rejection_scan_torch(cu_num_logits, draft_ids, accepted, fallback_ids)

@@ -33,7 +33,6 @@ except ImportError:  # the engine runs on the torch path without triton
 
 __all__ = [
     "apply_rotary_torch",
-    "qk_norm_rope_write_kv",
     "qk_norm_rope_write_kv_torch",
     "qk_norm_rope_write_kv_triton",
 ]
@@ -189,21 +188,3 @@ def _check_inputs(
         raise ValueError("qkv, cos and sin need a dense last dimension")
     if head_dim % 2 or not kv_cache.is_contiguous():
         raise ValueError("head_dim must be even and kv_cache contiguous")
-
-
-# stepscope: hot
-def qk_norm_rope_write_kv(
-    qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    q_norm_weight: torch.Tensor | None,
-    k_norm_weight: torch.Tensor | None,
-    eps: float,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    use_triton: bool,
-) -> torch.Tensor:
-    """Dispatch to :func:`qk_norm_rope_write_kv_triton` or :func:`qk_norm_rope_write_kv_torch`."""
-    impl = qk_norm_rope_write_kv_triton if use_triton else qk_norm_rope_write_kv_torch
-    return impl(qkv, cos, sin, q_norm_weight, k_norm_weight, eps, kv_cache, slot_mapping, num_heads)

@@ -1,7 +1,7 @@
 """Sampling kernels: Gumbel-max sampling over the vocab and a per-row logsumexp.
 
 Each op has a torch reference (``*_torch``), a Triton version (``*_triton``) and a dispatcher.
-The Triton noise uses exactly the integer hash of :mod:`engine.sample.noise`, so both versions see
+The Triton noise uses exactly the integer hash of :mod:`engine.kernels.noise`, so both versions see
 the same uniforms and pick the same token.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sample import noise
+from engine.kernels import noise
 
 try:  # Triton is optional: the engine must import without it.
     import triton
@@ -21,10 +21,8 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 __all__ = [
     "HAS_TRITON",
-    "gumbel_sample",
     "gumbel_sample_torch",
     "gumbel_sample_triton",
-    "row_logsumexp",
     "row_logsumexp_torch",
     "row_logsumexp_triton",
 ]
@@ -164,7 +162,7 @@ if HAS_TRITON:
 
 def _require_triton() -> None:
     if not HAS_TRITON:
-        raise RuntimeError("triton is not installed; use the torch path (use_triton=False)")
+        raise RuntimeError("triton is not installed; use the torch kernel backend")
 
 
 def gumbel_sample_triton(
@@ -208,27 +206,3 @@ def row_logsumexp_triton(logits: torch.Tensor, block: int = LSE_BLOCK) -> torch.
     block = min(block, triton.next_power_of_2(vocab_size))
     _row_logsumexp_kernel[(num_rows,)](logits, logits.stride(0), out, vocab_size, BLOCK=block)
     return out
-
-
-# stepscope: hot
-def gumbel_sample(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    keep_threshold: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    use_triton: bool,
-    stream: int = noise.NoiseStream.SAMPLE,
-) -> torch.Tensor:
-    """Dispatch Gumbel-max sampling. Shapes as :func:`gumbel_sample_torch`."""
-    if use_triton:
-        return gumbel_sample_triton(logits, temperature, keep_threshold, seeds, positions, stream)
-    return gumbel_sample_torch(logits, temperature, keep_threshold, seeds, positions, stream)
-
-
-# stepscope: hot
-def row_logsumexp(logits: torch.Tensor, use_triton: bool) -> torch.Tensor:
-    """Dispatch the per-row logsumexp. logits: [N, V] f32 -> [N] f32."""
-    if use_triton:
-        return row_logsumexp_triton(logits)
-    return row_logsumexp_torch(logits)

@@ -24,7 +24,6 @@ except ImportError:  # the engine runs without triton; only the torch path is av
     tl = None
 
 __all__ = [
-    "apply_staged_writes",
     "apply_staged_writes_torch",
     "apply_staged_writes_triton",
     "HAS_TRITON",
@@ -101,21 +100,3 @@ def apply_staged_writes_triton(
         raise ValueError("staged-write base tensor needs unit stride along columns")
     grid = (num_writes, triton.cdiv(max_len, _BLOCK))
     _build_kernel()[grid](base, base.stride(0), rows, starts, offsets, values, BLOCK=_BLOCK)
-
-
-# stepscope: hot
-def apply_staged_writes(
-    base: torch.Tensor,
-    rows: torch.Tensor,
-    starts: torch.Tensor,
-    offsets: torch.Tensor,
-    values: torch.Tensor,
-    num_values: int,
-    max_len: int,
-    use_triton: bool,
-) -> None:
-    """Dispatch to the Triton kernel or the torch reference (host ints from the packer)."""
-    if use_triton:
-        apply_staged_writes_triton(base, rows, starts, offsets, values, max_len)
-    else:
-        apply_staged_writes_torch(base, rows, starts, offsets, values, num_values)

@@ -20,13 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel_linear import column_linear, row_linear
-from engine.distributed.parallel_state import TPGroup
-from engine.kernels.activation import silu_and_mul
-from engine.kernels.attention import paged_attention
-from engine.kernels.norm import add_rms_norm, rms_norm
-from engine.kernels.rope import qk_norm_rope_write_kv
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext
 
 __all__ = ["Attention", "MLP", "RMSNorm", "merge_weights"]
 
@@ -34,30 +30,23 @@ __all__ = ["Attention", "MLP", "RMSNorm", "merge_weights"]
 class RMSNorm(nn.Module):
     """``weight * x / sqrt(mean(x^2) + eps)``, normalised in fp32 like HF."""
 
-    def __init__(
-        self,
-        size: int,
-        eps: float,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        use_triton: bool = False,
-    ) -> None:
+    def __init__(self, size: int, eps: float, ctx: LayerContext) -> None:
         super().__init__()
         self.eps = eps
-        self.use_triton = use_triton
-        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
+        self.kernels = ctx.kernels
+        self.weight = nn.Parameter(torch.ones(size, dtype=ctx.dtype, device=ctx.device))
 
     # stepscope: hot
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension of ``x: [..., size]``."""
-        return rms_norm(x, self.weight, self.eps, self.use_triton)
+        return self.kernels.rms_norm(x, self.weight, self.eps)
 
     # stepscope: hot
     def forward_add(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(x + residual), x + residual)`` for ``x, residual: [T, size]``, one kernel."""
-        return add_rms_norm(x, residual, self.weight, self.eps, self.use_triton)
+        return self.kernels.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _merge_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -100,17 +89,11 @@ def _views_of(linears: list[nn.Linear], weight: torch.Tensor, bias: torch.Tensor
 class MLP(nn.Module):
     """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))`` with gate/up as one GEMM."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        use_triton: bool = False,
-        tp: TPGroup | None = None,
-    ) -> None:
+    def __init__(self, config: ModelConfig, ctx: LayerContext) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
-        self.use_triton = use_triton
+        self.kernels = ctx.kernels
+        tp, dtype, device = ctx.tp, ctx.dtype, ctx.device
         # Tensor parallel (tp): gate/up split by output rows, down by input columns + all-reduce.
         self.gate_proj = column_linear(hidden, inter, False, tp, dtype, device)
         self.up_proj = column_linear(hidden, inter, False, tp, dtype, device)
@@ -131,7 +114,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: [T, hidden] -> [T, hidden]``."""
         gate_up = F.linear(x, self.gate_up_weight)  # [T, 2 * inter]
-        return self.down_proj(silu_and_mul(gate_up, self.use_triton))
+        return self.down_proj(self.kernels.silu_and_mul(gate_up))
 
 
 class Attention(nn.Module):
@@ -141,15 +124,9 @@ class Attention(nn.Module):
     for every query token, to its request's cached KV up to its own position.
     """
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        use_triton: bool,
-        tp: TPGroup | None = None,
-    ) -> None:
+    def __init__(self, config: ModelConfig, ctx: LayerContext) -> None:
         super().__init__()
+        tp, dtype, device = ctx.tp, ctx.dtype, ctx.device
         # Tensor parallel (tp): this rank's heads only (q, k, v split by heads; o_proj by input
         # columns + all-reduce). Every rank needs whole KV heads: kv heads % tp == 0.
         world = 1 if tp is None else tp.world_size
@@ -162,7 +139,7 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads // world
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
-        self.use_triton = use_triton
+        self.kernels = ctx.kernels
         hidden, bias = config.hidden_size, config.attention_bias
         self.q_proj = column_linear(hidden, config.q_size, bias, tp, dtype, device)
         self.k_proj = column_linear(hidden, config.kv_size, bias, tp, dtype, device)
@@ -171,8 +148,8 @@ class Attention(nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ctx)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ctx)
         self.eps = config.rms_norm_eps
         self.qkv_weight: torch.Tensor  # [q_size + 2 * kv_size, hidden]
         self.qkv_bias: torch.Tensor | None  # [q_size + 2 * kv_size] (Qwen2) or None
@@ -203,11 +180,11 @@ class Attention(nn.Module):
         k_norm_weight = None if self.k_norm is None else self.k_norm.weight
         cos, sin = rope_cos_sin
         # q: [T, Hq, D]; K/V of this step are now in kv_cache
-        q = qk_norm_rope_write_kv(
+        q = self.kernels.qk_norm_rope_write_kv(
             qkv, cos, sin, q_norm_weight, k_norm_weight, self.eps,
-            kv_cache, attn_metadata.slot_mapping, self.num_heads, self.use_triton,
+            kv_cache, attn_metadata.slot_mapping, self.num_heads,
         )  # fmt: skip
-        out = paged_attention(q, kv_cache, attn_metadata, self.scale, self.use_triton)
+        out = self.kernels.paged_attention(q, kv_cache, attn_metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 

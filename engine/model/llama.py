@@ -11,8 +11,10 @@ from torch import nn
 
 from engine.distributed.parallel_linear import ParallelLMHead, lm_head_linear, vocab_embedding
 from engine.distributed.parallel_state import TPGroup
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.backend import KernelBackend, TorchKernels
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext
 from engine.model.layers import MLP, Attention, RMSNorm
 from engine.model.rope import RotaryEmbedding
 
@@ -22,20 +24,13 @@ __all__ = ["DecoderLayer", "LlamaForCausalLM", "LlamaModel", "allocate_kv_caches
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        use_triton: bool,
-        tp: TPGroup | None = None,
-    ) -> None:
+    def __init__(self, config: ModelConfig, ctx: LayerContext) -> None:
         super().__init__()
         eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device, use_triton)
-        self.self_attn = Attention(config, dtype, device, use_triton, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device, use_triton)
-        self.mlp = MLP(config, dtype, device, use_triton, tp)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, ctx)
+        self.self_attn = Attention(config, ctx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ctx)
+        self.mlp = MLP(config, ctx)
 
     # stepscope: hot
     def forward(
@@ -79,31 +74,24 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and the final norm (HF's ``model.*``)."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        use_triton: bool,
-        tp: TPGroup | None = None,
-    ) -> None:
+    def __init__(self, config: ModelConfig, ctx: LayerContext) -> None:
         super().__init__()
         self.embed_tokens = vocab_embedding(
-            config.vocab_size, config.hidden_size, tp, dtype, device
+            config.vocab_size, config.hidden_size, ctx.tp, ctx.dtype, ctx.device
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device, use_triton, tp)
-            for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, ctx) for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, use_triton)
-        self.rotary_emb = RotaryEmbedding(config, device)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ctx)
+        self.rotary_emb = RotaryEmbedding(config, ctx.device)
 
 
 class LlamaForCausalLM(nn.Module):
     """Causal LM for Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norm), chosen by ``config``.
 
-    ``use_triton`` picks the Triton kernels (fused add + RMSNorm, q/k norm + RoPE + KV write,
-    attention, SiLU-and-mul) over their torch references; it is fixed at construction. A decode
+    ``kernels`` is the kernel backend every layer calls (the Triton one: fused add + RMSNorm, q/k
+    norm + RoPE + KV write, attention, SiLU-and-mul; default: the torch references); it is fixed
+    at construction and shared through the layers' :class:`LayerContext`. A decode
     step on the Triton path launches 9 kernels per layer (4 of them GEMMs) plus 4 per step.
 
     ``tp``: tensor parallelism (``engine.distributed``): this rank holds its shard of every
@@ -116,15 +104,15 @@ class LlamaForCausalLM(nn.Module):
         config: ModelConfig,
         dtype: torch.dtype,
         device: torch.device | str,
-        use_triton: bool = False,
+        kernels: KernelBackend | None = None,
         tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.use_triton = use_triton
         self.tp = tp
-        self.model = LlamaModel(config, dtype, device, use_triton, tp)
+        self.ctx = LayerContext(dtype, device, kernels or TorchKernels(), tp)
+        self.model = LlamaModel(config, self.ctx)
         self.lm_head = lm_head_linear(config.hidden_size, config.vocab_size, tp, dtype, device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from engine.config import ConfigError
 from engine.distributed.parallel_linear import shard_specs
 from engine.distributed.parallel_state import TPGroup
+from engine.kernels.backend import KernelBackend
 from engine.model.config import ModelConfig
 from engine.model.layers import merge_weights
 from engine.model.llama import LlamaForCausalLM
@@ -33,7 +35,7 @@ def load_model(
     path: str | Path,
     dtype: torch.dtype,
     device: torch.device | str,
-    use_triton: bool = False,
+    kernels: KernelBackend | None = None,
     tp: TPGroup | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Load ``config.json`` and the ``*.safetensors`` weights of a HF checkpoint folder
@@ -45,12 +47,42 @@ def load_model(
     from transformers import AutoConfig
 
     folder = Path(path)
-    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    check_checkpoint_folder(folder)
+    try:
+        hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{folder}: cannot read its config.json as a HF model: {err}") from None
     config = ModelConfig.from_hf_config(hf_config)
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
+    model = LlamaForCausalLM(config, dtype, device, kernels=kernels, tp=tp)
     load_state_dict(model, _read_safetensors(folder))
     model.eval()
     return model, config
+
+
+# Folders of stepscope's own speculative heads: ``config.json`` names them in "architecture"
+# (singular), and which --spec-method loads them.
+_HEAD_ARCHITECTURES = {"StepscopeEagleHead": "eagle", "StepscopeMTPModule": "mtp"}
+
+
+def check_checkpoint_folder(folder: Path) -> None:
+    """A clear :class:`ConfigError` for a folder that is not a HF causal-LM checkpoint (no
+    config.json, not JSON, or an EAGLE / MTP head folder given where a model is expected)."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ConfigError(f"{folder}: no config.json (not a HF checkpoint folder)")
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{config_path}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{config_path}: expected a JSON object")
+    head = data.get("architecture")
+    if head in _HEAD_ARCHITECTURES:
+        raise ConfigError(
+            f"{folder} holds a {head} (a speculative head for --spec-method "
+            f"{_HEAD_ARCHITECTURES[head]}), not a causal LM checkpoint; a model or a draft "
+            "model folder needs a HF config.json with model_type"
+        )
 
 
 def load_state_dict(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
@@ -108,7 +140,7 @@ def build_random_model(
     dtype: torch.dtype,
     device: torch.device | str,
     seed: int,
-    use_triton: bool = False,
+    kernels: KernelBackend | None = None,
     tp: TPGroup | None = None,
 ) -> LlamaForCausalLM:
     """A model of ``config``'s shape with seeded weights (for real-shape benchmarks).
@@ -118,7 +150,7 @@ def build_random_model(
     With ``tp`` each rank draws every full tensor in the same order and keeps its shard, so the
     weights equal the single-rank model's (one full tensor at a time in memory).
     """
-    model = LlamaForCausalLM(config, dtype, device, use_triton=use_triton, tp=tp)
+    model = LlamaForCausalLM(config, dtype, device, kernels=kernels, tp=tp)
     generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
     specs = shard_specs(model)
     with torch.no_grad():

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 
 __all__ = ["build_attention_metadata"]
 

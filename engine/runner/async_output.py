@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from engine.device import DeviceEvent
 from engine.runner.input_batch import InputBatch
+from engine.runner.step_in_flight import StepInFlight
 from engine.scheduler.outputs import ModelRunnerOutput
 
 __all__ = ["AsyncOutput", "HostOutputBuffers", "PendingSample"]
@@ -34,7 +34,7 @@ class PendingSample:
 
     step: int
     batch: InputBatch | None  # None: the step scheduled nothing
-    box: dict[str, Any] = field(default_factory=dict)  # device results handed between stages
+    in_flight: StepInFlight = field(default_factory=StepInFlight)  # its device results so far
 
 
 class AsyncOutput:

@@ -14,8 +14,9 @@ import torch
 
 from engine.config import ConfigError
 from engine.device import Device
-from engine.kernels.input_prep import InputPrepArgs, prepare_inputs
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.backend import KernelBackend
+from engine.kernels.input_prep import InputPrepArgs
 from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision
 from engine.runner.input_batch import InputBatch
 from engine.runner.spec_decode import StepTensors
@@ -32,6 +33,7 @@ class ForwardPass:
         states: the runner's state table (read on the device by input prep).
         step_inputs: the runner's staged packed batch (``[1, capacity]`` int32 on the device).
         graphs: the resolved CUDA-graph runner; captured here at construction.
+        kernels: the engine's kernel backend (input prep).
     """
 
     def __init__(
@@ -42,8 +44,10 @@ class ForwardPass:
         states: RequestStates,
         step_inputs: StagedWriteTensor,
         graphs: CudaGraphRunner,
+        kernels: KernelBackend,
     ) -> None:
         self.model = model
+        self.kernels = kernels
         self.device = device
         self.config = config
         self.states = states
@@ -127,7 +131,7 @@ class ForwardPass:
             num_padded_tokens=batch.num_padded_tokens,
             num_padded_reqs=batch.num_padded_reqs,
         )
-        prepare_inputs(args, self.config.use_triton)
+        self.kernels.prepare_inputs(args)
         bp = batch.num_padded_reqs
         torch.index_select(s.block_table.gpu, 0, idx_mapping.long(), out=self.attn_block_table[:bp])
 

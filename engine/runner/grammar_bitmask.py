@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.device import Device
-from engine.structured.bitmask import num_bitmask_words
+from engine.kernels.bitmask import num_bitmask_words
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, CopySlice
 

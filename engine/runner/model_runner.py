@@ -15,7 +15,7 @@ reads it; the host only learns it from the d2h copy, in :meth:`AsyncOutput.get`.
 With a proposer (speculative decoding) the compute stream runs ``verify`` instead of ``sample``
 when the step has drafts, then ``draft``: see :mod:`engine.runner.spec_decode`.
 
-Structured output (DESIGN.md §1): a grammar bitmask ``[num_logits, ceil(V / 32)]`` int32 is
+Structured output (docs/design.md §2.9): a grammar bitmask ``[num_logits, ceil(V / 32)]`` int32 is
 uploaded on the h2d stream and applied to the logits before ``sample``/``verify``. When the mask is
 known at launch, ``execute_model(out, bitmask)`` enqueues the step at once as above. Under async
 scheduling it is not (it needs output N), so the step is split: ``execute_forward`` enqueues input
@@ -32,19 +32,20 @@ from typing import Any
 import torch
 
 from engine.device import Device
+from engine.kernels.backend import KernelBackend, TorchKernels
 from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
 from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
 from engine.runner.forward_pass import ForwardPass
 from engine.runner.grammar_bitmask import DeviceBitmask
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
-from engine.runner.sampling_inputs import commit_sampled, gather_sampling_metadata
+from engine.runner.sampling_inputs import gather_sampling_metadata
 from engine.runner.spec_decode import SpecDecoder
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
+from engine.runner.step_in_flight import StepInFlight
 from engine.sample.sampler import Sampler, SamplerOutput
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.proposer import Proposer
-from engine.structured.bitmask import apply_token_bitmask
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
@@ -62,7 +63,6 @@ class RunnerConfig:
     block_size: int
     num_blocks: int
     seed: int = 0
-    use_triton: bool = False
     cuda_graphs: bool | None = None  # None = auto (on for CUDA)
     max_cuda_graph_batch: int | None = None  # None = max_num_reqs
 
@@ -93,7 +93,9 @@ class ModelRunner:
         config: RunnerConfig,
         tracer: Tracer | None = None,
         proposer: Proposer | None = None,
+        kernels: KernelBackend | None = None,
     ) -> None:
+        kernels = kernels or TorchKernels()  # the engine passes the one backend it chose
         self.model = model
         self.device = device
         self.config = config
@@ -107,19 +109,15 @@ class ModelRunner:
             max_blocks_per_req=config.max_blocks_per_req,
             vocab_size=self.vocab_size,
             seed=config.seed,
-            use_triton=config.use_triton,
+            kernels=kernels,
             device_owns_frontier=proposer is not None,
         )
         cap = packed_capacity(config.max_num_reqs, config.max_num_tokens)
         self.step_inputs = StagedWriteTensor(
-            device, (1, cap), torch.int32, initial_max_values=cap, use_triton=config.use_triton
+            device, (1, cap), torch.int32, initial_max_values=cap, kernels=kernels
         )
-        self.sampler = Sampler(use_triton=config.use_triton)
-        self.spec = (
-            None
-            if proposer is None
-            else SpecDecoder(proposer, self.states, self.sampler, config.use_triton)
-        )
+        self.sampler = Sampler(kernels)
+        self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
         num_rows = config.max_num_reqs * (
             1 + (0 if self.spec is None else self.spec.num_spec_tokens)
         )
@@ -128,7 +126,9 @@ class ModelRunner:
             resolve_cuda_graphs(config.cuda_graphs, device),
             max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
         )
-        self.fwd = ForwardPass(model, device, config, self.states, self.step_inputs, graphs)
+        self.fwd = ForwardPass(
+            model, device, config, self.states, self.step_inputs, graphs, kernels
+        )
 
     @property
     def cuda_graph_decision(self) -> FeatureDecision:
@@ -153,8 +153,8 @@ class ModelRunner:
         with self.tracer.span(
             CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
         ):
-            box = self._launch_forward(batch, with_logits=bitmask is not None)
-            handle = self._launch_sample(batch, box, bitmask)
+            step = self._launch_forward(batch, with_logits=bitmask is not None)
+            handle = self._launch_sample(batch, step, bitmask)
         return handle
 
     # stepscope: hot
@@ -169,8 +169,8 @@ class ModelRunner:
         with self.tracer.span(
             CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
         ):
-            box = self._launch_forward(batch, with_logits=True)
-        return PendingSample(out.step, batch, box)
+            step = self._launch_forward(batch, with_logits=True)
+        return PendingSample(out.step, batch, step)
 
     # stepscope: hot
     def execute_sample(self, pending: PendingSample, bitmask: torch.Tensor | None) -> AsyncOutput:
@@ -180,7 +180,7 @@ class ModelRunner:
         if pending.batch is None:
             return AsyncOutput.empty(pending.step)
         with self.tracer.span(CpuSlice.LAUNCH.value, step=pending.step):
-            handle = self._launch_sample(pending.batch, pending.box, bitmask)
+            handle = self._launch_sample(pending.batch, pending.in_flight, bitmask)
         return handle
 
     # stepscope: hot
@@ -203,7 +203,7 @@ class ModelRunner:
         return batch
 
     # stepscope: hot
-    def _launch_forward(self, batch: InputBatch, with_logits: bool) -> dict[str, Any]:
+    def _launch_forward(self, batch: InputBatch, with_logits: bool) -> StepInFlight:
         """h2d inputs, input prep and forward (plus the sampled rows' logits when asked)."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, h2d = dev.compute_stream, dev.h2d_stream
@@ -213,7 +213,14 @@ class ModelRunner:
         inputs_ready = dev.new_event()
         inputs_ready.record(h2d)
         dev.wait_event(compute, inputs_ready)
-        box: dict[str, Any] = {}
+        in_flight = StepInFlight()
+
+        def forward() -> None:
+            in_flight.hidden = self.fwd.forward(batch)
+
+        def logits() -> None:
+            in_flight.logits = self.fwd.logits(batch, in_flight.require("hidden"))
+
         with tl.stage(DeviceSlice.INPUT_PREP.value, step=step, stream=compute):
             self.states.apply(flushes)
             self.step_inputs.apply(step_flush)
@@ -221,45 +228,47 @@ class ModelRunner:
         with tl.stage(
             DeviceSlice.FORWARD.value, step=step, stream=compute, flow_in=FLOW_ID_BASE + step
         ):
-            dev.submit(compute, lambda: box.update(hidden=self.fwd.forward(batch)))
+            dev.submit(compute, forward)
             if with_logits:
-                dev.submit(
-                    compute, lambda: box.update(logits=self.fwd.logits(batch, box["hidden"]))
-                )
-        return box
+                dev.submit(compute, logits)
+        return in_flight
 
     # stepscope: hot
     def _launch_sample(
-        self, batch: InputBatch, box: dict[str, Any], bitmask: torch.Tensor | None
+        self, batch: InputBatch, in_flight: StepInFlight, bitmask: torch.Tensor | None
     ) -> AsyncOutput:
         """(bitmask upload), sample or verify, draft, and the d2h output copy."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, d2h = dev.compute_stream, dev.d2h_stream
         mask = None if bitmask is None else self.bitmask.upload(step, bitmask)
         if self.spec is None:
+
+            def sample() -> None:
+                in_flight.sampled = self._sample(batch, in_flight, mask)
+
             with tl.stage(DeviceSlice.SAMPLE.value, step=step, stream=compute):
-                dev.submit(compute, lambda: box.update(out=self._sample(batch, box, mask)))
+                dev.submit(compute, sample)
         else:
-            self._enqueue_verify(batch, box, mask)
+            self._enqueue_verify(batch, in_flight, mask)
         # A grammar needs the drafts of the next step on the host: copy them with the output.
         copy_drafts = self.spec is not None and mask is not None
         if copy_drafts:
-            self._enqueue_draft(batch, box)
+            self._enqueue_draft(batch, in_flight)
         sampled_ready = dev.new_event()
         sampled_ready.record(compute)
         if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
-            self._enqueue_draft(batch, box)
+            self._enqueue_draft(batch, in_flight)
         dev.wait_event(d2h, sampled_ready)
         host = self._host_buffers(batch, copy_drafts)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
-            dev.submit(d2h, lambda: self._copy_out(box, host))
+            dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = dev.new_event()
         ready.record(d2h)
         return AsyncOutput(batch, step, host, ready)
 
     # stepscope: hot
     def _enqueue_verify(
-        self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None
+        self, batch: InputBatch, in_flight: StepInFlight, mask: torch.Tensor | None
     ) -> None:
         """``verify`` (``sample`` when no request has drafts): tokens + accepted counts."""
         assert self.spec is not None
@@ -267,8 +276,8 @@ class ModelRunner:
         name = DeviceSlice.VERIFY if batch.num_drafts else DeviceSlice.SAMPLE
 
         def verify() -> None:
-            logits = self._masked_logits(batch, box, mask)  # [N, V] f32
-            box["out"], box["num_accepted"] = spec.verify(
+            logits = self._masked_logits(batch, in_flight, mask)  # [N, V] f32
+            in_flight.sampled, in_flight.num_accepted = spec.verify(
                 batch, self.fwd.step_tensors(batch), logits
             )
 
@@ -276,7 +285,7 @@ class ModelRunner:
             self.device.submit(self.device.compute_stream, verify)
 
     # stepscope: hot
-    def _enqueue_draft(self, batch: InputBatch, box: dict[str, Any]) -> None:
+    def _enqueue_draft(self, batch: InputBatch, in_flight: StepInFlight) -> None:
         """``draft``: the proposer writes step N+1's drafts into the state table."""
         assert self.spec is not None
         spec = self.spec
@@ -285,11 +294,12 @@ class ModelRunner:
         )
 
         def draft() -> None:
-            tokens = box["out"].sampled_token_ids
+            tokens = in_flight.require_sampled().sampled_token_ids
             tensors = self.fwd.step_tensors(batch)
-            box["draft_ids"] = spec.propose(
-                batch, tensors, box.pop("hidden"), md, tokens, box["num_accepted"]
-            )
+            in_flight.draft_ids = spec.propose(
+                batch, tensors, in_flight.take_hidden(), md, tokens,
+                in_flight.require("num_accepted"),
+            )  # fmt: skip
 
         with self.timeline.stage(
             DeviceSlice.DRAFT.value, step=batch.step, stream=self.device.compute_stream
@@ -298,23 +308,25 @@ class ModelRunner:
 
     # stepscope: hot
     def _masked_logits(
-        self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None
+        self, batch: InputBatch, in_flight: StepInFlight, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """Device: the step's logits (computed after the forward, or now) with the grammar
         bitmask applied: disallowed tokens at -inf. [N, V] f32."""
-        logits = box.pop("logits", None)
+        logits = in_flight.take_logits()
         if logits is None:
-            logits = self.fwd.logits(batch, box["hidden"])
+            logits = self.fwd.logits(batch, in_flight.require("hidden"))
         if mask is not None:
-            apply_token_bitmask(logits, mask, self.config.use_triton)
+            self.sampler.kernels.apply_token_bitmask(logits, mask)
         return logits
 
     # stepscope: hot
-    def _sample(self, batch: InputBatch, box: dict[str, Any], mask: torch.Tensor | None) -> Any:
+    def _sample(
+        self, batch: InputBatch, in_flight: StepInFlight, mask: torch.Tensor | None
+    ) -> SamplerOutput:
         """Device: (masked) logits of the sampled rows, sample, commit to the state table."""
         logits_indices = self.fwd.logits_indices[: batch.num_logits]  # [N]
-        logits = self._masked_logits(batch, box, mask)  # [N, V] f32
-        box.pop("hidden", None)
+        logits = self._masked_logits(batch, in_flight, mask)  # [N, V] f32
+        in_flight.hidden = None  # no draft reads it: free it
         logit_rows = self.fwd.packed(batch, "logit_rows").long()  # [N]
         commit_rows = self.fwd.packed(batch, "commit_rows").long()  # [N]
         # The noise key is the position the sampled token will occupy.
@@ -324,7 +336,9 @@ class ModelRunner:
         else:
             meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
             out = self.sampler.sample(logits, meta)
-        commit_sampled(self.states, batch, commit_rows, sample_positions, out.sampled_token_ids)
+        self.states.commit_sampled(
+            commit_rows, sample_positions, out.sampled_token_ids, batch.any_penalties
+        )
         return out
 
     def _host_buffers(self, batch: InputBatch, with_drafts: bool) -> HostOutputBuffers:
@@ -344,19 +358,19 @@ class ModelRunner:
         )
 
     # stepscope: hot
-    def _copy_out(self, box: dict[str, Any], host: HostOutputBuffers) -> None:
+    def _copy_out(self, in_flight: StepInFlight, host: HostOutputBuffers) -> None:
         """d2h stream: device results -> host buffers."""
-        out = box["out"]
+        out = in_flight.require_sampled()
         pairs: list[tuple[Any, Any]] = [(host.sampled, out.sampled_token_ids)]
         if host.num_accepted is not None:
-            pairs.append((host.num_accepted, box["num_accepted"]))
+            pairs.append((host.num_accepted, in_flight.require("num_accepted")))
         if host.logprobs is not None:
             pairs += [
                 (host.logprob_token_ids, out.logprob_token_ids),
                 (host.logprobs, out.logprobs),
             ]
         if host.draft_ids is not None:
-            pairs.append((host.draft_ids, box["draft_ids"]))
+            pairs.append((host.draft_ids, in_flight.require("draft_ids")))
         for dst, src in pairs:
             self.device.keep_alive(src, self.device.d2h_stream)
             dst.copy_(src, non_blocking=True)

@@ -26,7 +26,6 @@ from engine.runner.sampling_inputs import gather_sampling_metadata
 from engine.runner.states import RequestStates
 from engine.sample.logprobs import compute_topk_logprobs
 from engine.sample.metadata import SamplingMetadata
-from engine.sample.penalties import update_output_bin_counts
 from engine.sample.sampler import Sampler, SamplerOutput
 from engine.spec.proposer import ProposeInputs, Proposer
 from engine.spec.rejection import RejectionSampler, row_layout
@@ -65,15 +64,12 @@ class StepTensors:
 class SpecDecoder:
     """Owns the proposer, the rejection sampler and the per-row draft distributions."""
 
-    def __init__(
-        self, proposer: Proposer, states: RequestStates, sampler: Sampler, use_triton: bool
-    ) -> None:
+    def __init__(self, proposer: Proposer, states: RequestStates, sampler: Sampler) -> None:
         self.proposer = proposer
         self.states = states
         self.sampler = sampler
-        self.use_triton = use_triton
         self.num_spec_tokens = proposer.num_spec_tokens
-        self.rejection = RejectionSampler(sampler, use_triton)
+        self.rejection = RejectionSampler(sampler)
         self.draft_probs: torch.Tensor | None = None  # [R + 1, k, V] f32
         if proposer.has_draft_probs:
             rows, vocab = states.max_num_reqs + 1, states.output_bin_counts.shape[1]
@@ -118,7 +114,7 @@ class SpecDecoder:
         if meta.max_num_logprobs is None:
             return SamplerOutput(sampled_token_ids=tokens)
         lp = compute_topk_logprobs(
-            logits, meta.max_num_logprobs, tokens.clamp(min=0), self.use_triton
+            logits, meta.max_num_logprobs, tokens.clamp(min=0), self.sampler.kernels
         )
         return SamplerOutput(tokens, lp.token_ids, lp.logprobs, lp.ranks)
 
@@ -135,17 +131,18 @@ class SpecDecoder:
         req, local = row_layout(t.cu_num_logits, n)
         trash = torch.full_like(t.commit_rows, s.trash_row)
         commit = torch.where(local <= num_accepted[req], t.commit_rows, trash)  # [N]
-        cols = sample_positions.clamp(max=s.max_model_len - 1)
-        s.token_ids.gpu[commit, cols] = tokens
         cu = t.cu_num_logits.long()
         anchor = cu[:b] + num_accepted  # [B] logits row of the emitted last token
-        s.last_sampled[t.commit_rows[cu[:b]]] = tokens[anchor]
-        rejected = (cu[1:] - cu[:-1] - 1) - num_accepted  # [B]
-        nc = s.num_computed.gpu[:, 0]
-        rows = t.idx_mapping[:b].long()
-        nc[rows] = nc[rows] - rejected.to(nc.dtype)
-        if batch.any_penalties:
-            update_output_bin_counts(s.output_bin_counts, commit, tokens.clamp(min=0))
+        s.commit_verified(
+            token_rows=commit,
+            positions=sample_positions,
+            tokens=tokens,
+            last_rows=t.commit_rows[cu[:b]],
+            last_tokens=tokens[anchor],
+            frontier_rows=t.idx_mapping[:b].long(),
+            num_rejected=(cu[1:] - cu[:-1] - 1) - num_accepted,  # [B]
+            count_outputs=batch.any_penalties,
+        )
 
     # stepscope: hot
     def propose(
@@ -168,7 +165,6 @@ class SpecDecoder:
         tp = attn_metadata.num_tokens
         tok = torch.arange(tp, device=rows.device)
         token_req = torch.searchsorted(t.query_start_loc[1 : b + 1].long(), tok, right=True)
-        f32 = s.sampling_f32.gpu[rows]
         inputs = ProposeInputs(
             num_reqs=b,
             num_tokens=batch.num_tokens,
@@ -186,17 +182,15 @@ class SpecDecoder:
             block_table=t.block_table[:b],
             num_blocks=t.num_blocks,
             token_ids=s.token_ids.gpu,
-            temperature=f32[:, 0].contiguous(),
-            seeds=s.seeds.gpu[rows, 0].contiguous(),
+            temperature=s.sampling_column("temperature", rows),
+            seeds=s.seeds_of(rows),
             all_greedy=batch.all_greedy,
         )
         out = self.proposer.propose(inputs)
         k = self.num_spec_tokens
         pos = inputs.bonus_pos[:, None] + 1 + torch.arange(k, device=rows.device)  # [B, k]
         dest = t.commit_rows[cu[:b]]  # [B]: trash for a request still prefilling
-        inside = pos < s.max_model_len
-        dest_k = torch.where(inside, dest[:, None], torch.full_like(pos, s.trash_row))
-        s.token_ids.gpu[dest_k, pos.clamp(max=s.max_model_len - 1)] = out.draft_ids
+        s.write_drafts(dest, pos, out.draft_ids)
         if self.draft_probs is not None and out.draft_probs is not None:
             self.draft_probs[dest] = out.draft_probs
         return out.draft_ids

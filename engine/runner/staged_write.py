@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from engine.device import Device, DeviceEvent
-from engine.kernels.staged_write import apply_staged_writes
+from engine.kernels.backend import KernelBackend, TorchKernels
 
 __all__ = ["StagedWriteTensor", "StagedFlush"]
 
@@ -85,7 +85,7 @@ class StagedWriteTensor:
         ring_depth: int = 3,
         initial_max_writes: int = 64,
         initial_max_values: int = 1024,
-        use_triton: bool = False,
+        kernels: KernelBackend | None = None,
     ) -> None:
         if ring_depth < 2:
             raise ValueError(
@@ -96,7 +96,7 @@ class StagedWriteTensor:
         self.device = device
         self.shape = shape
         self.dtype = dtype
-        self.use_triton = use_triton
+        self.kernels = kernels or TorchKernels()  # default: the torch reference
         # gpu: [num_rows, num_cols] -- the one copy of the truth, owned here.
         self.gpu = torch.full(shape, fill, dtype=dtype, device=device.torch_device)
         self._slots = [
@@ -213,11 +213,11 @@ class StagedWriteTensor:
         w = flush.num_writes
         meta = slot.dev_meta
         rows, starts, offsets = meta[:w], meta[w : 2 * w], meta[2 * w : 3 * w + 1]
-        values, base, use_triton = slot.dev_values, self.gpu, self.use_triton
+        values, base, kernels = slot.dev_values, self.gpu, self.kernels
 
         def kernel() -> None:
-            apply_staged_writes(
-                base, rows, starts, offsets, values, flush.num_values, flush.max_len, use_triton
+            kernels.apply_staged_writes(
+                base, rows, starts, offsets, values, flush.num_values, flush.max_len
             )
 
         dev.wait_event(dev.compute_stream, slot.copied)

@@ -4,6 +4,12 @@ A request takes a row when it is added and keeps it until it finishes; preemptio
 re-add (the scheduler resends prompt + committed outputs). Per-step inputs are gathered from the
 rows on the device through ``idx_mapping``; rows never move.
 
+Device writes go through this class only: staged host diffs (:meth:`add`, :meth:`update_cached`,
+:meth:`flush`/:meth:`apply`) and three named device operations run on the compute stream --
+:meth:`commit_sampled`, :meth:`commit_verified` (with the frontier rollback) and
+:meth:`write_drafts`. Readers take sampling columns by name (:meth:`sampling_column`,
+:meth:`sampling_columns`); the column layout lives only in ``SAMPLING_F32_COLUMNS``.
+
 Host books here are *mirrors* of what the device will hold once the enqueued work ran (prefill
 length, frontier, number of blocks); they decide which diffs to stage and are never read back from
 the device. Row ``max_num_reqs`` is a trash row: device scatters aimed at "no request" (a discarded
@@ -19,7 +25,9 @@ import numpy as np
 import torch
 
 from engine.device import Device
+from engine.kernels.backend import KernelBackend
 from engine.runner.staged_write import StagedFlush, StagedWriteTensor
+from engine.sample.penalties import update_output_bin_counts
 from engine.sampling_params import SamplingParams
 from engine.scheduler.outputs import CachedRequestData, NewRequestData
 
@@ -27,6 +35,7 @@ __all__ = ["RequestStates", "SamplingFlags", "SAMPLING_F32_COLUMNS", "counter_se
 
 # Columns of the per-row float sampling table.
 SAMPLING_F32_COLUMNS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
+_F32_COLUMN = {name: i for i, name in enumerate(SAMPLING_F32_COLUMNS)}
 _MASK63 = (1 << 63) - 1
 
 
@@ -65,7 +74,7 @@ class RequestStates:
         max_blocks_per_req: int,
         vocab_size: int,
         seed: int = 0,
-        use_triton: bool = False,
+        kernels: KernelBackend | None = None,
         device_owns_frontier: bool = False,
     ) -> None:
         if min(max_num_reqs, max_model_len, max_blocks_per_req, vocab_size) <= 0:
@@ -81,7 +90,7 @@ class RequestStates:
         dev = device.torch_device
 
         def staged(cols: int, dtype: torch.dtype, fill: float | int = 0) -> StagedWriteTensor:
-            return StagedWriteTensor(device, (rows, cols), dtype, fill=fill, use_triton=use_triton)
+            return StagedWriteTensor(device, (rows, cols), dtype, fill=fill, kernels=kernels)
 
         # Staged from the host (diffs only).
         self.token_ids = staged(max_model_len, torch.int64)  # [R+1, max_model_len]
@@ -223,18 +232,15 @@ class RequestStates:
     def _stage_sampling(self, row: int, p: SamplingParams) -> None:
         self.params[row] = p
         self._set_sampling_flags(row, p)
-        self.sampling_f32.stage(
-            row,
-            0,
-            [
-                p.temperature,
-                p.top_p,
-                p.min_p,
-                p.repetition_penalty,
-                p.presence_penalty,
-                p.frequency_penalty,
-            ],
-        )
+        values = {
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "min_p": p.min_p,
+            "repetition": p.repetition_penalty,
+            "presence": p.presence_penalty,
+            "frequency": p.frequency_penalty,
+        }
+        self.sampling_f32.stage(row, 0, [values[name] for name in SAMPLING_F32_COLUMNS])
         self.top_k.stage(row, 0, [max(p.top_k, 0)])
         if p.seed is not None:
             seed = p.seed
@@ -272,3 +278,79 @@ class RequestStates:
             counts[row].index_add_(0, outputs, torch.ones_like(outputs, dtype=torch.int32))
 
         self.device.submit(self.device.compute_stream, init)
+
+    # ---- device reads by name -------------------------------------------------------------
+    # stepscope: hot
+    def sampling_column(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """Device: column ``name`` of ``SAMPLING_F32_COLUMNS`` for ``rows: [N]``. [N] f32."""
+        return self.sampling_f32.gpu[rows][:, _F32_COLUMN[name]].contiguous()
+
+    # stepscope: hot
+    def sampling_columns(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Device: every ``SAMPLING_F32_COLUMNS`` column of ``rows: [N]`` by name, [N] f32 each
+        (one gather)."""
+        f32 = self.sampling_f32.gpu[rows]  # [N, len(SAMPLING_F32_COLUMNS)]
+        return {name: f32[:, i].contiguous() for name, i in _F32_COLUMN.items()}
+
+    # stepscope: hot
+    def top_k_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """Device: ``top_k`` of ``rows: [N]``. [N] int32."""
+        return self.top_k.gpu[rows, 0].contiguous()
+
+    # stepscope: hot
+    def seeds_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """Device: the noise seeds of ``rows: [N]``. [N] int64."""
+        return self.seeds.gpu[rows, 0].contiguous()
+
+    # ---- device writes (compute stream) -----------------------------------------------------
+    # stepscope: hot
+    def commit_sampled(
+        self,
+        rows: torch.Tensor,  # [N] int64; the trash row for discarded samples
+        positions: torch.Tensor,  # [N] int64: where each sampled token goes
+        sampled: torch.Tensor,  # [N] int64
+        count_outputs: bool,
+    ) -> None:
+        """Sampled tokens into ``last_sampled`` and their token rows, where the next step's
+        input prep reads them; ``count_outputs``: also into the penalty counts."""
+        self.last_sampled[rows] = sampled
+        cols = positions.clamp(max=self.max_model_len - 1)
+        self.token_ids.gpu[rows, cols] = sampled
+        if count_outputs:
+            update_output_bin_counts(self.output_bin_counts, rows, sampled)
+
+    # stepscope: hot
+    def commit_verified(
+        self,
+        token_rows: torch.Tensor,  # [N] int64: each logits row's state row; trash = not emitted
+        positions: torch.Tensor,  # [N] int64: where each emitted token goes
+        tokens: torch.Tensor,  # [N] int64, -1 after the stop
+        last_rows: torch.Tensor,  # [B] int64: each request's row (trash while prefilling)
+        last_tokens: torch.Tensor,  # [B] int64: each request's last emitted token
+        frontier_rows: torch.Tensor,  # [B] int64: each request's row
+        num_rejected: torch.Tensor,  # [B]: drafts rejected per request
+        count_outputs: bool,
+    ) -> None:
+        """Verified tokens into the token rows, each request's last one into ``last_sampled``,
+        and the device frontier rolled back: ``num_computed[r] -= num_rejected`` (the rejected
+        positions' KV is overwritten later). ``count_outputs``: also the penalty counts."""
+        cols = positions.clamp(max=self.max_model_len - 1)
+        self.token_ids.gpu[token_rows, cols] = tokens
+        self.last_sampled[last_rows] = last_tokens
+        nc = self.num_computed.gpu[:, 0]
+        nc[frontier_rows] = nc[frontier_rows] - num_rejected.to(nc.dtype)
+        if count_outputs:
+            update_output_bin_counts(self.output_bin_counts, token_rows, tokens.clamp(min=0))
+
+    # stepscope: hot
+    def write_drafts(
+        self,
+        rows: torch.Tensor,  # [B] int64 (trash for a request still prefilling)
+        positions: torch.Tensor,  # [B, k] int64: where each draft goes
+        draft_ids: torch.Tensor,  # [B, k] int64
+    ) -> None:
+        """Drafts into the token rows, where the next step's input prep and verify read them;
+        a draft past ``max_model_len`` goes to the trash row."""
+        inside = positions < self.max_model_len
+        dest = torch.where(inside, rows[:, None], torch.full_like(positions, self.trash_row))
+        self.token_ids.gpu[dest, positions.clamp(max=self.max_model_len - 1)] = draft_ids

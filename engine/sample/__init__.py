@@ -1,8 +1,8 @@
 """Device sampler: counter-based noise, penalties, filtering, Gumbel-max sampling, logprobs."""
 
+from engine.kernels.noise import NoiseStream, gumbel_noise, noise_row_keys, uniform_noise
 from engine.sample.logprobs import LogprobsTensors, compute_topk_logprobs, prompt_logprobs_chunked
 from engine.sample.metadata import SamplingMetadata, build_sampling_metadata
-from engine.sample.noise import NoiseStream, gumbel_noise, noise_row_keys, uniform_noise
 from engine.sample.penalties import (
     apply_penalties,
     reset_penalty_rows,

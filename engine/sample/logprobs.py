@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels import sampling as sampling_kernels
+from engine.kernels.backend import KernelBackend, TorchKernels
 from engine.sampling_params import MAX_LOGPROBS
 
 __all__ = ["LogprobsTensors", "compute_topk_logprobs", "prompt_logprobs_chunked"]
@@ -40,17 +40,21 @@ class LogprobsTensors:
 
 # stepscope: hot
 def compute_topk_logprobs(
-    logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor, use_triton: bool = False
+    logits: torch.Tensor,
+    num_logprobs: int,
+    token_ids: torch.Tensor,
+    kernels: KernelBackend | None = None,
 ) -> LogprobsTensors:
     """Logprobs of ``token_ids`` and of the top ``num_logprobs`` tokens, per row.
 
     logits: [N, V] f32 raw logits; num_logprobs: host int in [0, 20]; token_ids: [N] int64.
     Memory beyond the inputs is O(N * k) plus one [N, V] bool temporary for the rank.
+    ``kernels``: the engine's kernel backend (default: the torch references).
     """
     if not 0 <= num_logprobs <= MAX_LOGPROBS:
         raise ValueError(f"num_logprobs must be in [0, {MAX_LOGPROBS}], got {num_logprobs}")
     # lse: [N]
-    lse = sampling_kernels.row_logsumexp(logits, use_triton)
+    lse = (kernels or TorchKernels()).row_logsumexp(logits)
     token_ids = token_ids.to(torch.int64)
     # token_logit: [N, 1]
     token_logit = logits.gather(1, token_ids[:, None])
@@ -69,7 +73,7 @@ def prompt_logprobs_chunked(
     target_ids: torch.Tensor,
     num_logprobs: int,
     chunk_size: int,
-    use_triton: bool = False,
+    kernels: KernelBackend | None = None,
 ) -> LogprobsTensors:
     """Prompt logprobs computed ``chunk_size`` rows at a time, so peak memory stays bounded.
 
@@ -84,7 +88,7 @@ def prompt_logprobs_chunked(
     for start in range(0, num_tokens, chunk_size):
         end = min(start + chunk_size, num_tokens)
         logits = logits_fn(start, end)
-        parts.append(compute_topk_logprobs(logits, num_logprobs, target_ids[start:end], use_triton))
+        parts.append(compute_topk_logprobs(logits, num_logprobs, target_ids[start:end], kernels))
         del logits
     if not parts:
         width = num_logprobs + 1

@@ -2,7 +2,7 @@
 
 Everything stays on the device and nothing reads device values on the host; the only host
 inputs are SamplingMetadata's flags. Randomness is the counter-based noise of
-:mod:`engine.sample.noise`, keyed by (request seed, position), so a seeded request samples the
+:mod:`engine.kernels.noise`, keyed by (request seed, position), so a seeded request samples the
 same tokens in any batch.
 
 Filtering is expressed as one threshold per row in scaled-logit units: a token is kept iff
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels import sampling as sampling_kernels
+from engine.kernels.backend import KernelBackend, TorchKernels
+from engine.kernels.noise import NoiseStream
 from engine.sample.logprobs import compute_topk_logprobs
 from engine.sample.metadata import SamplingMetadata
-from engine.sample.noise import NoiseStream
 from engine.sample.penalties import apply_penalties
 
 __all__ = [
@@ -147,8 +147,8 @@ def compute_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
 class Sampler:
     """Samples one token per row on the device. Stateless; all per-request state is in meta."""
 
-    def __init__(self, use_triton: bool = False) -> None:
-        self.use_triton = use_triton
+    def __init__(self, kernels: KernelBackend | None = None) -> None:
+        self.kernels = kernels or TorchKernels()  # default: the torch references
 
     # stepscope: hot
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
@@ -165,18 +165,17 @@ class Sampler:
             sampled = penalised.argmax(dim=-1)
         else:
             threshold = _thresholds(penalised, meta)
-            sampled = sampling_kernels.gumbel_sample(
+            sampled = self.kernels.gumbel_sample(
                 penalised,
                 meta.temperature,
                 threshold,
                 meta.seeds,
                 meta.positions,
-                self.use_triton,
                 NoiseStream.SAMPLE,
             )
         if meta.max_num_logprobs is None:
             return SamplerOutput(sampled_token_ids=sampled)
-        logprobs = compute_topk_logprobs(logits, meta.max_num_logprobs, sampled, self.use_triton)
+        logprobs = compute_topk_logprobs(logits, meta.max_num_logprobs, sampled, self.kernels)
         return SamplerOutput(
             sampled_token_ids=sampled,
             logprob_token_ids=logprobs.token_ids,

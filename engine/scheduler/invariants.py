@@ -1,4 +1,4 @@
-"""Debug checks that the scheduler's books agree (DESIGN.md §1). Raise AssertionError."""
+"""Debug checks that the scheduler's books agree (docs/design.md §2.3). Raise AssertionError."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ with prefix caching, preemption by recompute, abort.
 It decides how many tokens each request advances and which KV blocks it uses; nothing else.
 Synchronous contract: ``update_from_output(N)`` runs before ``schedule()`` of N+1
 (``AsyncScheduler`` lifts it). The request books are kept the same way in both modes, so the
-invariants of DESIGN.md §1 hold at every instant: while a step is in flight its sampled
+invariants of docs/design.md §2.3 hold at every instant: while a step is in flight its sampled
 positions are output placeholders, and its drafts are ``-1`` (they live on the device).
 """
 

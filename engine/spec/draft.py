@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from engine.config import ConfigError
+from engine.kernels.backend import KernelBackend
 from engine.model.loader import load_model
 from engine.spec.draft_kv import LookaheadKV
 from engine.spec.proposer import (
@@ -30,11 +31,13 @@ __all__ = ["DraftModelProposer", "build_draft_proposer"]
 class DraftModelProposer(Proposer):
     """Autoregressive drafts from a separate small LM (a LlamaForCausalLM)."""
 
-    def __init__(self, model: Any, num_spec_tokens: int, kv: LookaheadKV, use_triton: bool) -> None:
+    def __init__(
+        self, model: Any, num_spec_tokens: int, kv: LookaheadKV, kernels: KernelBackend
+    ) -> None:
         self.model = model
         self.num_spec_tokens = num_spec_tokens
         self.kv = kv
-        self.use_triton = use_triton
+        self.kernels = kernels
         self.kv_caches = model.allocate_kv_caches(kv.num_blocks, kv.block_size)
 
     # stepscope: hot
@@ -57,7 +60,7 @@ class DraftModelProposer(Proposer):
                 inputs.seeds,
                 inputs.bonus_pos + 1 + j,
                 inputs.all_greedy,
-                self.use_triton,
+                self.kernels,
             )
             ids.append(token)
             probs.append(q)
@@ -68,14 +71,14 @@ class DraftModelProposer(Proposer):
 def build_draft_proposer(ctx: ProposerContext) -> DraftModelProposer:
     """Load the draft checkpoint in ``ctx.spec_model``; its vocabulary must be the target's."""
     folder = ctx.require_spec_model("draft", "the draft model's folder")
-    model, config = load_model(folder, ctx.dtype, ctx.device, use_triton=ctx.use_triton)
+    model, config = load_model(folder, ctx.dtype, ctx.device, kernels=ctx.kernels)
     if config.vocab_size != ctx.target.config.vocab_size:
         raise ConfigError(
             f"draft vocab_size {config.vocab_size} != target's {ctx.target.config.vocab_size}:"
             " the draft model must share the target's tokenizer"
         )
     kv = LookaheadKV(ctx.num_blocks, ctx.block_size, ctx.max_num_reqs, ctx.num_spec_tokens)
-    return DraftModelProposer(model, ctx.num_spec_tokens, kv, ctx.use_triton)
+    return DraftModelProposer(model, ctx.num_spec_tokens, kv, ctx.kernels)
 
 
 register_proposer("draft", build_draft_proposer)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 from engine.spec.proposer import ProposeInputs
 
 __all__ = ["LookaheadKV"]

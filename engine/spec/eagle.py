@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext
 from engine.spec.hidden_head import HeadProposer, HiddenStateHead, build_head_proposer
 from engine.spec.proposer import ProposerContext, register_proposer
 
@@ -25,12 +26,10 @@ EAGLE_ARCHITECTURE = "StepscopeEagleHead"
 class EagleHead(HiddenStateHead):
     """``g = norm(layer(fc([e; h])))``."""
 
-    def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, use_triton: bool
-    ) -> None:
-        super().__init__(config, dtype, device, use_triton)
+    def __init__(self, config: ModelConfig, ctx: LayerContext) -> None:
+        super().__init__(config, ctx)
         h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=False, dtype=dtype, device=device)
+        self.fc = nn.Linear(2 * h, h, bias=False, dtype=ctx.dtype, device=ctx.device)
 
     # stepscope: hot
     def combine(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

@@ -28,8 +28,10 @@ import torch
 from torch import nn
 
 from engine.config import ConfigError
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.backend import KernelBackend
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext, torch_reference
 from engine.model.layers import RMSNorm
 from engine.model.llama import DecoderLayer
 from engine.model.rope import RotaryEmbedding
@@ -75,14 +77,13 @@ def head_model_config(head_config: dict[str, Any], target: ModelConfig) -> Model
 class HiddenStateHead(nn.Module):
     """``norm(layer(combine(embeds, hidden)))`` over a paged KV cache of one layer."""
 
-    def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, use_triton: bool
-    ) -> None:
+    def __init__(self, config: ModelConfig, ctx: LayerContext) -> None:
         super().__init__()
         self.config = config
-        self.layer = DecoderLayer(config, dtype, device, use_triton)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.rotary = RotaryEmbedding(config, device)
+        self.layer = DecoderLayer(config, ctx)
+        # The head's own norms run the torch reference whatever the backend (as they always have).
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, torch_reference(ctx))
+        self.rotary = RotaryEmbedding(config, ctx.device)
 
     @abstractmethod
     def combine(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -109,9 +110,13 @@ def load_head_weights(head: nn.Module, folder: Path, architecture: str) -> None:
 
     config = json.loads((folder / "config.json").read_text())
     if config.get("architecture") != architecture:
-        raise ConfigError(
-            f"{folder}: architecture {config.get('architecture')!r}, expected {architecture!r}"
+        kind = (
+            f"a HF model checkpoint (model_type {config['model_type']!r}; a draft model is "
+            "--spec-method draft)"
+            if "model_type" in config
+            else f"architecture {config.get('architecture')!r}"
         )
+        raise ConfigError(f"{folder}: {kind}, expected a {architecture!r} head folder")
     tensors = load_file(str(folder / "model.safetensors"))
     params = dict(head.named_parameters())
     missing, unexpected = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
@@ -142,7 +147,7 @@ class HeadProposer(Proposer):
         target: Any,
         num_spec_tokens: int,
         kv: LookaheadKV,
-        use_triton: bool,
+        kernels: KernelBackend,
     ) -> None:
         if head.config.hidden_size != target.config.hidden_size:
             raise ConfigError(
@@ -153,7 +158,7 @@ class HeadProposer(Proposer):
         self.target = target
         self.num_spec_tokens = num_spec_tokens
         self.kv = kv
-        self.use_triton = use_triton
+        self.kernels = kernels
         c, weight = head.config, target.model.embed_tokens.weight
         shape = (2, kv.num_blocks, kv.block_size, c.num_key_value_heads, c.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
@@ -179,7 +184,7 @@ class HeadProposer(Proposer):
                 inputs.seeds,
                 inputs.bonus_pos + 1 + j,
                 inputs.all_greedy,
-                self.use_triton,
+                self.kernels,
             )
             ids.append(draft)
             probs.append(q)
@@ -203,7 +208,7 @@ def build_head_proposer(
     """Load the head of ``architecture`` from ``ctx.spec_model`` for ``ctx.target``."""
     folder = Path(ctx.require_spec_model(method, "the head's folder"))
     config = head_model_config(read_head_config(folder), ctx.target.config)
-    head = head_cls(config, ctx.dtype, ctx.device, ctx.use_triton)
+    head = head_cls(config, ctx.layers)
     load_head_weights(head, folder, architecture)
     kv = LookaheadKV(ctx.num_blocks, ctx.block_size, ctx.max_num_reqs, ctx.num_spec_tokens)
-    return HeadProposer(head, ctx.target, ctx.num_spec_tokens, kv, ctx.use_triton)
+    return HeadProposer(head, ctx.target, ctx.num_spec_tokens, kv, ctx.kernels)

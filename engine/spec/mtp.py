@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext, torch_reference
 from engine.model.layers import RMSNorm
 from engine.spec.hidden_head import HeadProposer, HiddenStateHead, build_head_proposer
 from engine.spec.proposer import ProposerContext, register_proposer
@@ -24,14 +25,12 @@ MTP_ARCHITECTURE = "StepscopeMTPModule"
 class MTPModule(HiddenStateHead):
     """``g = norm(layer(eh_proj([enorm(e); hnorm(h)])))``."""
 
-    def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, use_triton: bool
-    ) -> None:
-        super().__init__(config, dtype, device, use_triton)
+    def __init__(self, config: ModelConfig, ctx: LayerContext) -> None:
+        super().__init__(config, ctx)
         h, eps = config.hidden_size, config.rms_norm_eps
-        self.enorm = RMSNorm(h, eps, dtype, device)
-        self.hnorm = RMSNorm(h, eps, dtype, device)
-        self.eh_proj = nn.Linear(2 * h, h, bias=False, dtype=dtype, device=device)
+        self.enorm = RMSNorm(h, eps, torch_reference(ctx))
+        self.hnorm = RMSNorm(h, eps, torch_reference(ctx))
+        self.eh_proj = nn.Linear(2 * h, h, bias=False, dtype=ctx.dtype, device=ctx.device)
 
     # stepscope: hot
     def combine(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

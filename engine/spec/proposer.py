@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from engine.config import ConfigError
-from engine.kernels import sampling as sampling_kernels
-from engine.model.attention_metadata import AttentionMetadata
-from engine.sample.noise import NoiseStream
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.backend import KernelBackend
+from engine.kernels.noise import NoiseStream
+from engine.model.layer_context import LayerContext
 
 __all__ = [
     "DraftOutput",
@@ -97,7 +98,7 @@ def sample_drafts(
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B] int64: where each draft goes
     all_greedy: bool,
-    use_triton: bool,
+    kernels: KernelBackend,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Draft tokens and the distribution ``q = softmax(logits / T)`` they were drawn from.
 
@@ -107,8 +108,8 @@ def sample_drafts(
     if all_greedy:
         return logits.argmax(dim=-1), None
     no_filter = torch.full_like(temperature, float("-inf"))
-    ids = sampling_kernels.gumbel_sample(
-        logits, temperature, no_filter, seeds, positions, use_triton, NoiseStream.SAMPLE
+    ids = kernels.gumbel_sample(
+        logits, temperature, no_filter, seeds, positions, NoiseStream.SAMPLE
     )
     greedy = temperature == 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature)
@@ -131,7 +132,12 @@ class ProposerContext:
     max_num_reqs: int
     dtype: torch.dtype
     device: torch.device
-    use_triton: bool = False
+    kernels: KernelBackend  # the engine's one kernel backend
+
+    @property
+    def layers(self) -> LayerContext:
+        """What a proposer's own layers are built with (no tensor parallelism)."""
+        return LayerContext(self.dtype, self.device, self.kernels)
 
     def require_spec_model(self, method: str, what: str) -> str:
         if self.spec_model is None:

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels import sampling as sampling_kernels
-from engine.kernels.rejection import rejection_scan
+from engine.kernels.backend import KernelBackend
+from engine.kernels.noise import NoiseStream, uniform_noise
 from engine.sample.metadata import SamplingMetadata
-from engine.sample.noise import NoiseStream, uniform_noise
 from engine.sample.sampler import Sampler, apply_sampling_penalties, compute_probs
 
 __all__ = [
@@ -87,7 +86,7 @@ def recovered_tokens(
     draft_ids: torch.Tensor,  # [N] int64
     seeds: torch.Tensor,  # [N] int64
     positions: torch.Tensor,  # [N] int64
-    use_triton: bool,
+    kernels: KernelBackend,
 ) -> torch.Tensor:
     """A token from ``normalize(max(0, p - q))`` per row (Gumbel-max, ``RECOVER`` noise). [N].
 
@@ -102,23 +101,18 @@ def recovered_tokens(
     residual = torch.where(empty, target_probs, residual)
     ones = torch.ones(residual.shape[0], dtype=torch.float32, device=residual.device)
     no_filter = torch.full_like(ones, float("-inf"))
-    return sampling_kernels.gumbel_sample(
-        torch.log(residual),
-        ones,
-        no_filter,
-        seeds,
-        positions,
-        use_triton,
-        NoiseStream.RECOVER,
+    return kernels.gumbel_sample(
+        torch.log(residual), ones, no_filter, seeds, positions, NoiseStream.RECOVER
     )
 
 
 class RejectionSampler:
-    """Verifies drafts for a whole batch; stateless (per-request state lives in ``meta``)."""
+    """Verifies drafts for a whole batch; stateless (per-request state lives in ``meta``).
+    Runs the kernels of ``sampler``'s backend."""
 
-    def __init__(self, sampler: Sampler, use_triton: bool = False) -> None:
+    def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
-        self.use_triton = use_triton
+        self.kernels = sampler.kernels
 
     # stepscope: hot
     def verify(
@@ -141,13 +135,13 @@ class RejectionSampler:
             u = uniform_noise(meta.seeds, meta.positions, 1, NoiseStream.ACCEPT)[:, 0]
             accepted = acceptance_mask(probs, draft_probs, draft_ids, u)
             recovered = recovered_tokens(
-                probs, draft_probs, draft_ids, meta.seeds, meta.positions, self.use_triton
+                probs, draft_probs, draft_ids, meta.seeds, meta.positions, self.kernels
             )
             bonus = self.sampler.sample(logits, _without_logprobs(meta)).sampled_token_ids
             _, last = _last_rows(cu_num_logits, logits.shape[0])
             fallback = torch.where(last, bonus, recovered)
-        out, num_accepted = rejection_scan(
-            cu_num_logits, draft_ids, accepted, fallback, max_rows_per_req, self.use_triton
+        out, num_accepted = self.kernels.rejection_scan(
+            cu_num_logits, draft_ids, accepted, fallback, max_rows_per_req
         )
         return VerifyOutput(token_ids=out, num_accepted=num_accepted)
 

@@ -1,7 +1,8 @@
-"""Structured output: grammars (xgrammar, imported only when a structured request arrives), the
-per-request matcher book, and the device bitmask applied to logits before sampling."""
+"""Structured output: grammars (xgrammar, imported only when a structured request arrives) and the
+per-request matcher book. The bitmask is applied to logits by the kernel backend
+(``engine.kernels.bitmask``)."""
 
-from engine.structured.bitmask import apply_token_bitmask, num_bitmask_words
+from engine.kernels.bitmask import num_bitmask_words
 from engine.structured.grammar import GrammarCompiler, GrammarError, RequestGrammar, StructuredSpec
 from engine.structured.manager import StructuredOutputManager
 
@@ -11,6 +12,5 @@ __all__ = [
     "RequestGrammar",
     "StructuredOutputManager",
     "StructuredSpec",
-    "apply_token_bitmask",
     "num_bitmask_words",
 ]

@@ -2,7 +2,7 @@
 
 Owned by :class:`engine.core.EngineCore`. Grammar state follows *committed* tokens only (what
 ``update_from_output`` returned), so the mask for step N+1 exists only once output N is back:
-that is why sampling of a structured step is deferred under async scheduling (DESIGN.md §1).
+that is why sampling of a structured step is deferred under async scheduling (docs/design.md §2.9).
 
 Row layout of a step's bitmask is the runner's logits layout: requests in the order of
 ``SchedulerOutput.num_scheduled_tokens``, ``1 + len(drafts)`` rows each. Rows of free requests
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from engine.kernels.bitmask import num_bitmask_words
 from engine.scheduler.outputs import SchedulerOutput
-from engine.structured.bitmask import num_bitmask_words
 from engine.structured.grammar import GrammarCompiler, GrammarError, RequestGrammar, StructuredSpec
 
 __all__ = ["StructuredOutputManager"]

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from analysis.decisions import silent_fallbacks
+from analysis.derive import parse_requested
 
 
 @pytest.mark.parametrize(
@@ -31,3 +32,20 @@ def test_silent_rule(requested, resolved, reason, shown, silent):
         }
     ).astype({"requested": object})
     assert len(silent_fallbacks(frame)) == int(silent)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),
+        ("False", False),
+        ("auto", None),
+        (None, None),
+        ("None", None),
+        ("ngram", True),  # spec_method names its choice: requested and resolved on
+        ("none", None),  # spec_method requested nothing (not a request for "off")
+        ("off", False),
+    ],
+)
+def test_parse_requested_reads_choices(value: object, expected: bool | None) -> None:
+    assert parse_requested(value) is expected

@@ -93,6 +93,13 @@ def test_overview_shows_the_api_numbers(page: Any, traces: TraceSet) -> None:
     assert page.locator(".card[data-metric='hot_syncs'] .card-value").inner_text() == str(
         h["hot_syncs"]
     )
+    # These traces carry no host_end_ns: the CPU lead cards say n/a, with their definitions.
+    for key in ("cpu_lead_us_p50", "starved_steps_frac"):
+        card = page.locator(f".card[data-metric='{key}']")
+        assert card.get_attribute("data-value") == ""
+        assert card.locator(".card-value").inner_text() == "n/a"
+    aware = page.locator(".card[data-metric='bubble_ratio_starvation_aware']")
+    assert float(aware.get_attribute("data-value")) == h["bubble_ratio_starvation_aware"]
     page.hover(".card[data-metric='overlap']")
     definition = page.locator(".card[data-metric='overlap'] .card-def")
     assert definition.is_visible() and "|W ∩ B| / |W|" in definition.inner_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.kernels.backend import create_kernel_backend
 from engine.model.config import ModelConfig
 from engine.model.loader import build_random_model
 from engine.model.paged_batch import build_attention_metadata
@@ -25,7 +26,13 @@ def tiny_model(device: torch.device | str = "cpu", use_triton: bool = False):
         head_dim=8,
         max_position_embeddings=128,
     )
-    model = build_random_model(config, torch.float32, device, seed=0, use_triton=use_triton)
+    model = build_random_model(
+        config,
+        torch.float32,
+        device,
+        seed=0,
+        kernels=create_kernel_backend("triton" if use_triton else "torch"),
+    )
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # decisive logits: greedy ties cannot flip the argmax
     return model

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
+from engine.kernels.backend import TorchKernels
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext
 from engine.spec.eagle import EAGLE_ARCHITECTURE, EagleHead
 from engine.spec.hidden_head import head_model_config
 from engine.spec.mtp import MTP_ARCHITECTURE, MTPModule
@@ -54,7 +56,7 @@ def write_head(folder: Path, architecture: str, seed: int, std: float = 0.1) -> 
     cfg = {"architecture": architecture, **HEAD_DIMS}
     config = head_model_config(cfg, target_model_config())
     cls = EagleHead if architecture == EAGLE_ARCHITECTURE else MTPModule
-    head = cls(config, torch.float32, torch.device("cpu"), use_triton=False)
+    head = cls(config, LayerContext(torch.float32, torch.device("cpu"), TorchKernels()))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from engine.kernels.attention import paged_attention_torch, paged_attention_triton  # noqa: E402
-from engine.model.attention_metadata import AttentionMetadata  # noqa: E402
+from engine.kernels.attention_metadata import AttentionMetadata  # noqa: E402
 from engine.model.paged_batch import build_attention_metadata  # noqa: E402
 
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from engine.kernels.attention import paged_attention_torch, paged_attention_triton
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.backend import create_kernel_backend
 from engine.kernels.kv_write import write_kv_torch, write_kv_triton
-from engine.model.attention_metadata import AttentionMetadata
 from engine.model.loader import build_random_model, qwen3_0_6b_config
 from engine.model.paged_batch import build_attention_metadata
 
@@ -97,7 +98,13 @@ def test_attention_cuda_graph_replay_with_new_lengths() -> None:
 def test_qwen3_shape_triton_vs_torch_logits() -> None:
     config = qwen3_0_6b_config()
     models = {
-        t: build_random_model(config, torch.bfloat16, "cuda", seed=0, use_triton=t)
+        t: build_random_model(
+            config,
+            torch.bfloat16,
+            "cuda",
+            seed=0,
+            kernels=create_kernel_backend("triton" if t else "torch"),
+        )
         for t in (False, True)
     }
     q_lens, computed = [40, 1, 1, 3], [0, 100, 7, 20]

@@ -1,4 +1,4 @@
-"""An engine run's trace carries the contract of DESIGN.md §3, and async overlap shows on the CPU."""
+"""An engine run's trace carries the contract of docs/design.md §4, and async overlap shows on the CPU."""
 
 from __future__ import annotations
 

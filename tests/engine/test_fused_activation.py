@@ -7,10 +7,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from engine.kernels.activation import (  # noqa: E402
-    silu_and_mul,
     silu_and_mul_torch,
     silu_and_mul_triton,
 )
+from engine.kernels.backend import create_kernel_backend  # noqa: E402
 
 
 def _gate_up(num_tokens: int, inter: int, dtype: torch.dtype) -> torch.Tensor:
@@ -36,8 +36,9 @@ def test_bf16_and_swapped_halves_caught() -> None:
     assert not torch.allclose(silu_and_mul_triton(swapped).float(), ref.float(), atol=0.1)
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
-def test_dispatcher_and_empty(use_triton: bool) -> None:
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_backend_and_empty(backend: str) -> None:
+    kernels = create_kernel_backend(backend)
     x = _gate_up(2, 16, torch.float32)
-    torch.testing.assert_close(silu_and_mul(x, use_triton), silu_and_mul_torch(x))
-    assert silu_and_mul(x[:0], use_triton).shape == (0, 16)
+    torch.testing.assert_close(kernels.silu_and_mul(x), silu_and_mul_torch(x))
+    assert kernels.silu_and_mul(x[:0]).shape == (0, 16)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
+from engine.kernels.backend import create_kernel_backend
 from engine.kernels.norm import add_rms_norm_torch, add_rms_norm_triton
 from engine.kernels.rope import qk_norm_rope_write_kv_torch, qk_norm_rope_write_kv_triton
 from engine.model.loader import build_random_model
@@ -88,7 +89,11 @@ def test_qk_norm_rope_bf16_as_accurate_as_the_reference() -> None:
 
 def test_graph_replay_matches_eager_forward() -> None:
     model = build_random_model(
-        _config(num_layers=3), torch.bfloat16, "cuda", seed=0, use_triton=True
+        _config(num_layers=3),
+        torch.bfloat16,
+        "cuda",
+        seed=0,
+        kernels=create_kernel_backend("triton"),
     )
     kv = model.allocate_kv_caches(32, 4)
     tables = [[4 * r + j for j in range(4)] for r in range(4)]

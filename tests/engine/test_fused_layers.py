@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from engine.kernels.backend import create_kernel_backend  # noqa: E402
 from engine.model.config import ModelConfig  # noqa: E402
 from engine.model.layers import merge_weights  # noqa: E402
 from engine.model.llama import DecoderLayer, LlamaForCausalLM  # noqa: E402
@@ -84,7 +85,13 @@ def test_storage_replaced_then_load_restores_views() -> None:
 def test_layer_forward_matches_separate_projections(use_triton: bool) -> None:
     """DecoderLayer.forward (the API spec heads use) == the unfused math on HF-named weights."""
     cfg = _config(num_layers=1, qwen2_bias=True)
-    model = build_random_model(cfg, torch.float32, "cpu", seed=1, use_triton=use_triton)
+    model = build_random_model(
+        cfg,
+        torch.float32,
+        "cpu",
+        seed=1,
+        kernels=create_kernel_backend("triton" if use_triton else "torch"),
+    )
     layer = model.model.layers[0]
     assert isinstance(layer, DecoderLayer)
     ids, positions, md, kv = _decode_batch(model, 3)
@@ -153,7 +160,9 @@ def test_triton_decode_step_kernel_budget(dtype: torch.dtype) -> None:
     """embedding + RoPE gather (+ cast) + 10 per layer + final add+norm; the torch path is >4x."""
     counts = {}
     for num_layers in (1, 3):
-        model = build_random_model(_config(num_layers), dtype, "cpu", seed=0, use_triton=True)
+        model = build_random_model(
+            _config(num_layers), dtype, "cpu", seed=0, kernels=create_kernel_backend("triton")
+        )
         ids, positions, md, kv = _decode_batch(model, 2)
         with torch.no_grad():
             counts[num_layers] = _count_kernels(lambda: model(ids, positions, md, kv))  # noqa: B023
@@ -167,15 +176,16 @@ def test_bf16_triton_model_close_to_torch_model(monkeypatch: pytest.MonkeyPatch)
     """The fused kernels in bf16 at model level. Attention takes the torch path in both models:
     the Triton 3.9 interpreter's bf16 ``tl.dot`` returns garbage (a 16x16 product is off by
     ~1e10), which is an interpreter limit, not a kernel bug; the GPU tests cover it."""
-    from engine.kernels import attention
+    from engine.kernels.backend import TorchKernels, TritonKernels
 
-    monkeypatch.setattr(
-        "engine.model.layers.paged_attention",
-        lambda q, kv, md, scale, use_triton: attention.paged_attention_torch(q, kv, md, scale),
-    )
+    monkeypatch.setattr(TritonKernels, "paged_attention", TorchKernels.paged_attention)
     cfg = _config(num_layers=2)
-    torch_model = build_random_model(cfg, torch.bfloat16, "cpu", seed=2, use_triton=False)
-    triton_model = build_random_model(cfg, torch.bfloat16, "cpu", seed=2, use_triton=True)
+    torch_model = build_random_model(
+        cfg, torch.bfloat16, "cpu", seed=2, kernels=create_kernel_backend("torch")
+    )
+    triton_model = build_random_model(
+        cfg, torch.bfloat16, "cpu", seed=2, kernels=create_kernel_backend("triton")
+    )
     logits = []
     for model in (torch_model, triton_model):
         ids, positions, md, kv = _decode_batch(model, 3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kernels.input_prep import prepare_inputs
+from engine.kernels.backend import TorchKernels
 from tests.engine.input_prep_cases import make_case, outputs, python_reference
 
 
@@ -12,5 +12,5 @@ from tests.engine.input_prep_cases import make_case, outputs, python_reference
 @pytest.mark.parametrize("pad", [(0, 0), (5, 3)])
 def test_torch_input_prep_matches_definition(seed: int, pad: tuple[int, int]) -> None:
     args, host = make_case(seed, *pad)
-    prepare_inputs(args, use_triton=False)
+    TorchKernels().prepare_inputs(args)
     assert outputs(args) == python_reference(host)

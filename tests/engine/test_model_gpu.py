@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.kernels.backend import create_kernel_backend
 from engine.model.loader import load_model
 from engine.model.paged_batch import build_attention_metadata
 from tests.engine.test_model_llama import BLOCK_SIZE, PROMPT_LENS, SCHEDULE, _save_hf_model
@@ -56,7 +57,12 @@ def test_bf16_logits_match_transformers(name: str, use_triton: bool, tmp_path: P
         .to("cuda")
         .eval()
     )
-    model, _ = load_model(tmp_path, torch.bfloat16, "cuda", use_triton=use_triton)
+    model, _ = load_model(
+        tmp_path,
+        torch.bfloat16,
+        "cuda",
+        kernels=create_kernel_backend("triton" if use_triton else "torch"),
+    )
     totals = [sum(step[i] for step in SCHEDULE) for i in range(len(PROMPT_LENS))]
     gen = torch.Generator().manual_seed(2)
     sequences = [torch.randint(0, 97, (t,), generator=gen).tolist() for t in totals]

@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from engine.kernels.backend import create_kernel_backend  # noqa: E402
 from engine.model.llama import LlamaForCausalLM  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from engine.model.paged_batch import build_attention_metadata  # noqa: E402
@@ -122,8 +123,12 @@ def test_logits_match_transformers(name: str, tmp_path: Path) -> None:
 def test_triton_model_matches_torch_model(tmp_path: Path) -> None:
     """The same forward with the Triton kernels (interpreter) gives the same logits."""
     _save_hf_model("qwen3_head_dim_32", tmp_path)
-    torch_model, _ = load_model(tmp_path, torch.float32, "cpu", use_triton=False)
-    triton_model, _ = load_model(tmp_path, torch.float32, "cpu", use_triton=True)
+    torch_model, _ = load_model(
+        tmp_path, torch.float32, "cpu", kernels=create_kernel_backend("torch")
+    )
+    triton_model, _ = load_model(
+        tmp_path, torch.float32, "cpu", kernels=create_kernel_backend("triton")
+    )
     gen = torch.Generator().manual_seed(3)
     totals = [sum(step[i] for step in SCHEDULE[:4]) for i in range(len(PROMPT_LENS))]
     sequences = [torch.randint(0, 97, (t,), generator=gen).tolist() for t in totals]

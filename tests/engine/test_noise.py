@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engine.sample.noise import (
+from engine.kernels.noise import (
     NoiseStream,
     gumbel_noise,
     hash_from_row_keys,

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from engine.kernels.backend import create_kernel_backend  # noqa: E402
 from engine.kernels.norm import (  # noqa: E402
-    add_rms_norm,
     add_rms_norm_torch,
     add_rms_norm_triton,
-    rms_norm,
     rms_norm_torch,
     rms_norm_triton,
 )
@@ -80,12 +79,13 @@ def test_comparison_can_fail() -> None:
     assert not torch.allclose(normed, rms_norm_torch(x, weight, EPS), atol=1e-3)
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
-def test_dispatchers(use_triton: bool) -> None:
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_backends(backend: str) -> None:
+    kernels = create_kernel_backend(backend)
     x, residual, weight = _inputs(3, 64, torch.float32)
-    torch.testing.assert_close(rms_norm(x, weight, EPS, use_triton), rms_norm_torch(x, weight, EPS))
+    torch.testing.assert_close(kernels.rms_norm(x, weight, EPS), rms_norm_torch(x, weight, EPS))
     head_view = x.view(3, 4, 16)  # 3-D input (q/k heads) always takes the torch path
-    assert rms_norm(head_view, weight[:16], EPS, use_triton).shape == (3, 4, 16)
-    got = add_rms_norm(x, residual, weight, EPS, use_triton)
+    assert kernels.rms_norm(head_view, weight[:16], EPS).shape == (3, 4, 16)
+    got = kernels.add_rms_norm(x, residual, weight, EPS)
     for g, e in zip(got, add_rms_norm_torch(x, residual, weight, EPS), strict=True):
         torch.testing.assert_close(g, e)

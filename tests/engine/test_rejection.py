@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.rejection import rejection_scan
+from engine.kernels.backend import TorchKernels
+from engine.kernels.noise import NoiseStream, uniform_noise
 from engine.sample.metadata import build_sampling_metadata
-from engine.sample.noise import NoiseStream, uniform_noise
 from engine.sample.sampler import Sampler, compute_probs
 from engine.sampling_params import SamplingParams
 from engine.spec.proposer import sample_drafts
@@ -39,7 +39,9 @@ def _batch(num_reqs: int, first_seed: int = 0):
     drafts, laws = [], []
     for j in range(K):
         log_q = DRAFT[j].log().expand(num_reqs, VOCAB)
-        ids, q = sample_drafts(log_q, torch.ones(num_reqs), seeds, base + 1 + j, False, False)
+        ids, q = sample_drafts(
+            log_q, torch.ones(num_reqs), seeds, base + 1 + j, False, TorchKernels()
+        )
         drafts.append(ids)
         laws.append(q)
     draft_ids = torch.stack(drafts + [torch.zeros_like(drafts[0])], 1).reshape(-1)  # [N]
@@ -82,11 +84,11 @@ def test_broken_rejection_rule_is_caught():
     u = uniform_noise(meta.seeds, meta.positions, 1, NoiseStream.ACCEPT)[:, 0]
     accepted = acceptance_mask(p, draft_probs, draft_ids, u)
     no_q = torch.zeros_like(p)  # the bug: the residual p - q becomes p
-    recovered = recovered_tokens(p, no_q, draft_ids, meta.seeds, meta.positions, False)
+    recovered = recovered_tokens(p, no_q, draft_ids, meta.seeds, meta.positions, TorchKernels())
     bonus = Sampler().sample(logits, meta).sampled_token_ids
     last = (torch.arange(logits.shape[0]) % (K + 1)) == K
     fallback = torch.where(last, bonus, recovered)
-    tokens, num_accepted = rejection_scan(cu, draft_ids, accepted, fallback, K + 1, False)
+    tokens, num_accepted = TorchKernels().rejection_scan(cu, draft_ids, accepted, fallback, K + 1)
     counts = _emitted(tokens, num_accepted, 0)
     assert chi_square_p_value(counts, _target_law(0)) < 1e-6
 

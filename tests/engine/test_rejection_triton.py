@@ -10,6 +10,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from engine.kernels.backend import create_kernel_backend  # noqa: E402
 from engine.kernels.rejection import rejection_scan_torch, rejection_scan_triton  # noqa: E402
 from engine.sample.metadata import build_sampling_metadata  # noqa: E402
 from engine.sample.sampler import Sampler  # noqa: E402
@@ -59,10 +60,10 @@ def test_probabilistic_verify_triton_matches_torch() -> None:
     )
     cu = torch.arange(0, n + 1, k + 1, dtype=torch.int32)
     outs = [
-        RejectionSampler(Sampler(use_triton=t), use_triton=t).verify(
+        RejectionSampler(Sampler(create_kernel_backend(name))).verify(
             logits, meta, draft_ids, draft_probs, cu, k + 1
         )
-        for t in (False, True)
+        for name in ("torch", "triton")
     ]
     assert torch.equal(outs[0].token_ids, outs[1].token_ids)
     assert torch.equal(outs[0].num_accepted, outs[1].num_accepted)

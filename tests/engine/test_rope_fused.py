@@ -8,8 +8,8 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from engine.kernels.backend import create_kernel_backend  # noqa: E402
 from engine.kernels.rope import (  # noqa: E402
-    qk_norm_rope_write_kv,
     qk_norm_rope_write_kv_torch,
     qk_norm_rope_write_kv_triton,
 )
@@ -113,14 +113,13 @@ def test_wrong_rotation_is_caught() -> None:
     assert not torch.allclose(q, q_ref.float(), atol=1e-3)
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
-def test_dispatcher_and_shape_checks(use_triton: bool) -> None:
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_backend_and_shape_checks(backend: str) -> None:
     hq, hkv, d, slots = CASES["gqa_with_padding"]
     args = _inputs(hq, hkv, d, len(slots), torch.float32)
     cache = args["kv_cache"].clone()
-    q = qk_norm_rope_write_kv(
-        args["qkv"], args["cos"], args["sin"], None, None, EPS, cache,
-        torch.tensor(slots), hq, use_triton,
+    q = create_kernel_backend(backend).qk_norm_rope_write_kv(
+        args["qkv"], args["cos"], args["sin"], None, None, EPS, cache, torch.tensor(slots), hq,
     )  # fmt: skip
     assert q.shape == (len(slots), hq, d)
     with pytest.raises(ValueError, match="qkv must be"):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.device import CpuDevice
+from engine.kernels.backend import create_kernel_backend
 from engine.runner.model_runner import ModelRunner, RunnerConfig
 from tests.engine.runner_harness import (
     new_req,
@@ -33,9 +34,10 @@ def make_runner(device: CpuDevice, model, use_triton: bool = False) -> ModelRunn
         max_num_batched_tokens=16,
         block_size=4,
         num_blocks=32,
-        use_triton=use_triton,
     )
-    return ModelRunner(model, device, config)
+    return ModelRunner(
+        model, device, config, kernels=create_kernel_backend("triton" if use_triton else "torch")
+    )
 
 
 def run_schedule(runner: ModelRunner) -> dict[str, list[int]]:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.device import CudaDevice
+from engine.kernels.backend import create_kernel_backend
 from engine.runner.model_runner import ModelRunner, RunnerConfig
 from tests.engine.runner_harness import reference_greedy, tiny_model
 from tests.engine.test_runner import PROMPT_A, PROMPT_B, PROMPT_C, run_schedule
@@ -26,10 +27,11 @@ def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool | Non
         max_num_batched_tokens=16,
         block_size=4,
         num_blocks=32,
-        use_triton=use_triton,
         cuda_graphs=graphs,
     )
-    runner = ModelRunner(model, device, config)
+    runner = ModelRunner(
+        model, device, config, kernels=create_kernel_backend("triton" if use_triton else "torch")
+    )
     got = run_schedule(runner)
     assert got["A"] == reference_greedy(model, PROMPT_A, 2)
     assert got["B"] == reference_greedy(model, PROMPT_B, 4)

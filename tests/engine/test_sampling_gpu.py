@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.kernels.backend import create_kernel_backend
 from engine.kernels.sampling import (
     gumbel_sample_torch,
     gumbel_sample_triton,
@@ -55,7 +56,7 @@ def test_batch_invariant_and_sync_free_on_cuda(use_triton: bool) -> None:
     ]
     gen = torch.Generator(device="cuda").manual_seed(1)
     logits = torch.randn(8, VOCAB, device="cuda", generator=gen)
-    sampler = Sampler(use_triton=use_triton)
+    sampler = Sampler(create_kernel_backend("triton" if use_triton else "torch"))
 
     def run(rows: list[int]) -> torch.Tensor:
         meta = build_sampling_metadata(

@@ -10,8 +10,9 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from engine.kernels import sampling as sampling_kernels  # noqa: E402
+from engine.kernels.backend import create_kernel_backend  # noqa: E402
+from engine.kernels.noise import NoiseStream, uniform_noise  # noqa: E402
 from engine.sample.metadata import build_sampling_metadata  # noqa: E402
-from engine.sample.noise import NoiseStream, uniform_noise  # noqa: E402
 from engine.sample.sampler import Sampler  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -86,8 +87,8 @@ def test_sampler_triton_path_matches_torch_path() -> None:
         params, positions=[3, 4, 5, 6], vocab_size=VOCAB, default_seeds=[9] * 4
     )
     logits = inputs(4)[0][:4]
-    torch_out = Sampler(use_triton=False).sample(logits, meta)
-    triton_out = Sampler(use_triton=True).sample(logits, meta)
+    torch_out = Sampler(create_kernel_backend("torch")).sample(logits, meta)
+    triton_out = Sampler(create_kernel_backend("triton")).sample(logits, meta)
     assert torch.equal(torch_out.sampled_token_ids, triton_out.sampled_token_ids)
     assert torch.equal(torch_out.logprob_token_ids, triton_out.logprob_token_ids)
     torch.testing.assert_close(torch_out.logprobs, triton_out.logprobs, atol=1e-5, rtol=0)

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from engine.config import ConfigError
-from engine.model.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.backend import TorchKernels
+from engine.model.layer_context import LayerContext
 from engine.spec.draft_kv import LookaheadKV
 from engine.spec.eagle import EAGLE_ARCHITECTURE, EagleHead
 from engine.spec.hidden_head import head_model_config, load_head_weights
@@ -100,7 +102,7 @@ def test_head_round_trip_and_strict_loading(tmp_path):
     config = head_model_config(
         {"architecture": EAGLE_ARCHITECTURE, **HEAD_DIMS}, target_model_config()
     )
-    head = EagleHead(config, torch.float32, torch.device("cpu"), use_triton=False)
+    head = EagleHead(config, LayerContext(torch.float32, torch.device("cpu"), TorchKernels()))
     load_head_weights(head, folder, EAGLE_ARCHITECTURE)
     from safetensors.torch import load_file
 
@@ -120,12 +122,12 @@ def test_head_round_trip_and_strict_loading(tmp_path):
 def test_sample_drafts_greedy_and_seeded():
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
     ids, probs = sample_drafts(logits, torch.zeros(2), torch.zeros(2, dtype=torch.int64),
-                               torch.zeros(2, dtype=torch.int64), True, False)  # fmt: skip
+                               torch.zeros(2, dtype=torch.int64), True, TorchKernels())  # fmt: skip
     assert ids.tolist() == [1, 0] and probs is None
     temperature = torch.tensor([0.0, 1.0])
     seeds, positions = torch.tensor([5, 6]), torch.tensor([10, 11])
-    ids, probs = sample_drafts(logits, temperature, seeds, positions, False, False)
-    again, _ = sample_drafts(logits, temperature, seeds, positions, False, False)
+    ids, probs = sample_drafts(logits, temperature, seeds, positions, False, TorchKernels())
+    again, _ = sample_drafts(logits, temperature, seeds, positions, False, TorchKernels())
     assert torch.equal(ids, again) and ids[0] == 1
     assert probs is not None and probs[0].tolist() == [0.0, 1.0, 0.0]
     assert torch.allclose(probs[1], torch.softmax(logits[1], 0))
@@ -134,7 +136,7 @@ def test_sample_drafts_greedy_and_seeded():
 def test_registry_rejects_unknown_and_missing_models():
     ctx = ProposerContext(
         target=None, spec_model=None, num_spec_tokens=2, num_blocks=4, block_size=4,
-        max_num_reqs=2, dtype=torch.float32, device=torch.device("cpu"),
+        max_num_reqs=2, dtype=torch.float32, device=torch.device("cpu"), kernels=TorchKernels(),
     )  # fmt: skip
     with pytest.raises(ValueError, match="unknown spec method"):
         create_proposer("medusa", ctx)

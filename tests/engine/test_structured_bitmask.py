@@ -8,8 +8,8 @@ import os
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from engine.structured.bitmask import (  # noqa: E402
-    apply_token_bitmask,
+from engine.kernels.backend import TorchKernels, create_kernel_backend  # noqa: E402
+from engine.kernels.bitmask import (  # noqa: E402
     apply_token_bitmask_torch,
     num_bitmask_words,
 )
@@ -45,7 +45,7 @@ def _loop_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor
 def test_torch_reference_matches_a_loop(num_rows: int, vocab: int) -> None:
     logits, bitmask = _case(num_rows, vocab, seed=vocab)
     expected = _loop_reference(logits, bitmask)
-    got = apply_token_bitmask(logits.clone(), bitmask, use_triton=False)
+    got = TorchKernels().apply_token_bitmask(logits.clone(), bitmask)
     assert torch.equal(got, expected)
     assert torch.isfinite(got[0]).all()  # the all-ones row is untouched
     assert torch.isinf(got).any()  # and the random rows do mask something
@@ -53,7 +53,7 @@ def test_torch_reference_matches_a_loop(num_rows: int, vocab: int) -> None:
 
 def test_wrong_width_is_refused() -> None:
     with pytest.raises(ValueError, match="words per row"):
-        apply_token_bitmask(torch.zeros(1, 70), torch.zeros(1, 2, dtype=torch.int32), False)
+        TorchKernels().apply_token_bitmask(torch.zeros(1, 70), torch.zeros(1, 2, dtype=torch.int32))
 
 
 @interpreted
@@ -64,5 +64,5 @@ def test_triton_matches_torch(num_rows: int, vocab: int) -> None:
     expected = apply_token_bitmask_torch(logits.clone(), bitmask)
     # a taller bitmask buffer, as the runner's persistent one: only the first rows are read
     tall = torch.cat([bitmask, torch.zeros(2, bitmask.shape[1], dtype=torch.int32)])
-    got = apply_token_bitmask(logits.clone(), tall, use_triton=True)
+    got = create_kernel_backend("triton").apply_token_bitmask(logits.clone(), tall)
     assert torch.equal(got, expected)

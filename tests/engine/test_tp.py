@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from analysis import load_trace
 from analysis.rank_report import analyze_ranks
 from engine.config import ConfigError, EngineConfig
-from engine.distributed.executor import TensorParallelError, TPDriver, TPOptions
 from engine.distributed.parallel_state import destroy_tp_group, init_tp_group
+from engine.executor.tp_driver import TensorParallelError, TPDriver, TPOptions
 from engine.llm import LLM
 from engine.model.loader import load_model
 from engine.model.paged_batch import build_attention_metadata
@@ -154,9 +154,11 @@ def test_ngram_spec_tp2_equal_tp1(odd_vocab_config: str) -> None:
 def test_worker_failure_stops_the_run(odd_vocab_config: str) -> None:
     """Rank 1 raises at step 3: rank 0 raises (no hang), close() reports rank 1's error."""
     config = _config(odd_vocab_config, 2, async_scheduling=True)
-    start = time.monotonic()
     driver = TPDriver.start(config, Tracer(enabled=False), TPOptions(timeout_s=20, fail_at=(1, 3)))
     llm = LLM(config, tp=driver)
+    # Timed from after the ranks started (spawning is slow on a loaded machine): no hang means
+    # the failure ends the run well before the 20 s collective timeout would.
+    start = time.monotonic()
     with pytest.raises(TensorParallelError):
         _mixed_workload(llm)
     with pytest.raises(TensorParallelError, match="injected failure on rank 1 at step 3"):

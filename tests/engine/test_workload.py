@@ -42,15 +42,81 @@ def test_jsonl_with_vllm_names(tmp_path):
     [
         ("{not json", "w.jsonl:1: not JSON"),
         ('{"prompt": "x", "temprature": 1}', "unknown field"),
-        ('{"prompt": "x", "temperature": -1}', "temperature must be >= 0"),
+        ('{"prompt": "x", "temperature": -1}', "w.jsonl:1: temperature: must be >= 0, got -1"),
         ('{"max_tokens": 3}', "exactly one of prompt"),
-        ('{"prompt": "x", "max_tokens": 0}', "max_tokens must be >= 1"),
+        ('{"prompt": "x", "max_tokens": 0}', "w.jsonl:1: max_tokens: must be >= 1"),
         ("[1, 2]", "expected a JSON object"),
+        # Types and ranges as vLLM's; NaN / Infinity nowhere (issue 18).
+        ('{"prompt": "x", "temperature": "hot"}', "w.jsonl:1: temperature: expected a number"),
+        ('{"prompt": "x", "temperature": NaN}', "w.jsonl:1: NaN is not a number JSON allows"),
+        ('{"prompt": "x", "temperature": 1e999}', "temperature: must be a finite number"),
+        ('{"prompt": "x", "arrival_time_s": Infinity}', "w.jsonl:1: Infinity is not"),
+        ('{"prompt": "x", "arrival_time_s": -0.5}', "arrival_time_s: must be >= 0"),
+        ('{"prompt": "x", "arrival_time_s": "0.5"}', "arrival_time_s: expected a number"),
+        ('{"prompt": "x", "abort_after_s": "soon"}', "w.jsonl:1: abort_after_s: expected a number"),
+        ('{"prompt": "x", "abort_after_s": -1e999}', "abort_after_s: must be a finite number"),
+        ('{"prompt": 12345}', "w.jsonl:1: prompt: expected a non-empty string"),
+        ('{"prompt": [1, "a"]}', "prompt_token_ids: token ids must be integers >= 0"),
+        ('{"prompt_token_ids": []}', "prompt_token_ids: is empty"),
+        ('{"prompt": "x", "max_tokens": 2.5}', "w.jsonl:1: max_tokens: expected an integer"),
+        ('{"prompt": "x", "max_tokens": true}', "max_tokens: expected an integer, got True"),
+        ('{"prompt": "x", "seed": 1.5}', "w.jsonl:1: seed: expected an integer"),
+        ('{"prompt": "x", "top_k": 2.5}', "top_k: expected an integer"),
+        ('{"prompt": "x", "top_k": -2}', "top_k: must be -1 or 0 \\(off\\), or >= 1"),
+        ('{"prompt": "x", "top_p": 0}', r"top_p: must be in \(0, 1\]"),
+        ('{"prompt": "x", "min_p": 1.5}', r"min_p: must be in \[0, 1\]"),
+        ('{"prompt": "x", "presence_penalty": 3}', r"presence_penalty: must be in \[-2, 2\]"),
+        ('{"prompt": "x", "repetition_penalty": 0}', "repetition_penalty: must be > 0"),
+        ('{"prompt": "x", "stop": [1, 2]}', "w.jsonl:1: stop: expected a string or a list of"),
+        ('{"prompt": "x", "stop_token_ids": ["a"]}', "stop_token_ids: token ids must be"),
+        ('{"prompt": "x", "ignore_eos": 1}', "ignore_eos: expected true or false"),
+        ('{"prompt": "x", "skip_special_tokens": "no"}', "skip_special_tokens: expected true"),
+        ('{"prompt": "x", "logprobs": 21}', r"logprobs: must be in \[0, 20\]"),
+        ('{"prompt": "x", "id": [1]}', "w.jsonl:1: id: expected a string or an integer"),
+        ('{"prompt": "x", "structured": {"regex": 5}}', "structured.regex: expected a string"),
+        ('{"prompt": "x", "structured": {"grammar": "a"}}', "structured: expected an object"),
     ],
 )
 def test_bad_lines(tmp_path, line, message):
     path = tmp_path / "w.jsonl"
     path.write_text(line + "\n")
+    with pytest.raises(WorkloadError, match=message):
+        load_workload(str(path))
+
+
+def test_prompt_as_token_ids_and_text_options(tmp_path):
+    path = tmp_path / "w.jsonl"
+    row = {"prompt": [4, 5], "skip_special_tokens": False, "include_stop_str_in_output": True}
+    path.write_text(json.dumps(row) + "\n")
+    (req,) = load_workload(str(path))
+    assert req.prompt_token_ids == (4, 5) and req.prompt is None
+    assert req.params.skip_special_tokens is False and req.params.include_stop_str_in_output
+
+
+def test_non_utf8_names_file_line_and_column(tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "b\xff"}\n')
+    with pytest.raises(WorkloadError, match=r"w.jsonl:2: not UTF-8 \(byte 0xff at column 14\)"):
+        load_workload(str(path))
+    gpt = tmp_path / "s.json"
+    gpt.write_bytes(b'[\n{"conversations": []},\n"\xc3"]')
+    with pytest.raises(WorkloadError, match=r"s.json:3: not UTF-8"):
+        load_workload(str(gpt))
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ([{"conversations": ["hello"]}], "item 0: conversations\\[0\\]: expected an object"),
+        ([{"conversations": [{"from": "human", "value": 5}]}], "conversations\\[0\\]"),
+        ([{"conversations": "hello"}], "item 0: conversations: expected a list"),
+        (["x"], "item 0: expected an object"),
+        ([{"id": [1], "conversations": []}], "item 0: id: expected a string"),
+    ],
+)
+def test_bad_sharegpt(tmp_path, items, message):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(items))
     with pytest.raises(WorkloadError, match=message):
         load_workload(str(path))
 

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import load_trace
 from instrument.capture import CaptureConfig, parse_step_range
-from instrument.schema import device_track_name
+from instrument.schema import device_track_name, request_track_name
 from instrument.tracer import Tracer
 
 COMPUTE = device_track_name(0, "compute")
@@ -81,6 +81,32 @@ def test_kept_steps_and_dropped_counts_are_exact(tmp_path: Path, config: Capture
         assert meta.get(f"dropped_events_{reason}", 0) == n * EVENTS_PER_STEP
     assert meta["capture_every"] == config.every
     assert len(frames.counters) == len(kept)
+
+
+@pytest.mark.parametrize(
+    "config", [CaptureConfig(warmup_steps=3), CaptureConfig(first_step=2, end_step=6, every=2)]
+)
+def test_request_tracks_are_kept_whatever_step_they_finish_in(
+    tmp_path: Path, config: CaptureConfig
+) -> None:
+    """Issue 18: a request finishing in a warm-up step lost its whole track (its slices are
+    written at finish and took that step). Request tracks span steps: rules 1-3 never drop them."""
+    path = tmp_path / "t.pftrace"
+    with Tracer(path, capture=config, flush_interval_s=0.01) as tracer:
+        threading.current_thread().name = "engine-core"
+        for step in range(10):
+            base = step * 1_000_000
+            tracer.thread_slice("schedule", base, base + 100_000, step=step)
+            track = request_track_name(f"r{step}")  # r<step> finishes in this step
+            tracer.slice_at(track, "queued", base + 10_000, base + 50_000, request_id="x")
+            tracer.slice_at(track, "prefill", base + 50_000, base + 500_000, request_id="x")
+    frames = load_trace(path)
+    sl = frames.slices
+    requests = sl[sl["track"].str.startswith("request ")]
+    assert sorted(requests["track"].unique()) == [request_track_name(f"r{i}") for i in range(10)]
+    assert len(requests) == 20
+    kept, _ = _kept_reference(config, range(10))
+    assert sorted(sl.loc[sl["name"] == "schedule", "step"].tolist()) == kept  # steps still gated
 
 
 def test_stop_at_budget_keeps_a_prefix_and_counts_the_rest(tmp_path: Path) -> None:

@@ -32,10 +32,19 @@ CHILD = textwrap.dedent(
 )
 
 
-def _run_child(path: str) -> subprocess.Popen[str]:
+def _run_child(path: str, ignore_sigint: bool = False) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=ROOT)
+
+    def preexec() -> None:  # what `nohup` / `cmd &` do to SIGINT
+        if ignore_sigint:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", CHILD, path],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=preexec,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
@@ -62,6 +71,23 @@ def test_sigterm_flushes_and_closes(tmp_path):
     trace = read_trace(path)
     closing = [e for e in trace.events if e.name == "trace_metadata" and "closed" in e.args]
     assert closing, "the SIGTERM handler did not close the trace"
+
+
+def test_ignored_sigint_neither_stops_nor_closes(tmp_path):
+    """Issue 18: with SIGINT ignored by the parent, the tracer closed the trace on SIGINT while
+    the run went on. It must install no handler for an ignored signal."""
+    path = str(tmp_path / "bg.pftrace")
+    proc = _run_child(path, ignore_sigint=True)
+    proc.send_signal(signal.SIGINT)
+    before = len(read_trace(path).slices())
+    time.sleep(0.5)
+    assert proc.poll() is None  # still running
+    proc.send_signal(signal.SIGTERM)  # not ignored: handled, closes the trace
+    proc.wait(timeout=10)
+    trace = read_trace(path)
+    assert len(trace.slices()) > before  # kept recording after the SIGINT
+    closing = [e for e in trace.events if e.name == "trace_metadata" and "closed" in e.args]
+    assert len(closing) == 1
 
 
 def test_cut_anywhere_loads_whole_packets(tmp_path):

@@ -48,6 +48,41 @@ def test_patterns(source, ops):
     assert [f.op for f in lint_source(source)] == ops
 
 
+_HOT = "# stepscope: hot\ndef f(x, n):\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "ops"),
+    [
+        # Host mirrors by name (STYLE.md placement suffixes): not syncs.
+        ("    return s.num_computed_cpu.tolist()\n", []),
+        ("    return s.lens_np[:n].tolist()\n", []),
+        ("    return mask_host.any() and bool(flag_cpu)\n", []),
+        ("    return out_cpu.item(), out_cpu.numpy()\n", []),
+        ("    return buf_host.to('cpu')\n", []),
+        # Host by annotation.
+        ("    a: np.ndarray = g()\n    return a.tolist()\n", []),
+        ("    b: list[int] = g()\n    return b.index(3)\n", []),
+        # Device tensors (or unknown) are still caught, also beside a host one.
+        ("    return s.num_computed.gpu.tolist()\n", [".tolist()"]),
+        ("    return x_gpu.item()\n", [".item()"]),
+        ("    return logits.cpu(), tokens_cpu.tolist()\n", [".cpu()"]),
+        ("    if mask_gpu.any():\n        pass\n", [".any() as a condition"]),
+        ("    a: torch.Tensor = g()\n    return a.tolist()\n", [".tolist()"]),
+        ("    return cpu_tensor.tolist()\n", [".tolist()"]),  # a prefix is not the suffix
+        ("    torch.cuda.synchronize()\n", ["torch.cuda.synchronize()"]),
+    ],
+)
+def test_host_objects_are_not_syncs(body, ops):
+    assert [f.op for f in lint_source(_HOT + body)] == ops
+
+
+def test_project_engine_lints_clean():
+    """The README's example: ``stepscope lint engine/`` exits 0 on the project's own engine."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert main([os.path.join(root, "engine")]) == 0
+
+
 def test_cli_exit_codes_and_output(tmp_path, capsys):
     assert main([PLANTED]) == 1
     out = capsys.readouterr().out.splitlines()

@@ -6,7 +6,7 @@ iff bit ``v % 32`` of word ``bitmask[i, v // 32]`` is set. A disallowed token's 
 probability 0 for it. Rows of requests without a grammar carry all bits set (``-1``): unchanged.
 
 ``apply_token_bitmask_torch`` is the reference; ``apply_token_bitmask_triton`` is one program per
-(row, vocab block); ``apply_token_bitmask(..., use_triton)`` dispatches.
+(row, vocab block); the kernel backend (`engine.kernels.backend`) picks one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - exercised only without triton
 __all__ = [
     "BITS_PER_WORD",
     "num_bitmask_words",
-    "apply_token_bitmask",
+    "check_bitmask",
     "apply_token_bitmask_torch",
     "apply_token_bitmask_triton",
 ]
@@ -95,18 +95,11 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor) -> t
     return logits
 
 
-# stepscope: hot
-def apply_token_bitmask(
-    logits: torch.Tensor,  # [N, V] float
-    bitmask: torch.Tensor,  # [>= N, ceil(V / 32)] int32
-    use_triton: bool,
-) -> torch.Tensor:
-    """Mask disallowed tokens to ``-inf`` in place (Triton or torch); returns ``logits``."""
+def check_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``bitmask`` has ``ceil(V / 32)`` words per row for
+    ``logits: [N, V]``."""
     if bitmask.shape[1] != num_bitmask_words(logits.shape[1]):
         raise ValueError(
             f"bitmask has {bitmask.shape[1]} words per row, vocab {logits.shape[1]} needs "
             f"{num_bitmask_words(logits.shape[1])}"
         )
-    if use_triton:
-        return apply_token_bitmask_triton(logits, bitmask[: logits.shape[0]])
-    return apply_token_bitmask_torch(logits, bitmask)

@@ -2,24 +2,28 @@
 
 A worker joins the group, aligns its clock with rank 0, opens its own trace
 (``<trace>.rank<i>.pftrace``: ``rank``/``world_size``/clock offset in the metadata, device tracks
-``gpu:<rank> ...``), and builds an ``EngineCore`` with this rank's context: the same device, model
-shard, proposer and runner code as rank 0 (its scheduler stays unused). Then :class:`WorkerLoop`
-receives each :class:`~engine.distributed.messages.StepMessage` and makes the same runner call.
+``gpu:<rank> ...``), and builds this rank's device, model shard and runner through the same
+factories as rank 0's ``EngineCore`` (:func:`engine.engine_parts.build_runner`, with the kernel
+backend chosen once from the resolved features); it has no scheduler. Then :class:`WorkerLoop`
+receives each :class:`~engine.executor.messages.StepMessage` and makes the same runner call.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.distributed.messages import MessageKind, StepMessage
+from engine.config import EngineConfig, resolve_features
 from engine.distributed.parallel_state import TPGroup, init_tp_group, measure_clock_offset
-from engine.distributed.rank_context import RankContext, cuda_index_for_rank
+from engine.executor.messages import MessageKind, StepMessage
+from engine.executor.rank_context import RankContext, cuda_index_for_rank
 from engine.runner.async_output import AsyncOutput, PendingSample
 from instrument.capture import CaptureConfig
-from instrument.schema import ParallelSlice, rank_trace_path
+from instrument.schema import ENGINE_THREAD, ParallelSlice, rank_trace_path
 from instrument.tracer import Tracer, set_tracer
 
 __all__ = ["WorkerSpec", "WorkerLoop", "worker_main"]
@@ -98,10 +102,23 @@ class WorkerLoop:
             self._in_flight.popleft().get()
 
 
+def _leave_interrupts_to_rank0() -> None:
+    """Ctrl-C reaches every process of the terminal's group: a rank > 0 leaves it to rank 0, which
+    stops in order and then closes the ranks (engine/interrupt.py). SIGINT still ends this rank
+    when rank 0 is gone (torch's spawn turns the parent's death into a SIGINT)."""
+    parent = os.getppid()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if os.getppid() != parent:
+            raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_sigint)
+
+
 def worker_main(index: int, spec: WorkerSpec) -> None:
     """Entry point of rank ``index + 1`` (``torch.multiprocessing`` passes ``index``)."""
-    from engine.core import EngineCore  # the child imports the engine here, not at unpickling
-
+    _leave_interrupts_to_rank0()
     rank = index + 1
     config = spec.config
     tracer = (
@@ -121,10 +138,42 @@ def worker_main(index: int, spec: WorkerSpec) -> None:
         ctx = RankContext(group, measure_clock_offset(group))
         ctx.record_metadata(tracer)
         fail_step = spec.fail_at[1] if spec.fail_at and spec.fail_at[0] == rank else None
-        core = EngineCore(config, tracer, trace_requests=False, tp=ctx)
-        try:
-            WorkerLoop(core.runner, group, tracer, fail_step).run()
-        finally:
-            core.close()
+        _run_rank(config, ctx, tracer, fail_step)
     finally:
         tracer.close()
+
+
+def _run_rank(
+    config: EngineConfig, ctx: RankContext, tracer: Tracer, fail_step: int | None
+) -> None:
+    """Build this rank's parts as ``EngineCore`` builds rank 0's, then mirror its steps."""
+    # The child imports the engine's factories here, once it has joined the group (rank 0
+    # builds its own parts meanwhile), not when it unpickles ``worker_main``.
+    from engine.engine_parts import (
+        build_kernels,
+        build_runner,
+        check_state_fits,
+        record_start,
+        scheduler_config_for,
+    )
+
+    threading.current_thread().name = ENGINE_THREAD  # this rank's CPU slices: its engine track
+    features = resolve_features(config)
+    kernels = build_kernels(features)
+    try:
+        device = ctx.build_device(config)
+        try:
+            model, model_config = ctx.build_model(config, device, kernels)
+            max_model_len = scheduler_config_for(config, model_config).max_model_len
+            check_state_fits(config, model_config, max_model_len, device)
+            runner = build_runner(config, features, device, model, max_model_len, tracer, kernels)
+            try:
+                runner = ctx.attach(runner, tracer)
+                record_start(tracer, config, features, max_model_len)
+                WorkerLoop(runner, ctx.group, tracer, fail_step).run()
+            finally:
+                runner.close()
+        finally:
+            device.close()
+    finally:
+        ctx.close()

@@ -26,11 +26,11 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from engine.config import EngineConfig
-from engine.distributed.messages import MessageKind, StepMessage
 from engine.distributed.parallel_state import init_tp_group, measure_clock_offset
-from engine.distributed.rank_context import RankContext, check_model_splits, cuda_index_for_rank
-from engine.distributed.worker import WorkerSpec, worker_main
 from engine.engine_parts import load_model_config
+from engine.executor.messages import MessageKind, StepMessage
+from engine.executor.rank_context import RankContext, check_model_splits, cuda_index_for_rank
+from engine.executor.worker import WorkerSpec, worker_main
 from engine.runner.async_output import AsyncOutput, PendingSample
 from engine.scheduler.outputs import SchedulerOutput
 from instrument.schema import ParallelSlice, rank_trace_path

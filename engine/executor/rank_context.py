@@ -2,8 +2,8 @@
 named ``gpu:<rank>`` in the trace), its shard of the model, and its trace metadata.
 
 :class:`RankContext` is what ``EngineCore`` receives as ``tp``; rank 0's is the
-:class:`~engine.distributed.executor.TPDriver` (which also owns the other ranks' processes),
-the others' is a plain :class:`RankContext` made by :mod:`engine.distributed.worker`.
+:class:`~engine.executor.tp_driver.TPDriver` (which also owns the other ranks' processes),
+the others' is a plain :class:`RankContext` made by :mod:`engine.executor.worker`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from engine.config import ConfigError, EngineConfig, ResolvedFeatures
+from engine.config import ConfigError, EngineConfig
 from engine.device import CpuDevice, CudaDevice, Device
 from engine.distributed.parallel_state import ClockSync, TPGroup, destroy_tp_group
-from engine.engine_parts import DTYPES, load_model_config
+from engine.kernels.backend import KernelBackend
 from engine.model.config import ModelConfig
 from engine.model.loader import build_random_model, load_model
 from instrument.schema import DEVICE_COMPUTE, Arg, device_track_name
@@ -79,19 +79,21 @@ class RankContext:
         return RankCpuDevice(self.rank) if index is None else CudaDevice(index)
 
     def build_model(
-        self, config: EngineConfig, features: ResolvedFeatures, device: Device
+        self, config: EngineConfig, device: Device, kernels: KernelBackend
     ) -> tuple[Any, ModelConfig]:
         """This rank's shard: of a checkpoint folder, or of the seeded random model (the same
         weights as the single-rank model of that seed)."""
-        dtype, triton = DTYPES[config.dtype], features.triton_kernels
+        from engine.engine_parts import DTYPES, load_model_config  # in the child: after joining
+
+        dtype = DTYPES[config.dtype]
         if config.model is not None:
             if not os.path.isdir(config.model):
                 raise ConfigError(f"model folder not found: {config.model}")
-            return load_model(config.model, dtype, device.torch_device, triton, tp=self.group)
+            return load_model(config.model, dtype, device.torch_device, kernels, tp=self.group)
         assert config.model_config is not None
         model_config = load_model_config(config.model_config)
         model = build_random_model(
-            model_config, dtype, device.torch_device, config.seed, triton, tp=self.group
+            model_config, dtype, device.torch_device, config.seed, kernels, tp=self.group
         )
         return model, model_config
 

@@ -1,0 +1,133 @@
+"""Kernel data beats stage slices (docs/design.md §4): device busy from CUPTI kernels where a
+trace has them.
+
+A Perfetto trace written with ``--trace-kernels A:B`` holds, for engine steps A..B-1, one slice
+per CUPTI kernel / memcpy / memset on a ``gpu:<i> kernels`` track (role ``kernel``, args
+``stage``, ``step``, ``activity``). The *kernel window* is the device span of those steps: from
+the first start to the last end of their stage and kernel slices, per run of consecutive kernel
+steps. Inside it device busy B is the union of the compute activity (``activity`` ``kernel`` or
+``memset``; ``memcpy`` is copy work, as the Kineto loader files it; a kernel slice without an
+``activity`` counts as a kernel); outside it B is the union of compute stage slices (an upper
+bound on busy time).
+Kineto traces already load their kernels as compute slices, so they need nothing from here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.frames import ROLE_COMPUTE, ROLE_KERNEL, require_columns
+from analysis.intervals import Union, complement, intersect, intersect_measure, union
+from analysis.runs import kept_runs
+from instrument.schema import Arg
+
+ACTIVITY_MEMCPY = "memcpy"
+
+__all__ = ["FILL_COLUMNS", "kernel_windows", "busy_with_kernels", "stage_fill", "has_kernels"]
+
+FILL_COLUMNS = {
+    "step": "int64",
+    "stage": "object",
+    "ts_ns": "int64",
+    "end_ns": "int64",
+    "kernel_ns": "int64",
+    "fill": "float64",
+}
+
+
+def _compute_kernels(slices: pd.DataFrame) -> np.ndarray:
+    """Mask of kernel-lane slices that are compute work (not memcpy)."""
+    kern = (slices["role"] == ROLE_KERNEL).to_numpy(bool)
+    if Arg.ACTIVITY.value in slices.columns:
+        activity = slices[Arg.ACTIVITY.value].astype(object).to_numpy(object)
+        kern = kern & (activity != ACTIVITY_MEMCPY)
+    return kern
+
+
+def has_kernels(slices: pd.DataFrame) -> bool:
+    """Whether the trace holds ``gpu:<i> kernels`` slices."""
+    return bool((slices["role"] == ROLE_KERNEL).any())
+
+
+def _spans(slices: pd.DataFrame) -> pd.DataFrame:
+    """Per step with kernels: the span of its compute stage and kernel slices."""
+    role = slices["role"].to_numpy(object)
+    step = slices["step"].to_numpy(np.int64)
+    kernel_steps = np.unique(step[(role == ROLE_KERNEL) & (step >= 0)])
+    sel = ((role == ROLE_KERNEL) | (role == ROLE_COMPUTE)) & np.isin(step, kernel_steps)
+    df = pd.DataFrame(
+        {
+            "step": step[sel],
+            "ts": slices["ts_ns"].to_numpy(np.int64)[sel],
+            "end": slices["end_ns"].to_numpy(np.int64)[sel],
+        }
+    )
+    return df.groupby("step").agg(start_ns=("ts", "min"), end_ns=("end", "max")).reset_index()
+
+
+def kernel_windows(slices: pd.DataFrame) -> Union:
+    """The kernel window(s): one span per run of consecutive steps that have kernel slices
+    (empty without kernels)."""
+    require_columns(slices, ["role", "step", "ts_ns", "end_ns"], "kernel_windows")
+    spans = _spans(slices)
+    if spans.empty:
+        z = np.zeros(0, np.int64)
+        return z, z
+    runs = kept_runs(spans["step"].to_numpy())
+    run_of = np.searchsorted(runs["first_step"].to_numpy(), spans["step"].to_numpy(), "right") - 1
+    by_run = spans.groupby(run_of).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    return union(by_run["start_ns"].to_numpy(np.int64), by_run["end_ns"].to_numpy(np.int64))
+
+
+def busy_with_kernels(slices: pd.DataFrame) -> tuple[Union, Union]:
+    """``(B, windows)``: B = kernel union inside the kernel windows, compute stage slices
+    elsewhere; ``windows`` as :func:`kernel_windows`. Without kernels B is the stage union."""
+    require_columns(slices, ["role", "step", "ts_ns", "end_ns"], "busy_with_kernels")
+    role = slices["role"].to_numpy(object)
+    ts, end = slices["ts_ns"].to_numpy(np.int64), slices["end_ns"].to_numpy(np.int64)
+    comp = role == ROLE_COMPUTE
+    stage_u = union(ts[comp], end[comp])
+    windows = kernel_windows(slices)
+    if windows[0].size == 0:
+        return stage_u, windows
+    kern = _compute_kernels(slices)
+    lo = int(min(ts.min(), windows[0][0]))
+    hi = int(max(end.max(), windows[1][-1]))
+    outside = intersect(stage_u, complement(windows, lo, hi))
+    inside = intersect(union(ts[kern], end[kern]), windows)
+    return union(
+        np.concatenate((outside[0], inside[0])), np.concatenate((outside[1], inside[1]))
+    ), windows
+
+
+def stage_fill(slices: pd.DataFrame) -> pd.DataFrame:
+    """Per compute stage slice of a step with kernels: ``kernel_ns`` = |its slice ∩ kernel
+    union| and ``fill`` = kernel_ns / slice duration (NaN for an empty slice).
+
+    Columns: ``FILL_COLUMNS``; empty without kernels.
+    """
+    require_columns(slices, ["role", "name", "step", "ts_ns", "end_ns"], "stage_fill")
+    role = slices["role"].to_numpy(object)
+    step = slices["step"].to_numpy(np.int64)
+    kern = _compute_kernels(slices)
+    kernel_steps = np.unique(step[(role == ROLE_KERNEL) & (step >= 0)])
+    sel = (role == ROLE_COMPUTE) & np.isin(step, kernel_steps)
+    if not sel.any():
+        return pd.DataFrame({k: pd.Series(dtype=v) for k, v in FILL_COLUMNS.items()})
+    ts, end = slices["ts_ns"].to_numpy(np.int64), slices["end_ns"].to_numpy(np.int64)
+    k_u = union(ts[kern], end[kern])
+    inside = intersect_measure(ts[sel], end[sel], k_u)
+    dur = (end[sel] - ts[sel]).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fill = np.where(dur > 0, inside / dur, np.nan)
+    return pd.DataFrame(
+        {
+            "step": step[sel],
+            "stage": slices["name"].to_numpy(object)[sel],
+            "ts_ns": ts[sel],
+            "end_ns": end[sel],
+            "kernel_ns": inside.astype(np.int64),
+            "fill": fill,
+        }
+    ).astype(FILL_COLUMNS)

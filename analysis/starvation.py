@@ -1,0 +1,238 @@
+"""Starved time is not busy time (docs/design.md §4): a starvation-aware idle estimate.
+
+A stage slice runs from the device reaching its begin event to reaching its end event. When the
+stage is *starved* (its CPU lead is below ``analysis.lead.STARVED_LEAD_NS``) the host enqueued the
+stage's kernels slower than the device ran them, so the slice also covers the launch gaps
+between them. Stage-slice idle is then a lower bound on device idle.
+
+The estimator (``starved_busy``), from stage slices alone:
+
+1. An *unstarved* compute stage (lead >= threshold) had work queued behind it the whole time, so
+   its slice duration is its device busy time.
+2. Per stage name, fit busy = a + b * num_tokens (the step's scheduled tokens) by least squares
+   over the unstarved slices (b clipped at >= 0; with fewer than 3 distinct token counts,
+   b = 0 and a = their median). Assumption: a stage's device time depends on the step's tokens
+   and not on whether the host was slow to launch it.
+3. A starved stage's busy estimate is that prediction, clipped to [0, slice duration]; the rest of
+   its slice (``hidden_idle_ns``) is idle the stage slices hid. It is ``extrapolated`` when its
+   token count lies outside the unstarved range of its stage (trust it less).
+4. A stage name with no unstarved slice gets no estimate (its slice counts as busy) and the
+   report says so.
+
+Where the trace also has a kernel window (``--trace-kernels``), kernel data calibrates the
+estimate instead: a starved stage outside the window whose (stage, phase) was also starved inside
+it gets busy = the median fill (kernel union / slice) of those measured starved stages x its slice
+(``method`` ``kernel_fill``; the regression is ``reference_fit``).
+
+The hidden idle is blamed on the CPU slice that was launching: ``launch``, named by phase
+(``launch (mixed)``). A phase is *launch-bound* when most of its steps are starved.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.frames import ROLE_COMPUTE, require_columns
+from analysis.intervals import Union, intersect_measure
+from instrument.schema import Arg
+
+__all__ = [
+    "MIN_REFERENCE_POINTS",
+    "LAUNCH_BOUND_FRAC",
+    "STARVED_COLUMNS",
+    "SPAN_COLUMNS",
+    "starved_busy",
+    "step_spans",
+    "phase_starvation",
+    "launch_label",
+]
+
+MIN_REFERENCE_POINTS = 3
+LAUNCH_BOUND_FRAC = 0.5
+STARVED_COLUMNS = {
+    "step": "int64",
+    "stage": "object",
+    "ts_ns": "int64",
+    "end_ns": "int64",
+    "lead_ns": "int64",
+    "num_tokens": "float64",
+    "est_busy_ns": "int64",
+    "hidden_idle_ns": "int64",
+    "estimated": "bool",
+    "extrapolated": "bool",
+    "method": "object",
+}
+SPAN_COLUMNS = {"step": "int64", "start_ns": "int64", "end_ns": "int64", "phase": "object"}
+
+
+def launch_label(phase: str) -> str:
+    """Blame label of starved time: the launching CPU slice, named by phase."""
+    return f"launch ({phase})"
+
+
+def _fit(tokens: np.ndarray, dur: np.ndarray) -> tuple[float, float, float, float] | None:
+    """``(a, b, lo, hi)`` of busy = a + b * tokens over the reference points, or None."""
+    ok = np.isfinite(tokens)
+    tokens, dur = tokens[ok], dur[ok]
+    if dur.size == 0:
+        return None
+    if dur.size < MIN_REFERENCE_POINTS or np.unique(tokens).size < MIN_REFERENCE_POINTS:
+        return float(np.median(dur)), 0.0, float(tokens.min()), float(tokens.max())
+    b, a = np.polyfit(tokens.astype(np.float64), dur.astype(np.float64), 1)
+    if b < 0:
+        a, b = float(np.median(dur)), 0.0
+    return float(a), float(b), float(tokens.min()), float(tokens.max())
+
+
+def starved_busy(
+    stages: pd.DataFrame,
+    steps: pd.DataFrame,
+    fill_by: dict[tuple[str, str], float] | None = None,
+) -> pd.DataFrame:
+    """The estimator of the module docstring, for every starved compute stage of ``stages``
+    (``analysis.lead.stage_lead`` rows; pass only those outside any kernel window).
+
+    ``steps``: a step table (``step``, ``phase``, and ``num_tokens`` when the trace has it);
+    ``fill_by``: measured fill of starved stages per (stage, phase) from a kernel window. Columns:
+    ``STARVED_COLUMNS``; ``estimated`` False where no reference existed (then est_busy = slice).
+    """
+    require_columns(stages, ["step", "stage", "role", "ts_ns", "end_ns", "starved"], "starved")
+    comp = stages[stages["role"] == ROLE_COMPUTE]
+    key = Arg.NUM_TOKENS.value
+    tok_by_step = (
+        steps.set_index("step")[key].astype("float64") if key in steps.columns else pd.Series()
+    )
+    tokens = comp["step"].map(tok_by_step).astype("float64").fillna(0.0).to_numpy(np.float64)
+    dur = (comp["end_ns"] - comp["ts_ns"]).to_numpy(np.int64)
+    starved = comp["starved"].to_numpy(bool)
+    stage = comp["stage"].to_numpy(object)
+    est = dur.astype(np.float64).copy()
+    estimated = np.zeros(len(comp), dtype=bool)
+    extrapolated = np.zeros(len(comp), dtype=bool)
+    for name in np.unique(stage[starved]):
+        fit = _fit(tokens[(stage == name) & ~starved], dur[(stage == name) & ~starved])
+        sel = (stage == name) & starved
+        if fit is None:
+            continue
+        a, b, lo, hi = fit
+        est[sel] = np.clip(a + b * tokens[sel], 0.0, dur[sel])
+        estimated[sel] = True
+        extrapolated[sel] = (tokens[sel] < lo) | (tokens[sel] > hi)
+    method = np.where(estimated, "reference_fit", "none").astype(object)
+    phase = comp["step"].map(steps.set_index("step")["phase"]).fillna("unknown").to_numpy(object)
+    for (name, ph), fill in (fill_by or {}).items():
+        sel = starved & (stage == name) & (phase == ph)
+        est[sel] = np.clip(fill, 0.0, 1.0) * dur[sel]
+        estimated[sel], extrapolated[sel], method[sel] = True, False, "kernel_fill"
+    est_busy = np.rint(est).astype(np.int64)
+    out = pd.DataFrame(
+        {
+            "step": comp["step"].to_numpy(np.int64),
+            "stage": stage,
+            "ts_ns": comp["ts_ns"].to_numpy(np.int64),
+            "end_ns": comp["end_ns"].to_numpy(np.int64),
+            "lead_ns": comp["lead_ns"].to_numpy(np.int64),
+            "num_tokens": tokens,
+            "est_busy_ns": est_busy,
+            "hidden_idle_ns": dur - est_busy,
+            "estimated": estimated,
+            "extrapolated": extrapolated,
+            "method": method,
+        }
+    )
+    return out[starved].reset_index(drop=True).astype(STARVED_COLUMNS)
+
+
+def step_spans(slices: pd.DataFrame, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Each step's device span: from the end of the previous step's device work in the same run
+    (its own first compute start for a run's first step) to the end of its own; the spans of a run
+    tile it without overlap, so idle inside them sums to at most their length.
+
+    Columns: ``SPAN_COLUMNS`` (``phase`` from ``steps``); steps without compute slices absent.
+    """
+    require_columns(slices, ["step", "role", "ts_ns", "end_ns"], "step_spans")
+    comp = slices[(slices["role"] == ROLE_COMPUTE).to_numpy(bool) & (slices["step"] >= 0)]
+    if comp.empty:
+        return pd.DataFrame({k: pd.Series(dtype=v) for k, v in SPAN_COLUMNS.items()})
+    dev = comp.groupby("step").agg(first=("ts_ns", "min"), last=("end_ns", "max")).reset_index()
+    step = dev["step"].to_numpy(np.int64)
+    run_of = np.searchsorted(runs["first_step"].to_numpy(np.int64), step, side="right") - 1
+    prev_end = np.roll(dev["last"].to_numpy(np.int64), 1)
+    same_run = np.zeros(step.size, dtype=bool)
+    same_run[1:] = (run_of[1:] == run_of[:-1]) & (step[1:] == step[:-1] + 1)
+    start = np.where(same_run, prev_end, dev["first"].to_numpy(np.int64))
+    end = np.maximum(dev["last"].to_numpy(np.int64), start)
+    phase = dev["step"].map(steps.set_index("step")["phase"]).fillna("unknown")
+    return pd.DataFrame(
+        {"step": step, "start_ns": start, "end_ns": end, "phase": phase.to_numpy(object)}
+    ).astype(SPAN_COLUMNS)
+
+
+def _span_idle(spans: pd.DataFrame, busy: Union) -> np.ndarray:
+    s, e = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    return (e - s) - intersect_measure(s, e, busy)
+
+
+def phase_starvation(
+    spans: pd.DataFrame,
+    busy: Union,
+    starved: pd.DataFrame,
+    steps: pd.DataFrame,
+) -> pd.DataFrame:
+    """Per phase (only phases with device spans): ``num_steps``, ``span_ns`` (Σ step device
+    spans), ``idle_ns`` (Σ|span \\ B|), ``bubble_ratio`` (idle / span: a lower bound where B came
+    from stage slices), ``num_starved_stages``, ``hidden_idle_ns`` (starved stages' estimated
+    launch gaps), ``unestimated_stages`` (starved stages without a reference),
+    ``bubble_ratio_starvation_aware`` ((idle + hidden) / span), ``launch_ms_p50`` (host ``launch``
+    time per step) and ``stage_ms_p50`` (device compute slices per step), over the phase's starved
+    steps when it has any, else all its steps; ``blame`` (``launch (<phase>)``). Where ``busy``
+    is the kernel union (``analysis.kernel_window``) ``bubble_ratio`` is measured, not a bound.
+    """
+    cols: dict[str, str] = {
+        "phase": "object",
+        "num_steps": "int64",
+        "span_ns": "int64",
+        "idle_ns": "int64",
+        "bubble_ratio": "float64",
+        "num_starved_stages": "int64",
+        "hidden_idle_ns": "int64",
+        "unestimated_stages": "int64",
+        "bubble_ratio_starvation_aware": "float64",
+        "launch_ms_p50": "float64",
+        "stage_ms_p50": "float64",
+        "blame": "object",
+    }
+    if spans.empty:
+        return pd.DataFrame({k: pd.Series(dtype=v) for k, v in cols.items()})
+    spans = spans.assign(idle_ns=_span_idle(spans, busy))
+    phase_of = steps.set_index("step")["phase"]
+    hidden = starved.assign(phase=starved["step"].map(phase_of))
+    starved_steps = set(starved["step"].tolist())
+    rows = []
+    for phase, group in spans.groupby("phase", sort=False):
+        span = int((group["end_ns"] - group["start_ns"]).sum())
+        idle = int(group["idle_ns"].sum())
+        mine = hidden[hidden["phase"] == phase]
+        hid = int(mine["hidden_idle_ns"].sum())
+        st = steps[steps["step"].isin(group["step"])]
+        focus = st[st["step"].isin(starved_steps)] if not mine.empty else st
+        launch = focus["launch_ns"] if "launch_ns" in focus.columns else pd.Series(dtype=float)
+        stage = focus["device_busy_ns"] if "device_busy_ns" in focus.columns else launch[:0]
+        rows.append(
+            {
+                "phase": phase,
+                "num_steps": len(group),
+                "span_ns": span,
+                "idle_ns": idle,
+                "bubble_ratio": idle / span if span else np.nan,
+                "num_starved_stages": len(mine),
+                "hidden_idle_ns": hid,
+                "unestimated_stages": int((~mine["estimated"]).sum()),
+                "bubble_ratio_starvation_aware": min(idle + hid, span) / span if span else np.nan,
+                "launch_ms_p50": float(launch.median()) / 1e6 if len(launch) else np.nan,
+                "stage_ms_p50": float(stage.median()) / 1e6 if len(stage) else np.nan,
+                "blame": launch_label(str(phase)),
+            }
+        )
+    return pd.DataFrame(rows).astype(cols)

@@ -1,0 +1,215 @@
+"""CPU lead, starvation-aware idle, kernel windows and sampled runs on hand-built traces whose
+answers are computed independently (a 1 µs bitmap of the device timeline, numpy percentiles)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis import analyze_trace
+from analysis.lead import STARVED_LEAD_NS
+from tests.analysis.tracegen import TraceSpec, write
+
+US = 1_000
+PERIOD = 4000  # µs per step
+PATTERN = ("d8", "d16", "d24", "mixed")
+REPEATS = 6
+KERNEL_STEPS = range(8, 16)
+
+
+def _step(kind: str) -> dict[str, Any]:
+    """Times in µs from the step's base: launch end, forward [start, end), host end, tokens."""
+    if kind == "mixed":  # the host launches slower than the device runs: starved
+        return {"tokens": 16, "prefill": 1, "decode": 7, "launch_end": 3400, "fwd": (500, 3420)}
+    tokens = int(kind[1:])
+    return {
+        "tokens": tokens,
+        "prefill": 0,
+        "decode": tokens,
+        "launch_end": 400,
+        "fwd": (500, 500 + 800 + 25 * tokens),
+    }  # busy = 800 + 25 * tokens µs
+
+
+def _kernels(kind: str, start: int, end: int) -> list[tuple[int, int]]:
+    if kind == "mixed":  # five 100 µs kernels spread over the starved slice
+        gap = (end - start) // 5
+        return [(start + i * gap, start + i * gap + 100) for i in range(5)]
+    return [(start, start + int(0.9 * (end - start)))]
+
+
+def _trace(with_lead: bool = True, with_kernels: bool = False) -> tuple[TraceSpec, dict]:
+    t = TraceSpec()
+    truth: dict[str, list] = {"busy": [], "lead": [], "kind": [], "kernel_busy": []}
+    for step in range(len(PATTERN) * REPEATS):
+        kind = PATTERN[step % len(PATTERN)]
+        s = _step(kind)
+        base = (step + 1) * PERIOD
+        args = {"num_reqs": s["prefill"] + s["decode"], "num_tokens": s["tokens"]}
+        args |= {"num_prefill": s["prefill"], "num_decode": s["decode"], "num_spec_tokens": 0}
+        # Async: step N's schedule runs under forward N-1 (base - PERIOD + 500 onwards).
+        sched = base - PERIOD + 700
+        t.cpu("schedule", sched * US, (sched + 300) * US, step=step, **args)
+        t.cpu("launch", (base + 300) * US, (base + s["launch_end"]) * US, step=step)
+        f0, f1 = base + s["fwd"][0], base + s["fwd"][1]
+        host_end = base + s["launch_end"]
+        extra = {"host_end_ns": host_end * US} if with_lead else {}
+        t.gpu("forward", f0 * US, f1 * US, step=step, **extra)
+        truth["busy"].append((f0, f1))
+        truth["lead"].append(f1 - host_end)
+        truth["kind"].append(kind)
+        kern = _kernels(kind, f0, f1) if with_kernels and step in KERNEL_STEPS else [(f0, f1)]
+        truth["kernel_busy"] += kern
+        if with_kernels and step in KERNEL_STEPS:
+            for k0, k1 in kern:
+                t.slices.append(
+                    (
+                        "gpu:0 kernels",
+                        "gemm",
+                        k0 * US,
+                        k1 * US,
+                        {"step": step, "stage": "forward", "activity": "kernel"},
+                    )
+                )
+            # A copy before the forward: copy work, never compute busy.
+            t.slices.append(
+                (
+                    "gpu:0 kernels",
+                    "Memcpy HtoD",
+                    (f0 - 300) * US,
+                    (f0 - 100) * US,
+                    {"step": step, "stage": "h2d_inputs", "activity": "memcpy"},
+                )
+            )
+    return t, truth
+
+
+def _bitmap(intervals: list[tuple[int, int]], lo: int, hi: int) -> np.ndarray:
+    bits = np.zeros(hi - lo, dtype=bool)
+    for a, b in intervals:
+        bits[max(a, lo) - lo : min(b, hi) - lo] = True
+    return bits
+
+
+def _ratios(d: Any, path: str = "") -> list[tuple[str, float]]:
+    """Every number in a report dict whose key names a ratio, fraction, overlap or fill."""
+    out = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = str(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if re.search(r"(^|_)(ratio|frac|overlap|fill|share)(_|$)", key):
+                    out.append((f"{path}.{key}", float(v)))
+            else:
+                out += _ratios(v, f"{path}.{key}")
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out += _ratios(v, f"{path}[{i}]")
+    return out
+
+
+def test_lead_and_starvation_have_the_known_answers(tmp_path: Path) -> None:
+    spec, truth = _trace()
+    report = analyze_trace(write(spec, tmp_path / "t.pftrace"), window="all", skip_steps=0)
+    h = report.headline
+    lead = np.array(truth["lead"], dtype=np.float64)
+    assert h["cpu_lead_us_p50"] == pytest.approx(np.percentile(lead, 50))
+    assert h["cpu_lead_us_p10"] == pytest.approx(np.percentile(lead, 10))
+    starved = lead * US < STARVED_LEAD_NS
+    assert h["starved_steps_frac"] == pytest.approx(starved.mean()) and starved.sum() == REPEATS
+    steps = report.tables["steps"].set_index("step")
+    assert steps["cpu_lead_forward_us"].to_numpy() == pytest.approx(lead)
+    # Idle from stage slices: a brute-force bitmap over the window.
+    lo, hi = truth["busy"][0][0], truth["busy"][-1][1]
+    idle = int((~_bitmap(truth["busy"], lo, hi)).sum())
+    assert h["bubble_ratio"] == pytest.approx(idle / (hi - lo))
+    assert h["busy_source"] == "stage_slices" and h["bubble_ratio_bound"] == "lower_bound"
+    # Starved mixed forwards: reference fit over decode forwards is exactly 800 + 25 * tokens.
+    hidden = sum(
+        (b - a) - (800 + 25 * 16)
+        for (a, b), k in zip(truth["busy"], truth["kind"], strict=True)
+        if k == "mixed"
+    )
+    assert report.tables["starved"]["hidden_idle_ns"].sum() == hidden * US
+    assert (report.tables["starved"]["method"] == "reference_fit").all()
+    assert h["bubble_ratio_starvation_aware"] == pytest.approx((idle + hidden) / (hi - lo))
+    phases = report.tables["phases"].set_index("phase")
+    assert phases.loc["mixed", "starved_steps_frac"] == 1.0
+    assert phases.loc["decode_only", "starved_steps_frac"] == 0.0
+    st = report.tables["starvation"].set_index("phase")
+    assert st.loc["mixed", "blame"] == "launch (mixed)"
+    assert st.loc["mixed", "launch_ms_p50"] == pytest.approx(3.1)
+    assert st.loc["mixed", "stage_ms_p50"] == pytest.approx(2.92)
+    says = " ".join(report.verdicts)
+    assert "Mixed steps are launch-bound" in says and "100% of them" in says
+    assert "host launch 3.10 ms vs device slices 2.92 ms" in says and "launch (mixed)" in says
+    assert "lower bound" in says
+    assert all(0.0 <= v <= 1.0 for _, v in _ratios(report.to_dict())), _ratios(report.to_dict())
+
+
+def test_no_host_end_ns_gives_null_lead_and_says_why(tmp_path: Path) -> None:
+    spec, _ = _trace(with_lead=False)
+    report = analyze_trace(write(spec, tmp_path / "t.pftrace"), window="all", skip_steps=0)
+    for key in ("cpu_lead_us_p50", "cpu_lead_us_p10", "starved_steps_frac"):
+        assert report.headline[key] is None
+    assert report.headline["bubble_ratio_starvation_aware"] == report.headline["bubble_ratio"]
+    assert any("CPU lead not measured" in v and "host_end_ns" in v for v in report.verdicts)
+
+
+def test_kernel_window_replaces_stage_slices(tmp_path: Path) -> None:
+    spec, truth = _trace(with_kernels=True)
+    report = analyze_trace(write(spec, tmp_path / "t.pftrace"), window="all", skip_steps=0)
+    lo, hi = truth["busy"][0][0], truth["busy"][-1][1]
+    idle = int((~_bitmap(truth["kernel_busy"], lo, hi)).sum())
+    assert report.headline["bubble_ratio"] == pytest.approx(idle / (hi - lo))
+    assert report.headline["busy_source"] == "kernels_and_stage_slices"
+    fill = report.tables["fill"].set_index("step")
+    assert list(fill.index) == list(KERNEL_STEPS)
+    for step in KERNEL_STEPS:
+        a, b = truth["busy"][step]
+        kern = sum(min(k1, b) - max(k0, a) for k0, k1 in _kernels(truth["kind"][step], a, b))
+        assert fill.loc[step, "fill"] == pytest.approx(kern / (b - a))
+    # Starved stages inside the kernel window are measured, not estimated; outside it the
+    # window's measured fill of starved mixed forwards (5 x 100 µs of 2920) calibrates them.
+    starved = report.tables["starved"]
+    assert not starved["step"].isin(list(KERNEL_STEPS)).any() and len(starved) == REPEATS - 2
+    assert (starved["method"] == "kernel_fill").all()
+    dur = (starved["end_ns"] - starved["ts_ns"]).to_numpy()
+    np.testing.assert_allclose(starved["est_busy_ns"], np.rint(dur * 500 / 2920), atol=1)
+    # Over the kernel window alone, busy is all kernels: bubble_ratio is measured.
+    window = analyze_trace(tmp_path / "t.pftrace", window="8:16", skip_steps=0)
+    assert window.headline["busy_source"] == "kernels"
+    assert window.headline["bubble_ratio_bound"] == "measured"
+
+
+def _drop_steps(frames: Any, keep: np.ndarray) -> Any:
+    step = frames.slices["step"].to_numpy(np.int64)
+    frames.slices = frames.slices[(step < 0) | np.isin(step, keep)].reset_index(drop=True)
+    return frames
+
+
+def test_sampled_runs_measure_what_the_full_trace_does(tmp_path: Path) -> None:
+    from analysis import analyze_frames, load_trace
+
+    spec, _ = _trace()
+    path = write(spec, tmp_path / "t.pftrace")
+    full = analyze_frames(load_trace(path), window="all", skip_steps=1)
+    steps = np.arange(len(PATTERN) * REPEATS)
+    # Runs of 4 consecutive steps (one whole pattern), one run in 2 kept.
+    keep = steps[(steps // 4) % 2 == 0]
+    sampled = analyze_frames(_drop_steps(load_trace(path), keep), window="all", skip_steps=1)
+    assert len(sampled.tables["runs"]) == REPEATS // 2
+    # Every kept step's schedule is paired with the forward it ran under: the first step of a
+    # run ran under a dropped forward and is left out, not counted as exposed.
+    assert full.headline["overlap"] == 1.0 and sampled.headline["overlap"] == 1.0
+    # Idle is measured inside runs only; each run loses the one inter-step gap at its edge.
+    for key in ("bubble_ratio", "bubble_ratio_starvation_aware", "starved_steps_frac"):
+        assert sampled.headline[key] == pytest.approx(full.headline[key], abs=0.05), key
+    naive_window = sampled.headline["window"]["duration_ms"] * 1e6
+    idle_ns = sampled.headline["bubbles"]["idle_ms"] * 1e6
+    assert idle_ns / naive_window < sampled.headline["bubble_ratio"]  # the gaps are not idle
+    assert all(0.0 <= v <= 1.0 for _, v in _ratios(sampled.to_dict()))
