@@ -357,8 +357,20 @@ class Scheduler:
             num_draft_tokens=num_drafts,
             num_accepted=num_accepted,
             num_cached_tokens=max(request.num_cached_tokens, 0),
-            new_logprobs=logprobs[: len(new_token_ids)] if logprobs is not None else None,
+            new_logprobs=self._own_logprobs(request, logprobs, len(new_token_ids)),
         )
+
+    @staticmethod
+    def _own_logprobs(
+        request: Request, logprobs: list[list[tuple[int, float]]] | None, num_tokens: int
+    ) -> list[list[tuple[int, float]]] | None:
+        """The request's share of the step's logprobs: the runner computes the batch's largest
+        ``k`` for every row, so a request gets its own ``k + 1`` columns (sampled token, top-k),
+        and none when it asked for none."""
+        k = request.sampling_params.logprobs
+        if k is None or logprobs is None:
+            return None
+        return [row[: k + 1] for row in logprobs[:num_tokens]]
 
     def _append_tokens(self, request: Request, sampled: list[int]) -> list[int]:
         """Commit tokens one by one until a stop condition ends the request; returns a new list

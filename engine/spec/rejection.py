@@ -14,7 +14,13 @@ token ``l``; for ``l < n - 1`` the draft there is ``d_{l+1}``, proposed from ``q
 All randomness is the sampler's stateless noise keyed by (request seed, position of the token):
 ``ACCEPT`` for ``u``, ``RECOVER`` for the recovered token's Gumbel noise, ``SAMPLE`` for the
 bonus token (the plain sampler) and for the drafts themselves. A seeded request therefore gets the
-same tokens in any batch, with async scheduling on or off.
+same tokens in any batch *as long as the same drafts are verified at the same positions*: a token
+verified as a draft (``ACCEPT``/``RECOVER`` noise) and one sampled plainly (``SAMPLE``) differ.
+How many drafts a step verifies is the scheduler's choice: the token budget trims them, and with
+async scheduling the placeholders of the step in flight count against the room left under
+``max_tokens``, so near the end fewer drafts are verified than without. With speculation a seeded
+request may thus differ between async on and off or between budgets (each output still distributed
+exactly as ``p``); greedy output never differs (found by tests/engine/fuzz).
 """
 
 from __future__ import annotations
