@@ -328,6 +328,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--micro-steps", type=int, default=5000, help="steps of the no-device micro benchmark"
     )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the rounds, one cProfile'd workload per mode: the N functions whose own time "
+        "grew most over off (where the tracer's host time goes)",
+    )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
     if (args.model is None) == (args.model_config is None):
@@ -358,6 +366,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for m in modes:
             m.runs.append(timed_run(m, round_workloads))
         _sync(args.device)
+    profiles = (
+        profile_modes(modes, workload(args, next(seeds)), args.profile) if args.profile else {}
+    )
     for m in modes:
         m.llm.close()
         if m.tracer is not None:
@@ -367,12 +378,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             json.dump({m.name: m.runs for m in modes}, f, indent=2)
     result = report(modes)
     result["micro"] = micro_result
+    result["profile"] = profiles
     result["config"] = vars(args) | {"repeats_per_run": int(repeats), "trace_dir": trace_dir}
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def profile_modes(modes: list[Mode], work: list[Any], top: int) -> dict[str, Any]:
+    """One workload per mode under cProfile (engine thread); per traced mode the ``top``
+    functions whose own time per step grew most over ``off`` (µs per step, inflated by cProfile
+    alike in every mode: read the differences)."""
+    import cProfile
+    import pstats
+
+    per_step: dict[str, dict[str, float]] = {}
+    for m in modes:
+        m.timer.steps = 0
+        prof = cProfile.Profile()
+        prof.enable()
+        m.llm.run_workload([dataclasses.replace(w, id=f"p-{m.name}-{w.id}") for w in work])
+        prof.disable()
+        steps = max(m.timer.steps, 1)
+        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        per_step[m.name] = {
+            f"{k[0].rsplit('/', 2)[-1]}:{k[1]}({k[2]})": v[2] / steps * 1e6
+            for k, v in stats.items()
+        }
+    base = per_step[modes[0].name]
+    out: dict[str, Any] = {}
+    for m in modes[1:]:
+        grown = {f: t - base.get(f, 0.0) for f, t in per_step[m.name].items()}
+        rows = sorted(grown.items(), key=lambda kv: -kv[1])[:top]
+        out[m.name] = rows
+        print(f"cProfile, {m.name} minus off, own time per step (us):")
+        for name, us in rows:
+            print(f"  {us:8.1f}  {name}")
+    return out
 
 
 def _sync(device: str) -> None:
