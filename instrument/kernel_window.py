@@ -208,6 +208,7 @@ class KernelWindow:
         self._prof: Any = None
         self._markers: list[_Marker] = []
         self._stages: list[StageSpan] = []
+        self.marker_brackets = ""  # "lo:hi,..." per marker, relative to the chosen offset
         self.state = "waiting"  # -> "recording" -> "done"
         self.num_written = 0
         tracer.metadata(**{CaptureArg.KERNEL_STEPS.value: f"{first}:{end}"})
@@ -290,6 +291,8 @@ class KernelWindow:
             intervals.append((lo, max(hi, lo)))
         mids = [(lo + hi) // 2 for lo, hi in intervals]
         offset = sum(mids) // len(mids)
+        # Each marker's bracket relative to the offset, for the metadata (diagnosis of the bound).
+        self.marker_brackets = ",".join(f"{lo - offset}:{hi - offset}" for lo, hi in intervals)
         error = max((hi - lo + 1) // 2 for lo, hi in intervals) + (max(mids) - min(mids) + 1) // 2
         return offset, error
 
@@ -319,5 +322,6 @@ class KernelWindow:
                 CaptureArg.KERNELS_UNATTRIBUTED.value: unattributed,
                 CaptureArg.KERNEL_CLOCK_OFFSET_NS.value: offset,
                 CaptureArg.KERNEL_CLOCK_ERROR_NS.value: -1 if error is None else error,
+                "kernel_clock_marker_brackets_ns": self.marker_brackets,
             }
         )
