@@ -11,9 +11,9 @@ uses the host monotonic clock, onto which the stage slices are mapped through CU
 marker is enqueued on the compute stream: timing event ``e0``, a ~1 µs spin kernel, timing event
 ``e1``. The stream runs them in order, so the spin kernel ``[ks, ke]`` (Kineto clock) lies inside
 ``[e0, e1]`` (host clock): the offset host - Kineto is within ``[e0 - ks, e1 - ke]``. The window
-uses the midpoint of the two markers' intervals; ``kernel_clock_error_ns`` in ``trace_metadata``
-bounds the error (half the widest interval plus half the two markers' disagreement, which also
-covers drift between the clocks over the window). The markers are not written as kernels.
+takes the intersection of the two markers' intervals (``combine_brackets``); ``kernel_clock_error_ns``
+in ``trace_metadata`` bounds the error (half the intersection; if the brackets do not meet, the
+clocks drifted: half the widest interval plus half the two markers' disagreement). The markers are not written as kernels.
 
 **Stage attribution.** A kernel belongs to the stage slice that contains its midpoint. Copy-lane
 slices of step N+1 can run during compute-lane slices of step N, so a kernel inside two slices
@@ -106,6 +106,24 @@ def _event_kind(event: Any) -> str | None:
     if "cuda" not in str(event.device_type()).lower():
         return None  # runtime calls and annotations sit on the CPU side
     return kind_from_name(str(event.name()))
+
+
+def combine_brackets(intervals: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The host-minus-Kineto offset from the markers' brackets, and a bound on its error.
+
+    Each marker says offset ∈ [lo, hi]; with no drift all hold, so the offset lies in their
+    intersection (the tightest marker wins: on the H200 the first spin kernel after the profiler
+    starts is launched ~8 ms after its begin event, a loose bracket, while the end marker's is
+    ~3 µs wide). An empty intersection (the clocks drifted apart over the window) falls back to
+    the mean of the midpoints, bounded by half the widest bracket plus half their disagreement.
+    """
+    lo = max(b[0] for b in intervals)
+    hi = min(b[1] for b in intervals)
+    if lo <= hi:
+        return (lo + hi) // 2, (hi - lo + 1) // 2
+    mids = [(a + b) // 2 for a, b in intervals]
+    spread = (max(mids) - min(mids) + 1) // 2
+    return sum(mids) // len(mids), max((b - a + 1) // 2 for a, b in intervals) + spread
 
 
 def _distance(k: KernelRecord, s: StageSpan) -> int:
@@ -289,11 +307,9 @@ class KernelWindow:
         for m, k in zip(self._markers, spins, strict=True):
             lo, hi = m.begin.host_ns() - k.start_ns, m.end.host_ns() - k.end_ns
             intervals.append((lo, max(hi, lo)))
-        mids = [(lo + hi) // 2 for lo, hi in intervals]
-        offset = sum(mids) // len(mids)
+        offset, error = combine_brackets(intervals)
         # Each marker's bracket relative to the offset, for the metadata (diagnosis of the bound).
         self.marker_brackets = ",".join(f"{lo - offset}:{hi - offset}" for lo, hi in intervals)
-        error = max((hi - lo + 1) // 2 for lo, hi in intervals) + (max(mids) - min(mids) + 1) // 2
         return offset, error
 
     def _write(self, kernels: list[KernelRecord], offset: int, error: int | None) -> None:

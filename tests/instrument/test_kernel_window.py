@@ -14,6 +14,7 @@ from instrument.kernel_window import (
     StageSpan,
     activity_kind,
     attribute_kernels,
+    combine_brackets,
     kind_from_name,
 )
 
@@ -137,3 +138,13 @@ def test_trace_kernels_flag_parses_into_the_config(tmp_path) -> None:
 )
 def test_kind_from_name_for_torch_without_activity_type(name: str, kind: str | None) -> None:
     assert kind_from_name(name) == kind
+
+
+def test_marker_brackets_intersect_so_the_tight_one_wins() -> None:
+    # The H200's start marker (a first launch after the profiler starts: 8.7 ms wide) and its
+    # end marker (3 us wide), relative to the end marker's bracket.
+    offset, error = combine_brackets([(-6_535_132 - 2_150_139, 82_000), (0, 2_853)])
+    assert (offset, error) == (1_426, 1_427)
+    # Brackets that do not meet (drift): the midpoints' mean, bounded by both spreads.
+    offset, error = combine_brackets([(0, 10), (100, 110)])
+    assert offset == 55 and error == 5 + 50
