@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from analysis import analyze_trace
-from analysis.metrics.lead import STARVED_LEAD_NS
+from analysis.metrics.lead import STARVED_LEAD_NS, clock_correction_ns, stage_lead
 from tracekit.perfetto import write
 from tracekit.recipes import (
     KERNEL_STEPS,
@@ -142,3 +142,32 @@ def test_sampled_runs_measure_what_the_full_trace_does(tmp_path: Path) -> None:
     idle_ns = sampled.headline["bubbles"]["idle_ms"] * 1e6
     assert idle_ns / naive_window < sampled.headline["bubble_ratio"]  # the gaps are not idle
     assert all(0.0 <= v <= 1.0 for _, v in _ratios(sampled.to_dict()))
+
+
+def test_negative_leads_shift_the_device_clock_and_say_by_how_much() -> None:
+    """A stream cannot reach an event before the host records it: leads of -40 us mean the
+    device times are early. The shift is the most negative lead (p1 over >= 100 stages)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 200
+    host = np.arange(n, dtype=np.int64) * 1_000_000
+    raw = np.where(np.arange(n) % 2 == 0, -40_000, 2_000_000) + rng.integers(0, 500, n)
+    slices = pd.DataFrame(
+        {
+            "step": np.arange(n) // 2,
+            "name": np.where(np.arange(n) % 2 == 0, "input_prep", "forward"),
+            "role": "compute",
+            "ts_ns": host - 10_000,
+            "end_ns": host + raw,
+            "host_end_ns": host,
+        }
+    )
+    shift = clock_correction_ns(raw)
+    assert shift == -int(np.quantile(raw, 0.01))
+    stages = stage_lead(slices)
+    assert stages.attrs["clock_correction_ns"] == shift
+    assert stages["lead_ns"].min() >= -500  # p1, not the minimum: within the 500 ns jitter
+    assert np.quantile(stages["lead_ns"], 0.01) == pytest.approx(0, abs=1)
+    # Leads that are all positive are left as they are.
+    assert clock_correction_ns(np.array([5_000, 2_000_000])) == 0
