@@ -10,7 +10,7 @@ never overwritten: the resolved values live in :class:`ResolvedFeatures`.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 __all__ = [
@@ -74,7 +74,6 @@ class EngineConfig:
     spec_model: str | None = None
     num_spec_tokens: int = 0
     spec_sync_accepted: bool = False
-    cuda_graph_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     debug_invariants: bool = False
     # Ranks of tensor parallelism (engine.executor): one process per rank, rank 0 here.
     tensor_parallel_size: int = 1
@@ -122,10 +121,6 @@ class EngineConfig:
             first, end = self.trace_kernel_steps
             if first < 0 or end <= first:
                 raise ConfigError(f"trace_kernel_steps [{first}, {end}) is empty or negative")
-        sizes = tuple(sorted(set(self.cuda_graph_sizes)))
-        if not sizes or sizes[0] < 1:
-            raise ConfigError(f"cuda_graph_sizes must be positive, got {self.cuda_graph_sizes}")
-        object.__setattr__(self, "cuda_graph_sizes", sizes)
 
     @property
     def is_cuda(self) -> bool:
@@ -139,11 +134,29 @@ class EngineConfig:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class ResolvedFeatures:
-    """The decisions, by feature name, plus typed accessors for what the engine reads."""
+    """The decisions, by feature name, plus typed accessors for what the engine reads.
+
+    The one owner of every feature decision (docs/design.md §2.1). Resolved before start-up;
+    an outcome known only during start-up (a failed CUDA-graph capture) is reported here with
+    :meth:`fall_back` before the trace records the decisions, so ``feature_decision`` says what
+    actually runs."""
 
     decisions: tuple[FeatureDecision, ...]
+
+    def fall_back(self, feature: str, reason: str) -> None:
+        """``feature`` failed at start-up: under auto it resolves False with ``reason``; an
+        explicit True is a :class:`ConfigError` naming the reason."""
+        for i, d in enumerate(self.decisions):
+            if d.feature != feature:
+                continue
+            if d.requested is True:
+                raise ConfigError(f"{feature}=True cannot be honoured: {reason}")
+            fallen = replace(d, resolved=False, reason=f"auto: off, {reason}")
+            self.decisions = self.decisions[:i] + (fallen,) + self.decisions[i + 1 :]
+            return
+        raise KeyError(feature)
 
     def _get(self, feature: str) -> bool | str:
         for d in self.decisions:
