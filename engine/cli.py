@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.config import DTYPES, SPEC_METHODS, ConfigError, EngineConfig
+from engine.config import CLI, ConfigError, EngineConfig
 from engine.interrupt import Interrupt
 from engine.output_writer import OutputPathError, OutputWriter, check_output_path
 from engine.workload import WorkloadError, load_workload
@@ -38,18 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         "outputs written as finish_reason 'abort'), close the trace with a note, exit 130 / 143; "
         "a second Ctrl-C exits at once (the trace stays loadable).",
     )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="HF checkpoint folder (config.json, *.safetensors, tokenizer)")
-    src.add_argument(
-        "--model-config",
-        help="a HF config.json, a folder, or 'qwen3-0.6b' / 'qwen3-8b' (needs --random-weights)",
-    )
-    p.add_argument("--random-weights", action="store_true", help="seeded random weights")
-    p.add_argument(
-        "--tokenizer",
-        help="tokenizer folder (default: the --model folder); e.g. a sample model's tokenizer "
-        "for text or structured workloads on --model-config --random-weights",
-    )
+    _add_config_flags(p, lambda name: name in _SOURCE_FLAGS)
     p.add_argument(
         "--workload",
         required=True,
@@ -131,81 +122,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="write one JSON line per request here, as each finishes (rejected and aborted ones "
         "too); a complete run's file is rewritten in the workload's order at the end",
     )
-    p.add_argument(
-        "--async",
-        dest="async_scheduling",
-        type=_tristate,
-        default=None,
-        metavar="auto|on|off",
-        help="async scheduling (batch queue of depth 2)",
-    )
-    p.add_argument("--cuda-graphs", type=_tristate, default=None, metavar="auto|on|off")
-    p.add_argument(
-        "--triton",
-        dest="triton_kernels",
-        type=_tristate,
-        default=None,
-        metavar="auto|on|off",
-        help="Triton kernels (auto: on CUDA)",
-    )
-    p.add_argument("--pinned-memory", type=_tristate, default=None, metavar="auto|on|off")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=1024)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--spec-method", choices=SPEC_METHODS, default=None)
-    p.add_argument("--spec-model", default=None, help="draft model / EAGLE head / MTP folder")
-    p.add_argument("--num-spec-tokens", type=int, default=0)
-    p.add_argument(
-        "--spec-sync-accepted",
-        action="store_true",
-        help="the CPU waits for accepted counts before preparing the next step",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        metavar="N",
-        help="tensor parallelism over N ranks (N processes; NCCL on CUDA, gloo on the CPU); "
-        "--trace X.pftrace then writes X.rank<i>.pftrace per rank",
-    )
+    _add_config_flags(p, lambda name: name not in _SOURCE_FLAGS)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
+# The model-source flags come first in --help; the other config flags after the trace flags.
+_SOURCE_FLAGS = ("model", "model_config", "random_weights", "tokenizer")
+
+
+def _config_flag_fields() -> list[dataclasses.Field[Any]]:
+    """The ``EngineConfig`` fields that have a flag (their ``field(metadata=...)``), in order."""
+    return [f for f in dataclasses.fields(EngineConfig) if CLI in f.metadata]
+
+
+def _add_config_flags(p: argparse.ArgumentParser, which: Callable[[str], bool]) -> None:
+    """Add the flags of the config fields ``which`` selects, generated from each field's
+    metadata, so that each default lives once, in ``EngineConfig``."""
+    groups: dict[str, Any] = {}
+    for f in _config_flag_fields():
+        if not which(f.name):
+            continue
+        meta = f.metadata[CLI]
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        target: Any = p
+        if meta["group"] is not None:
+            if meta["group"] not in groups:
+                groups[meta["group"]] = p.add_mutually_exclusive_group(required=True)
+            target = groups[meta["group"]]
+        kw: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
+        kind = meta["kind"]
+        if kind in ("store_true", "store_false"):
+            kw["action"] = kind
+        elif kind == "tristate":
+            kw.update(type=_tristate, default=f.default, metavar="auto|on|off")
+        else:
+            kw["default"] = f.default
+            if meta["choices"] is not None:
+                kw["choices"] = meta["choices"]
+            value_type = meta["type"] or (type(f.default) if f.default is not None else None)
+            if value_type is not None and value_type is not str:
+                kw["type"] = value_type
+            if meta["metavar"] is not None:
+                kw["metavar"] = meta["metavar"]
+        target.add_argument(flag, **kw)
+
+
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        model_config=args.model_config,
-        random_weights=args.random_weights,
-        tokenizer=args.tokenizer,
-        seed=args.seed,
-        dtype=args.dtype,
-        device=args.device,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        enable_prefix_caching=not args.no_prefix_caching,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        async_scheduling=args.async_scheduling,
-        cuda_graphs=args.cuda_graphs,
-        triton_kernels=args.triton_kernels,
-        pinned_memory=args.pinned_memory,
-        spec_method=args.spec_method,
-        spec_model=args.spec_model,
-        num_spec_tokens=args.num_spec_tokens,
-        spec_sync_accepted=args.spec_sync_accepted,
-        tensor_parallel_size=args.tensor_parallel_size,
-        trace_kernel_steps=_kernel_steps(args),
-    )
+    """The ``EngineConfig`` of the parsed flags (every flagged field, by its ``dest``)."""
+    values = {f.name: getattr(args, f.name) for f in _config_flag_fields()}
+    return EngineConfig(**values, trace_kernel_steps=_kernel_steps(args))
 
 
 def _kernel_steps(args: argparse.Namespace) -> tuple[int, int] | None:

@@ -10,10 +10,12 @@ never overwritten: the resolved values live in :class:`ResolvedFeatures`.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "CLI",
     "ConfigError",
     "EngineConfig",
     "FeatureDecision",
@@ -24,7 +26,38 @@ __all__ = [
 ]
 
 SPEC_METHODS = ("draft", "eagle", "mtp", "ngram")
+# The key of a field's metadata that describes its command-line flag (engine.cli reads it).
+CLI = "cli"
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _flag(
+    default: Any,
+    *,
+    help: str,  # noqa: A002 -- argparse's name
+    kind: str = "value",
+    flag: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    type: Callable[[str], Any] | None = None,  # noqa: A002 -- argparse's name
+    metavar: str | None = None,
+    group: str | None = None,
+) -> Any:
+    """A config field with its ``stepscope run`` flag: the default lives here only.
+
+    ``kind``: ``value`` (``--name X``, typed like the default or ``type``), ``tristate``
+    (``auto|on|off`` = None / True / False), ``store_true`` or ``store_false`` (``--no-x``).
+    ``flag`` defaults to ``--`` + the field name with dashes; ``group`` names a mutually
+    exclusive, required group (``source``: exactly one of --model / --model-config)."""
+    meta = {
+        "help": help,
+        "kind": kind,
+        "flag": flag,
+        "choices": choices,
+        "type": type,
+        "metavar": metavar,
+        "group": group,
+    }
+    return field(default=default, metadata={CLI: meta})
 
 
 class ConfigError(ValueError):
@@ -50,35 +83,70 @@ class FeatureDecision:
 class EngineConfig:
     """What the user asked for. Validated on construction; never mutated."""
 
-    model: str | None = None  # HF checkpoint folder
-    model_config: str | None = None  # JSON file or HF config folder, with random_weights
-    random_weights: bool = False
-    tokenizer: str | None = None  # tokenizer folder; default: the model folder
-    seed: int = 0
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int = 1024
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
+    model: str | None = _flag(
+        None,
+        help="HF checkpoint folder (config.json, *.safetensors, tokenizer)",
+        group="source",
+    )
+    model_config: str | None = _flag(
+        None,
+        help="a HF config.json, a folder, or 'qwen3-0.6b' / 'qwen3-8b' (needs --random-weights)",
+        group="source",
+    )
+    random_weights: bool = _flag(False, kind="store_true", help="seeded random weights")
+    tokenizer: str | None = _flag(
+        None,
+        help="tokenizer folder (default: the --model folder); e.g. a sample model's tokenizer "
+        "for text or structured workloads on --model-config --random-weights",
+    )
+    seed: int = _flag(0, help="the seed of random weights and of sampling")
+    dtype: str = _flag("float32", choices=DTYPES, help="model dtype")
+    device: str = _flag("cpu", help="cpu, cuda or cuda:N")
+    max_num_seqs: int = _flag(64, help="most requests scheduled in one step")
+    max_num_batched_tokens: int = _flag(2048, help="most tokens scheduled in one step")
+    max_model_len: int | None = _flag(
+        None, type=int, help="longest prompt + output (default: what the model and KV pool allow)"
+    )
+    block_size: int = _flag(16, help="KV cache block size in tokens (a power of two)")
+    num_kv_blocks: int = _flag(1024, help="KV cache blocks")
+    enable_prefix_caching: bool = _flag(
+        True, kind="store_false", flag="--no-prefix-caching", help="turn off prefix caching"
+    )
+    enable_chunked_prefill: bool = _flag(
+        True, kind="store_false", flag="--no-chunked-prefill", help="turn off chunked prefill"
+    )
     # Performance features: True / False / None (auto).
-    async_scheduling: bool | None = None
-    cuda_graphs: bool | None = None
-    triton_kernels: bool | None = None
-    pinned_memory: bool | None = None
-    deferred_sampling: bool | None = None
-    spec_method: str | None = None
-    spec_model: str | None = None
-    num_spec_tokens: int = 0
-    spec_sync_accepted: bool = False
-    cuda_graph_sizes: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-    debug_invariants: bool = False
+    async_scheduling: bool | None = _flag(
+        None, kind="tristate", flag="--async", help="async scheduling (batch queue of depth 2)"
+    )
+    cuda_graphs: bool | None = _flag(
+        None, kind="tristate", help="CUDA graphs for uniform decode batches (auto: on CUDA)"
+    )
+    triton_kernels: bool | None = _flag(
+        None, kind="tristate", flag="--triton", help="Triton kernels (auto: on CUDA)"
+    )
+    pinned_memory: bool | None = _flag(
+        None, kind="tristate", help="pinned host staging buffers (auto: on CUDA)"
+    )
+    deferred_sampling: bool | None = None  # no flag: follows async scheduling under auto
+    spec_method: str | None = _flag(None, choices=SPEC_METHODS, help="speculative decoding")
+    spec_model: str | None = _flag(None, help="draft model / EAGLE head / MTP folder")
+    num_spec_tokens: int = _flag(0, help="proposed tokens per step (with --spec-method)")
+    spec_sync_accepted: bool = _flag(
+        False,
+        kind="store_true",
+        help="the CPU waits for accepted counts before preparing the next step",
+    )
+    debug_invariants: bool = False  # no flag: the scheduler's invariant checks (tests)
     # Ranks of tensor parallelism (engine.executor): one process per rank, rank 0 here.
-    tensor_parallel_size: int = 1
-    # --trace-kernels A:B: CUPTI kernel activity of steps [A, B) (instrument.kernel_window).
+    tensor_parallel_size: int = _flag(
+        1,
+        metavar="N",
+        help="tensor parallelism over N ranks (N processes; NCCL on CUDA, gloo on the CPU); "
+        "--trace X.pftrace then writes X.rank<i>.pftrace per rank",
+    )
+    # --trace-kernels A:B: CUPTI kernel activity of steps [A, B) (instrument.kernel_window; the
+    # flag is engine.cli's, which checks it against --trace).
     trace_kernel_steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
@@ -122,10 +190,6 @@ class EngineConfig:
             first, end = self.trace_kernel_steps
             if first < 0 or end <= first:
                 raise ConfigError(f"trace_kernel_steps [{first}, {end}) is empty or negative")
-        sizes = tuple(sorted(set(self.cuda_graph_sizes)))
-        if not sizes or sizes[0] < 1:
-            raise ConfigError(f"cuda_graph_sizes must be positive, got {self.cuda_graph_sizes}")
-        object.__setattr__(self, "cuda_graph_sizes", sizes)
 
     @property
     def is_cuda(self) -> bool:
@@ -139,11 +203,29 @@ class EngineConfig:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class ResolvedFeatures:
-    """The decisions, by feature name, plus typed accessors for what the engine reads."""
+    """The decisions, by feature name, plus typed accessors for what the engine reads.
+
+    The one owner of every feature decision (docs/design.md §2.1). Resolved before start-up;
+    an outcome known only during start-up (a failed CUDA-graph capture) is reported here with
+    :meth:`fall_back` before the trace records the decisions, so ``feature_decision`` says what
+    actually runs."""
 
     decisions: tuple[FeatureDecision, ...]
+
+    def fall_back(self, feature: str, reason: str) -> None:
+        """``feature`` failed at start-up: under auto it resolves False with ``reason``; an
+        explicit True is a :class:`ConfigError` naming the reason."""
+        for i, d in enumerate(self.decisions):
+            if d.feature != feature:
+                continue
+            if d.requested is True:
+                raise ConfigError(f"{feature}=True cannot be honoured: {reason}")
+            fallen = replace(d, resolved=False, reason=f"auto: off, {reason}")
+            self.decisions = self.decisions[:i] + (fallen,) + self.decisions[i + 1 :]
+            return
+        raise KeyError(feature)
 
     def _get(self, feature: str) -> bool | str:
         for d in self.decisions:

@@ -147,8 +147,12 @@ def build_runner(
     kernels: KernelBackend,
 ) -> ModelRunner:
     """The model runner of ``model`` (with the resolved proposer): the one factory that
-    ``EngineCore`` and every tensor-parallel worker use."""
-    return ModelRunner(
+    ``EngineCore`` and every tensor-parallel worker use.
+
+    A CUDA-graph capture that failed is reported into ``features`` here, before
+    :func:`record_start` writes the decisions: under auto the runner stays eager and the
+    decision says why; an explicit ``cuda_graphs=True`` is a :class:`ConfigError`."""
+    runner = ModelRunner(
         model,
         device,
         RunnerConfig(
@@ -164,6 +168,15 @@ def build_runner(
         proposer=build_proposer(config, features, model, device, kernels),
         kernels=kernels,
     )
+    failure = runner.graphs.failure
+    if failure is not None:
+        try:
+            features.fall_back("cuda_graphs", failure)
+        except ConfigError:
+            runner.close()
+            raise
+        _log.warning("cuda_graphs: %s; decode steps run eagerly", failure)
+    return runner
 
 
 def record_start(

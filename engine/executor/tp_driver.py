@@ -178,7 +178,7 @@ def _stop_processes(processes: Any, timeout_s: float) -> str | None:
 class StepBroadcaster:
     """Rank 0's runner: sends each call to the other ranks, then runs it on the local runner.
 
-    Every other attribute is the local runner's (``cuda_graph_decision``, ``model``, ...)."""
+    Every other attribute is the local runner's (``graphs``, ``model``, ...)."""
 
     def __init__(self, runner: Any, driver: TPDriver, tracer: Tracer) -> None:
         self.runner = runner

@@ -5,8 +5,10 @@ them with one launch. Batches whose requests all run one token are padded (paddi
 slot -1, padded requests own no query token) up to the next capture size and replayed against
 the runner's persistent input buffers. Everything else runs eagerly.
 
-Whether graphs are used is a :class:`FeatureDecision`, resolved once: explicit True without CUDA
-is a start-up error; auto resolves False on the CPU with the reason "no CUDA device".
+Whether graphs are used is decided once, by :func:`engine.config.resolve_features` (the one
+owner of feature decisions, docs/design.md §2.1); the runner is handed the resolved bool. A capture
+that fails leaves the runner eager with :attr:`CudaGraphRunner.failure` set, which the engine
+reports back (``ResolvedFeatures.fall_back``): auto falls back, explicit True is a start-up error.
 """
 
 from __future__ import annotations
@@ -17,23 +19,9 @@ from typing import Any
 
 import torch
 
-from engine.config import ConfigError, FeatureDecision
 from engine.device import Device
 
-__all__ = ["FeatureDecision", "CudaGraphRunner", "resolve_cuda_graphs", "capture_sizes"]
-
-FEATURE = "cuda_graphs"
-
-
-def resolve_cuda_graphs(requested: bool | None, device: Device) -> FeatureDecision:
-    """Decide once whether decode steps replay CUDA graphs."""
-    if requested is False:
-        return FeatureDecision(FEATURE, requested, False, "disabled by the user")
-    if not device.is_cuda:
-        if requested is True:
-            raise ConfigError("cuda_graphs=True needs a CUDA device; this device is the CPU")
-        return FeatureDecision(FEATURE, requested, False, "no CUDA device")
-    return FeatureDecision(FEATURE, requested, True, "CUDA device: decode batches replay graphs")
+__all__ = ["CudaGraphRunner", "capture_sizes"]
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -48,9 +36,9 @@ def capture_sizes(max_batch: int) -> list[int]:
 class CudaGraphRunner:
     """Captured graphs by padded batch size, with the output tensor each one writes."""
 
-    def __init__(self, decision: FeatureDecision, max_batch: int) -> None:
-        self.decision = decision
-        self.sizes = capture_sizes(max_batch) if decision.resolved is True else []
+    def __init__(self, enabled: bool, max_batch: int) -> None:
+        self.sizes = capture_sizes(max_batch) if enabled else []
+        self.failure: str | None = None  # why capture failed (then the runner runs eagerly)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = 0
 
@@ -85,8 +73,8 @@ class CudaGraphRunner:
         stream.synchronize()
 
     def disable(self, reason: str) -> None:
-        """Fall back to eager (auto mode after a failed capture); keeps the reason."""
-        self.decision = FeatureDecision(FEATURE, self.decision.requested, False, reason)
+        """Run eagerly after a failed capture; keeps the reason for the engine to report."""
+        self.failure = reason
         self.sizes = []
         self._graphs = {}
 

@@ -12,12 +12,11 @@ from typing import Any
 
 import torch
 
-from engine.config import ConfigError
 from engine.device import Device
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.backend import KernelBackend
 from engine.kernels.input_prep import InputPrepArgs
-from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision
+from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.input_batch import InputBatch
 from engine.runner.spec_decode import StepTensors
 from engine.runner.staged_write import StagedWriteTensor
@@ -58,21 +57,14 @@ class ForwardPass:
         if self.graphs.enabled:
             self._capture_graphs()
 
-    @property
-    def cuda_graph_decision(self) -> FeatureDecision:
-        return self.graphs.decision
-
     def _capture_graphs(self) -> None:
-        """Capture at start-up; explicit True that fails is an error, auto falls back with why."""
+        """Capture at start-up; a failure leaves the runner eager with ``graphs.failure`` set,
+        which the engine reports to its feature decisions (``ResolvedFeatures.fall_back``)."""
         try:
             self.graphs.capture(self.device, self._forward_padded_graph, self._fill_graph_inputs)
         except Exception as exc:  # noqa: BLE001 -- any capture failure decides the feature
-            if self.config.cuda_graphs is True:
-                raise ConfigError(f"cuda_graphs=True but capture failed: {exc}") from exc
             first_line = str(exc).splitlines()[0] if str(exc) else ""
-            self.graphs.disable(
-                f"capture failed, running eagerly: {type(exc).__name__}: {first_line}"
-            )
+            self.graphs.disable(f"capture failed: {type(exc).__name__}: {first_line}")
 
     def _alloc_buffers(self) -> None:
         dev, c = self.device.torch_device, self.config

@@ -34,7 +34,7 @@ import torch
 from engine.device import Device
 from engine.kernels.backend import KernelBackend, TorchKernels
 from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
-from engine.runner.cuda_graphs import CudaGraphRunner, FeatureDecision, resolve_cuda_graphs
+from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.forward_pass import ForwardPass
 from engine.runner.grammar_bitmask import DeviceBitmask
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
@@ -63,8 +63,8 @@ class RunnerConfig:
     block_size: int
     num_blocks: int
     seed: int = 0
-    cuda_graphs: bool | None = None  # None = auto (on for CUDA)
-    max_cuda_graph_batch: int | None = None  # None = max_num_reqs
+    # The resolved cuda_graphs decision (engine.config.resolve_features decides it, once).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_reqs", "max_model_len", "max_num_batched_tokens"):
@@ -122,17 +122,10 @@ class ModelRunner:
             1 + (0 if self.spec is None else self.spec.num_spec_tokens)
         )
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
-        graphs = CudaGraphRunner(
-            resolve_cuda_graphs(config.cuda_graphs, device),
-            max_batch=config.max_cuda_graph_batch or config.max_num_reqs,
-        )
+        graphs = CudaGraphRunner(config.cuda_graphs, max_batch=config.max_num_reqs)
         self.fwd = ForwardPass(
             model, device, config, self.states, self.step_inputs, graphs, kernels
         )
-
-    @property
-    def cuda_graph_decision(self) -> FeatureDecision:
-        return self.fwd.cuda_graph_decision
 
     @property
     def graphs(self) -> CudaGraphRunner:

@@ -14,11 +14,11 @@ from tests.engine.test_runner import PROMPT_A, PROMPT_B, PROMPT_C, run_schedule
 pytestmark = pytest.mark.gpu
 
 
-CASES = [(False, False), (True, True), (True, None), (False, None), (False, True)]
+CASES = [(False, False), (True, True), (False, True)]
 
 
 @pytest.mark.parametrize("use_triton,graphs", CASES)
-def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool | None) -> None:
+def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool) -> None:
     device = CudaDevice(0)
     model = tiny_model("cuda", use_triton=use_triton)
     config = RunnerConfig(
@@ -36,12 +36,9 @@ def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool | Non
     assert got["A"] == reference_greedy(model, PROMPT_A, 2)
     assert got["B"] == reference_greedy(model, PROMPT_B, 4)
     assert got["C"] == reference_greedy(model, PROMPT_C, 3)
-    decision = runner.cuda_graph_decision
-    assert decision.reason
-    if graphs is not None:
-        assert decision.resolved is graphs
+    assert runner.graphs.failure is None and runner.graphs.enabled is graphs
     # steps 2, 4 and 5 are uniform decode batches: replayed graphs when graphs are on
-    assert runner.graphs.num_replays == (3 if decision.resolved else 0)
+    assert runner.graphs.num_replays == (3 if graphs else 0)
 
 
 if __name__ == "__main__":  # the GPU machine may lack pytest
