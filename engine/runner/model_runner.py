@@ -36,7 +36,6 @@ from engine.kernels.backend import KernelBackend, TorchKernels
 from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
 from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.forward_pass import ForwardPass
-from engine.runner.grammar_bitmask import DeviceBitmask
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
 from engine.runner.sampling_inputs import gather_sampling_metadata
 from engine.runner.spec_decode import SpecDecoder
@@ -46,6 +45,7 @@ from engine.runner.step_in_flight import StepInFlight
 from engine.sample.sampler import Sampler, SamplerOutput
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.proposer import Proposer
+from engine.structured.device_bitmask import DeviceBitmask
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer

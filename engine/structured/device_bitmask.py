@@ -1,4 +1,4 @@
-"""The grammar bitmask on the device: one persistent buffer, filled by an h2d copy per step."""
+"""The grammar bitmask on the device: one buffer, filled by an h2d copy per step (docs/design.md §2.9)."""
 
 from __future__ import annotations
 
