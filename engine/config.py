@@ -20,6 +20,7 @@ __all__ = [
     "EngineConfig",
     "FeatureDecision",
     "ResolvedFeatures",
+    "mixed_graph_max_tokens",
     "resolve_features",
     "SPEC_METHODS",
     "DTYPES",
@@ -122,6 +123,14 @@ class EngineConfig:
     cuda_graphs: bool | None = _flag(
         None, kind="tristate", help="CUDA graphs for uniform decode batches (auto: on CUDA)"
     )
+    mixed_graph_max_tokens: int | None = _flag(
+        None,
+        type=int,
+        metavar="N",
+        help="CUDA graphs for mixed/prefill steps over padded token buckets up to N tokens "
+        "(16, 32, .., 256, then multiples of 256; larger steps run eagerly); default: "
+        "--max-num-batched-tokens when CUDA graphs and Triton are on; 0: mixed steps run eagerly",
+    )
     triton_kernels: bool | None = _flag(
         None, kind="tristate", flag="--triton", help="Triton kernels (auto: on CUDA)"
     )
@@ -184,6 +193,13 @@ class EngineConfig:
                     f"({self.max_model_len}) must fit max_num_batched_tokens "
                     f"({self.max_num_batched_tokens})"
                 )
+        if self.mixed_graph_max_tokens is not None and not (
+            0 <= self.mixed_graph_max_tokens <= self.max_num_batched_tokens
+        ):
+            raise ConfigError(
+                "mixed_graph_max_tokens must be in [0, max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}], got {self.mixed_graph_max_tokens}"
+            )
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.trace_kernel_steps is not None:
@@ -244,6 +260,10 @@ class ResolvedFeatures:
     @property
     def triton_kernels(self) -> bool:
         return bool(self._get("triton_kernels"))
+
+    @property
+    def mixed_cuda_graphs(self) -> bool:
+        return bool(self._get("mixed_cuda_graphs"))
 
     @property
     def pinned_memory(self) -> bool:
@@ -359,7 +379,43 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         )
     )
     decisions.append(_trace_kernels_decision(config, on_cuda))
+    decisions.append(_mixed_graphs_decision(config, decisions))
     return ResolvedFeatures(tuple(decisions))
+
+
+def mixed_graph_max_tokens(config: EngineConfig) -> int:
+    """The largest mixed-step token bucket asked for (default: ``max_num_batched_tokens``)."""
+    if config.mixed_graph_max_tokens is None:
+        return config.max_num_batched_tokens
+    return config.mixed_graph_max_tokens
+
+
+def _mixed_graphs_decision(
+    config: EngineConfig, decisions: list[FeatureDecision]
+) -> FeatureDecision:
+    """``mixed_cuda_graphs`` (docs/design.md §2.6): requested by ``mixed_graph_max_tokens``
+    (None = auto, 0 = off, N > 0 = on); needs decode graphs, the Triton kernels (the varlen
+    attention grid depends only on the padded shape; the torch reference sizes its work by host
+    bounds) and no proposer (verify and draft steps are not covered)."""
+    resolved = {d.feature: d.resolved for d in decisions}
+    max_tokens = config.mixed_graph_max_tokens
+    requested = None if max_tokens is None else max_tokens > 0
+    why_not = ""
+    if not resolved["cuda_graphs"]:
+        why_not = "cuda_graphs is off (mixed-step graphs are captured with the decode graphs)"
+    elif not resolved["triton_kernels"]:
+        why_not = "triton_kernels is off (the torch attention reference is not capturable)"
+    elif resolved["spec_method"] != "none":
+        why_not = "speculative decoding: verify and draft steps run eagerly (not covered)"
+    top = mixed_graph_max_tokens(config)
+    return _decide(
+        "mixed_cuda_graphs",
+        requested,
+        not why_not,
+        why_not,
+        f"mixed/prefill steps of <= {top} tokens replay CUDA graphs over padded token buckets "
+        "(engine_config mixed_graph_buckets); larger steps run eagerly",
+    )
 
 
 def _trace_kernels_decision(config: EngineConfig, on_cuda: bool) -> FeatureDecision:

@@ -125,7 +125,9 @@ class EngineCore:
         )
         # A PendingSample is a structured step whose sampling waits for the step before it.
         self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample]] = deque()
-        record_start(self.tracer, config, self.features, self.max_model_len)
+        record_start(
+            self.tracer, config, self.features, self.max_model_len, self.runner.graphs.describe()
+        )
 
     def _build_kernel_window(self) -> KernelWindow | None:
         """The ``--trace-kernels`` window (only with a CUDA device and an enabled tracer)."""

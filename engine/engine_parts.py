@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.config import ConfigError, EngineConfig, ResolvedFeatures
+from engine.config import ConfigError, EngineConfig, ResolvedFeatures, mixed_graph_max_tokens
 from engine.device import CpuDevice, CudaDevice, Device
 from engine.kernels.backend import KernelBackend, create_kernel_backend
 from engine.model.config import ModelConfig
@@ -151,7 +151,8 @@ def build_runner(
 
     A CUDA-graph capture that failed is reported into ``features`` here, before
     :func:`record_start` writes the decisions: under auto the runner stays eager and the
-    decision says why; an explicit ``cuda_graphs=True`` is a :class:`ConfigError`."""
+    decision says why; an explicit ``cuda_graphs=True`` is a :class:`ConfigError`. A failed
+    decode capture turns ``mixed_cuda_graphs`` off too; a failed mixed capture only that."""
     runner = ModelRunner(
         model,
         device,
@@ -163,32 +164,48 @@ def build_runner(
             num_blocks=config.num_kv_blocks,
             seed=config.seed,
             cuda_graphs=features.cuda_graphs,
+            mixed_graph_max_tokens=(
+                mixed_graph_max_tokens(config) if features.mixed_cuda_graphs else 0
+            ),
         ),
         tracer,
         proposer=build_proposer(config, features, model, device, kernels),
         kernels=kernels,
     )
-    failure = runner.graphs.failure
-    if failure is not None:
+    graphs = runner.graphs
+    fallen = []
+    if graphs.failure is not None:
+        fallen.append(("cuda_graphs", graphs.failure, "decode steps"))
+    mixed_failure = graphs.failure if graphs.failure is not None else graphs.mixed_failure
+    if mixed_failure is not None and features.mixed_cuda_graphs:
+        fallen.append(("mixed_cuda_graphs", mixed_failure, "mixed steps"))
+    for feature, failure, what in fallen:
         try:
-            features.fall_back("cuda_graphs", failure)
+            features.fall_back(feature, failure)
         except ConfigError:
             runner.close()
             raise
-        _log.warning("cuda_graphs: %s; decode steps run eagerly", failure)
+        _log.warning("%s: %s; %s run eagerly", feature, failure, what)
     return runner
 
 
 def record_start(
-    tracer: Tracer, config: EngineConfig, features: ResolvedFeatures, max_model_len: int
+    tracer: Tracer,
+    config: EngineConfig,
+    features: ResolvedFeatures,
+    max_model_len: int,
+    captured: dict[str, str] | None = None,
 ) -> None:
     """The ``engine_config`` instant and one ``feature_decision`` instant per feature
-    (docs/design.md §4.6), each decision also logged."""
+    (docs/design.md §4.6), each decision also logged. ``captured``: the runner's captured CUDA
+    graph shapes (``CudaGraphRunner.describe()``: ``cuda_graph_sizes``,
+    ``mixed_graph_buckets``), recorded in ``engine_config``."""
     tracer.instant(
         Instant.ENGINE_CONFIG.value,
         scope="process",
         **config.flat(),
         max_model_len_resolved=max_model_len,
+        **(captured or {}),
     )
     for d in features.decisions:
         tracer.instant(

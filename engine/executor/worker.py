@@ -169,7 +169,7 @@ def _run_rank(
             runner = build_runner(config, features, device, model, max_model_len, tracer, kernels)
             try:
                 runner = ctx.attach(runner, tracer)
-                record_start(tracer, config, features, max_model_len)
+                record_start(tracer, config, features, max_model_len, runner.graphs.describe())
                 WorkerLoop(runner, ctx.group, tracer, fail_step).run()
             finally:
                 runner.close()

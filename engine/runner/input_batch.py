@@ -77,11 +77,15 @@ def packed_capacity(max_num_reqs: int, max_num_tokens: int) -> int:
 
 # stepscope: hot
 def build_input_batch(
-    out: SchedulerOutput, states: RequestStates, padded_reqs: int | None = None
+    out: SchedulerOutput,
+    states: RequestStates,
+    padded_reqs: int | None = None,
+    padded_tokens: int | None = None,
 ) -> tuple[InputBatch, np.ndarray]:
     """Order requests as the scheduler listed them; advance the state mirrors; pack the inputs.
 
-    ``padded_reqs`` (CUDA graphs, uniform decode only) pads requests and tokens to that count.
+    ``padded_reqs`` (a CUDA graph's shape) pads requests to that count; ``padded_tokens`` pads
+    tokens to that count (default: one padding token per padded request, the decode shape).
     """
     req_ids = list(out.num_scheduled_tokens)
     row_of = states.row_of
@@ -89,6 +93,9 @@ def build_input_batch(
     query_lens = list(out.num_scheduled_tokens.values())
     spec_tokens = out.scheduled_spec_decode_tokens
     b, t = len(req_ids), sum(query_lens)
+    bp = b if padded_reqs is None else padded_reqs
+    if bp < b or (padded_tokens is not None and padded_tokens < t):
+        raise ValueError(f"a batch of {b} requests / {t} tokens does not fit its padded shape")
     if spec_tokens:
         num_logits = [1 + len(spec_tokens.get(r, ())) for r in req_ids]
     else:  # no drafts this step: one logits row per request
@@ -106,7 +113,6 @@ def build_input_batch(
         raise ValueError(f"row {row} would reach {seq_len} > max_model_len tokens")
     returns = [seq_len >= prefill_len[row] for row, seq_len in zip(rows, seq_lens, strict=True)]
     states.advance(rows, query_lens)
-    bp = b if padded_reqs is None else padded_reqs
     max_query_len = max(query_lens, default=0)
     flags = states.sampling_flags(rows)
     batch = InputBatch(
@@ -120,7 +126,7 @@ def build_input_batch(
         num_tokens=t,
         num_logits=sum(num_logits),
         num_padded_reqs=bp,
-        num_padded_tokens=t + (bp - b),
+        num_padded_tokens=t + (bp - b) if padded_tokens is None else padded_tokens,
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
         is_uniform_decode=b > 0 and max_query_len == 1 and min(query_lens) == 1,

@@ -65,6 +65,9 @@ class RunnerConfig:
     seed: int = 0
     # The resolved cuda_graphs decision (engine.config.resolve_features decides it, once).
     cuda_graphs: bool = False
+    # The resolved mixed_cuda_graphs decision: the largest token bucket of mixed-step graphs
+    # (0: mixed steps run eagerly). Needs cuda_graphs.
+    mixed_graph_max_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_reqs", "max_model_len", "max_num_batched_tokens"):
@@ -72,6 +75,13 @@ class RunnerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.block_size <= 0 or self.num_blocks <= 0:
             raise ValueError("block_size and num_blocks must be > 0")
+        if not 0 <= self.mixed_graph_max_tokens <= self.max_num_tokens:
+            raise ValueError(
+                f"mixed_graph_max_tokens must be in [0, {self.max_num_tokens}], "
+                f"got {self.mixed_graph_max_tokens}"
+            )
+        if self.mixed_graph_max_tokens and not self.cuda_graphs:
+            raise ValueError("mixed_graph_max_tokens > 0 needs cuda_graphs=True")
 
     @property
     def max_blocks_per_req(self) -> int:
@@ -122,7 +132,14 @@ class ModelRunner:
             1 + (0 if self.spec is None else self.spec.num_spec_tokens)
         )
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
-        graphs = CudaGraphRunner(config.cuda_graphs, max_batch=config.max_num_reqs)
+        if config.mixed_graph_max_tokens and self.spec is not None:
+            raise ValueError("mixed-step CUDA graphs do not cover speculative decoding")
+        graphs = CudaGraphRunner(
+            config.cuda_graphs,
+            max_batch=config.max_num_reqs,
+            mixed_max_tokens=config.mixed_graph_max_tokens,
+            replay_eagerly=not device.is_cuda,  # the CPU runs the padded path as a function
+        )
         self.fwd = ForwardPass(
             model, device, config, self.states, self.step_inputs, graphs, kernels
         )
@@ -187,9 +204,15 @@ class ModelRunner:
             for new in out.scheduled_new_reqs:
                 self.states.add(new)
             self.states.update_cached(out.scheduled_cached_reqs)
-            uniform = all(q == 1 for q in out.num_scheduled_tokens.values())
-            padded = self.fwd.graphs.padded_size(len(out.num_scheduled_tokens), uniform)
-            batch, packed = build_input_batch(out, self.states, padded)
+            num_tokens = out.num_scheduled_tokens
+            uniform = all(q == 1 for q in num_tokens.values())
+            shape = self.fwd.graphs.shape_for(len(num_tokens), sum(num_tokens.values()), uniform)
+            if shape is None:
+                batch, packed = build_input_batch(out, self.states)
+            else:
+                batch, packed = build_input_batch(
+                    out, self.states, shape.num_reqs, shape.num_tokens
+                )
             if batch.num_reqs == 0:
                 return None
             self.step_inputs.stage(0, 0, packed)
