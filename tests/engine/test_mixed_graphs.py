@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import engine.core
+from analysis import load_trace
 from engine.config import (
     ConfigError,
     EngineConfig,
@@ -29,6 +30,7 @@ from engine.model.paged_batch import build_attention_metadata
 from engine.runner.cuda_graphs import CudaGraphRunner, GraphShape, mixed_buckets
 from engine.runner.model_runner import ModelRunner, RunnerConfig
 from engine.sampling_params import SamplingParams
+from instrument.tracer import Tracer
 from tests.engine.runner_harness import new_req, reference_greedy, step_output, tiny_model
 from tests.engine.test_attention import make_case
 
@@ -89,7 +91,8 @@ P3 = [90, 4, 25, 66, 1, 19, 50]  # 7
 P4 = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 60, 67]  # 19
 
 
-def _runner(model, mixed_max_tokens: int, graphs: bool = True, triton: bool = False):
+def _runner(model, mixed_max_tokens: int, graphs: bool = True, triton: bool = False, device=None):
+    """A runner on ``device`` (default: the CPU, where the padded path runs eagerly)."""
     config = RunnerConfig(
         max_num_reqs=4,
         max_model_len=48,
@@ -100,7 +103,7 @@ def _runner(model, mixed_max_tokens: int, graphs: bool = True, triton: bool = Fa
         mixed_graph_max_tokens=mixed_max_tokens,
     )
     kernels = create_kernel_backend("triton" if triton else "torch")
-    return ModelRunner(model, CpuDevice(), config, kernels=kernels)
+    return ModelRunner(model, device or CpuDevice(), config, kernels=kernels)
 
 
 def _mixed_schedule() -> list:
@@ -147,7 +150,8 @@ def _run(runner: ModelRunner, outs: list) -> dict[str, list[int]]:
         result = handle.get()
         for req_id, toks in zip(result.req_ids, result.sampled_token_ids, strict=True):
             got.setdefault(req_id, []).extend(toks)
-    runner.device.close()
+    if not runner.device.is_cuda:
+        runner.device.close()
     return got
 
 
@@ -284,7 +288,7 @@ def _generate(llm: LLM) -> list[list[int]]:
 
 
 def test_engine_workload_padded_matches_eager(
-    tiny_model_config: str, monkeypatch: pytest.MonkeyPatch
+    tiny_model_config: str, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     kwargs = dict(model_config=tiny_model_config, random_weights=True, num_kv_blocks=64,
                   max_num_seqs=4, max_num_batched_tokens=32, block_size=4)  # fmt: skip
@@ -293,11 +297,19 @@ def test_engine_workload_padded_matches_eager(
     assert not eager.engine.features.mixed_cuda_graphs
     eager.close()
     _force_graphs(monkeypatch)
-    llm = LLM(**kwargs, mixed_graph_max_tokens=16)
+    path = str(tmp_path / "mixed.pftrace")
+    tracer = Tracer(path)
+    llm = LLM(tracer=tracer, **kwargs, mixed_graph_max_tokens=16)
     got = _generate(llm)
     graphs = llm.engine.runner.graphs
     assert llm.engine.scheduler.get_stats().prefix_cache_hit_tokens >= 64  # both hit 32 tokens
     llm.close()
+    tracer.close()
     assert got == want
     assert graphs.buckets == [16]
     assert graphs.num_mixed_replays > 0 and graphs.num_mixed_eager > 0
+    trace = load_trace(path)
+    assert trace.config["mixed_graph_buckets"] == "16"
+    assert trace.config["cuda_graph_sizes"] == "1,2,4"
+    decisions = trace.decisions.set_index("feature")
+    assert decisions.loc["mixed_cuda_graphs", "reason"] == "forced on for the test"
