@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import engine.core
-from analysis import load_trace
+from analysis import analyze_trace, compare_reports, load_trace
 from engine.config import (
     ConfigError,
     EngineConfig,
@@ -292,10 +292,13 @@ def test_engine_workload_padded_matches_eager(
 ) -> None:
     kwargs = dict(model_config=tiny_model_config, random_weights=True, num_kv_blocks=64,
                   max_num_seqs=4, max_num_batched_tokens=32, block_size=4)  # fmt: skip
-    eager = LLM(**kwargs)
+    eager_path = str(tmp_path / "eager.pftrace")
+    eager_tracer = Tracer(eager_path)
+    eager = LLM(tracer=eager_tracer, **kwargs)
     want = _generate(eager)
     assert not eager.engine.features.mixed_cuda_graphs
     eager.close()
+    eager_tracer.close()
     _force_graphs(monkeypatch)
     path = str(tmp_path / "mixed.pftrace")
     tracer = Tracer(path)
@@ -313,3 +316,7 @@ def test_engine_workload_padded_matches_eager(
     assert trace.config["cuda_graph_sizes"] == "1,2,4"
     decisions = trace.decisions.set_index("feature")
     assert decisions.loc["mixed_cuda_graphs", "reason"] == "forced on for the test"
+    # A/B: the one variable is mixed_graph_max_tokens; the captured shapes follow from it
+    comparison = compare_reports(analyze_trace(eager_path), analyze_trace(path))
+    assert set(comparison.differences) == {"mixed_graph_max_tokens"}
+    assert comparison.contract_ok
