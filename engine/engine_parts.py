@@ -173,7 +173,7 @@ def build_runner(
         kernels=kernels,
     )
     graphs = runner.graphs
-    fallen = []
+    fallen: list[tuple[str, str, str]] = []  # (feature, reason, what runs eagerly)
     if graphs.failure is not None:
         fallen.append(("cuda_graphs", graphs.failure, "decode steps"))
     mixed_failure = graphs.failure if graphs.failure is not None else graphs.mixed_failure
