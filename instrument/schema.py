@@ -40,6 +40,7 @@ __all__ = [
     "WaitKind",
     "Arg",
     "CaptureArg",
+    "ConfigArg",
     "ParallelSlice",
     "rank_trace_path",
     "parse_rank_trace_path",
@@ -191,6 +192,38 @@ class Arg(str, Enum):
     # its CUPTI activity kind (``kernel``, ``memcpy``, ``memset``).
     STAGE = "stage"
     ACTIVITY = "activity"
+    # trace_metadata of ``stepscope run``: the workload's mean prompt + max_tokens per request and
+    # how many such requests the KV pool holds at once (an upper bound, docs/design.md §2.13).
+    WORKLOAD_TOKENS_PER_REQUEST = "workload_tokens_per_request"
+    KV_MAX_CONCURRENCY_WORKLOAD = "kv_max_concurrency_workload"
+
+
+class ConfigArg(str, Enum):
+    """``engine_config`` args the engine adds to the flattened config: what start-up resolved.
+
+    KV pool (docs/design.md §2.13): ``kv_num_blocks`` x ``block_size`` = ``kv_num_tokens``;
+    ``kv_blocks_source`` is ``num_kv_blocks`` (the flag), ``cpu default`` or
+    ``gpu_memory_utilization`` (sized from device memory, with the ``kv_*_bytes`` terms of the
+    budget, this rank's; the pool is the minimum over ranks). ``kv_max_concurrency``: requests of
+    ``max_model_len_resolved`` tokens the pool holds at once. Warm-up (docs/design.md §2.14):
+    ``warmup_s`` seconds and ``warmup_steps`` dummy steps before the workload (0 and 0 when off);
+    none of its steps is in the trace.
+    """
+
+    MAX_MODEL_LEN_RESOLVED = "max_model_len_resolved"
+    KV_NUM_BLOCKS = "kv_num_blocks"
+    KV_NUM_TOKENS = "kv_num_tokens"
+    KV_SOURCE = "kv_blocks_source"
+    KV_MAX_CONCURRENCY = "kv_max_concurrency"
+    KV_BYTES_PER_BLOCK = "kv_bytes_per_block"
+    KV_TOTAL_BYTES = "kv_total_bytes"  # the device's total memory
+    KV_FREE_BYTES = "kv_free_bytes"  # free with the weights loaded, before the runner
+    KV_WEIGHTS_BYTES = "kv_weights_bytes"
+    KV_RUNNER_BYTES = "kv_runner_bytes"
+    KV_GRAPH_BYTES = "kv_graph_bytes"
+    KV_PEAK_ACTIVATION_BYTES = "kv_peak_activation_bytes"
+    WARMUP_S = "warmup_s"
+    WARMUP_STEPS = "warmup_steps"
 
 
 class CaptureArg(str, Enum):
