@@ -120,6 +120,11 @@ def kv_budget(
     ):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
+    if weights_bytes > total_bytes - free_bytes:
+        raise ValueError(
+            f"weights_bytes {weights_bytes} exceed the used memory total - free = "
+            f"{total_bytes - free_bytes} (free must be measured with the weights loaded)"
+        )
     return KvBudget(
         total_bytes=total_bytes,
         free_bytes=free_bytes,
