@@ -276,9 +276,10 @@ def _print_capacity(llm: LLM, tokens_per_request: float, tracer: Tracer | None) 
     print(engine.kv.describe(engine.max_model_len))
     if tokens_per_request <= 0:
         return
-    concurrency = engine.kv.concurrency(math.ceil(tokens_per_request))
+    tokens = math.ceil(tokens_per_request)
+    concurrency = engine.kv.concurrency(tokens)
     print(
-        f"  maximum concurrency at this workload's mean {tokens_per_request:.0f} tokens per "
+        f"  maximum concurrency at this workload's mean {tokens} tokens per "
         f"request (prompt + max_tokens): {concurrency:.2f}x (--max-num-seqs "
         f"{engine.config.max_num_seqs})"
     )

@@ -152,7 +152,8 @@ def warmup_plan(limits: WarmupLimits) -> list[WarmupStep]:
         for q in query_buckets(max_q):
             if q + r - 1 <= budget:
                 plan.append(WarmupStep((q,) + (1,) * (r - 1)))
-    few_and_most = sorted({1, 3, decode_counts[-1]})
+    most = decode_counts[-1]
+    few_and_most = sorted({r for r in (1, 3) if r <= most} | {most})
     for params in SAMPLING_VARIANTS:
         plan += [WarmupStep((1,) * r, params) for r in few_and_most]
     plan += [WarmupStep((1,) * r, bitmask=True) for r in few_and_most]
