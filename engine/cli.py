@@ -253,6 +253,13 @@ def print_summary(
         )
     else:
         print("warm-up           off")
+    if llm.engine.compiles.counted:
+        late = llm.engine.compiles_in_run
+        names = ", ".join(sorted(set(late))[:4]) + (" ..." if len(set(late)) > 4 else "")
+        print(
+            f"Triton compiles   {llm.engine.compiles_at_start} at start-up, {len(late)} during the "
+            f"run{': ' + names if late else ''}"
+        )
     kv = llm.engine.kv
     print(
         f"KV cache          {kv.num_blocks} blocks x {kv.block_size} = {kv.num_tokens} tokens  ({kv.source})"
@@ -381,6 +388,8 @@ def _run(
             writer.close()
     if tracer is not None:
         note = {Arg.INTERRUPTED.value: interrupt.name} if interrupt.requested else {}
+        if llm.engine.compiles.counted:
+            tracer.metadata(**{Arg.TRITON_COMPILES_RUN.value: len(llm.engine.compiles_in_run)})
         tracer.metadata(
             **{Arg.OUTPUT_DIGEST.value: outputs_digest(outputs)},
             num_requests=len(outputs),

@@ -38,6 +38,7 @@ from engine.engine_parts import (
     scheduler_config_for,
 )
 from engine.executor.rank_context import RankContext
+from engine.kernels.compile_counter import CompileCounter
 from engine.kv_sizing import KvCapacity
 from engine.memory_profile import size_kv_cache
 from engine.request import Request, RequestStatus
@@ -96,6 +97,10 @@ class EngineCore:
         threading.current_thread().name = ENGINE_THREAD
         self.features: ResolvedFeatures = resolve_features(config)
         self.kernels = build_kernels(self.features)  # chosen once, for every part below
+        # Triton specializations compiled: at start-up (graphs, warm-up) and, after, in the run.
+        self.compiles = CompileCounter()
+        if self.features.triton_kernels:
+            self.compiles.install()
         # Tensor parallel: every rank builds its device and model shard through its context.
         if tp is None and config.tensor_parallel_size > 1:
             from engine.executor.tp_driver import TPDriver
@@ -130,6 +135,7 @@ class EngineCore:
         self.warmup: WarmupReport = warm_up(
             self.runner, config, self.features, self.kv.num_blocks, self.max_model_len, self.tracer
         )
+        self.compiles_at_start = self.compiles.count
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)
         self.kernel_window = self._build_kernel_window()
@@ -141,7 +147,7 @@ class EngineCore:
         self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample]] = deque()
         record_start(
             self.tracer, config, self.features, self.max_model_len, self.kv,
-            (self.warmup.seconds, self.warmup.num_steps),
+            (self.warmup.seconds, self.warmup.num_steps), self.compiles_at_start,
         )  # fmt: skip
         _log.info("%s", self.kv.describe(self.max_model_len))
 
@@ -409,7 +415,14 @@ class EngineCore:
         if problems:
             raise AssertionError("engine not idle: " + "; ".join(problems))
 
+    @property
+    def compiles_in_run(self) -> list[str]:
+        """Triton kernels specialised after start-up (JIT work inside the run: warm-up missed
+        them); empty when Triton kernels are off or under its interpreter."""
+        return self.compiles.names[self.compiles_at_start :]
+
     def close(self) -> None:
+        self.compiles.uninstall()
         try:
             self.drain()
             if self.kernel_window is not None:

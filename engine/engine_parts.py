@@ -193,6 +193,7 @@ def record_start(
     max_model_len: int,
     kv: KvCapacity | None = None,
     warmup: tuple[float, int] = (0.0, 0),
+    compiles_at_start: int = 0,
 ) -> None:
     """The ``engine_config`` instant (the config, the resolved KV pool ``kv`` and the
     ``(seconds, steps)`` of warm-up; ``schema.ConfigArg``) and one ``feature_decision`` instant
@@ -202,6 +203,7 @@ def record_start(
         scope="process",
         **config.flat(),
         **startup_args(kv or fixed_kv_capacity(config), max_model_len, warmup),
+        **{ConfigArg.TRITON_COMPILES_STARTUP.value: compiles_at_start},
     )
     for d in features.decisions:
         tracer.instant(

@@ -196,6 +196,9 @@ class Arg(str, Enum):
     # how many such requests the KV pool holds at once (an upper bound, docs/design.md §2.13).
     WORKLOAD_TOKENS_PER_REQUEST = "workload_tokens_per_request"
     KV_MAX_CONCURRENCY_WORKLOAD = "kv_max_concurrency_workload"
+    # trace_metadata of ``stepscope run``: Triton specializations first met inside the run (after
+    # warm-up): JIT compiles the run paid (docs/design.md §2.14).
+    TRITON_COMPILES_RUN = "triton_compiles_run"
 
 
 class ConfigArg(str, Enum):
@@ -224,6 +227,9 @@ class ConfigArg(str, Enum):
     KV_PEAK_ACTIVATION_BYTES = "kv_peak_activation_bytes"
     WARMUP_S = "warmup_s"
     WARMUP_STEPS = "warmup_steps"
+    # Triton kernel specializations this process compiled (or loaded from its disk cache) during
+    # start-up (graph capture and warm-up); 0 with Triton kernels off or interpreted.
+    TRITON_COMPILES_STARTUP = "triton_compiles_startup"
 
 
 class CaptureArg(str, Enum):
