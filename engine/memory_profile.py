@@ -27,6 +27,7 @@ import torch
 
 from engine.config import EngineConfig, ResolvedFeatures
 from engine.device import Device
+from engine.engine_parts import build_runner, fixed_kv_capacity
 from engine.kernels.backend import KernelBackend
 from engine.kv_sizing import KvBudget, KvCapacity, kv_budget
 from engine.model.config import ModelConfig
@@ -49,8 +50,6 @@ def size_kv_cache(
 ) -> KvCapacity:
     """The KV pool: ``--num-kv-blocks``, the CPU default, or measured (CUDA, auto); with a
     tensor-parallel ``group`` (``TPGroup``) every rank calls this and gets the minimum."""
-    from engine.engine_parts import fixed_kv_capacity
-
     if config.num_kv_blocks is not None or not device.is_cuda:
         kv = fixed_kv_capacity(config)
         budget = None
@@ -83,8 +82,6 @@ def profile_kv_budget(
     kernels: KernelBackend,
 ) -> KvBudget:
     """Build, profile and free a probe runner (module docstring); the budget of this rank."""
-    from engine.engine_parts import build_runner
-
     dev = device.torch_device
     _release(dev)
     free_bytes, total_bytes = torch.cuda.mem_get_info(dev)
