@@ -41,6 +41,7 @@ __all__ = [
     "Arg",
     "CaptureArg",
     "ConfigArg",
+    "MEASURED_CONFIG_ARGS",
     "ParallelSlice",
     "rank_trace_path",
     "parse_rank_trace_path",
@@ -230,6 +231,27 @@ class ConfigArg(str, Enum):
     # Triton kernel specializations this process compiled (or loaded from its disk cache) during
     # start-up (graph capture and warm-up); 0 with Triton kernels off or interpreted.
     TRITON_COMPILES_STARTUP = "triton_compiles_startup"
+
+
+# ``engine_config`` args measured at start-up rather than asked for: they differ between two runs
+# of the same configuration (free memory, compile times), so an A/B contract check ignores them
+# (the request behind them, ``num_kv_blocks`` / ``gpu_memory_utilization`` / ``warmup``, stays).
+MEASURED_CONFIG_ARGS = frozenset(
+    a.value
+    for a in (
+        ConfigArg.KV_NUM_BLOCKS,
+        ConfigArg.KV_NUM_TOKENS,
+        ConfigArg.KV_MAX_CONCURRENCY,
+        ConfigArg.KV_TOTAL_BYTES,
+        ConfigArg.KV_FREE_BYTES,
+        ConfigArg.KV_WEIGHTS_BYTES,
+        ConfigArg.KV_RUNNER_BYTES,
+        ConfigArg.KV_GRAPH_BYTES,
+        ConfigArg.KV_PEAK_ACTIVATION_BYTES,
+        ConfigArg.WARMUP_S,
+        ConfigArg.TRITON_COMPILES_STARTUP,
+    )
+)
 
 
 class CaptureArg(str, Enum):

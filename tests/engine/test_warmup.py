@@ -173,3 +173,23 @@ def test_run_summary_prints_warmup_apart(tiny_hf_checkpoint: str, capsys) -> Non
     assert 6 <= mean_tokens <= 12  # prompts of 4-8 tokens, 2-4 output tokens
     expected = 64 / math.ceil(mean_tokens / 8)
     assert f"{expected:.2f}x" in conc
+
+
+def test_ab_contract_ignores_what_start_up_measured(tiny_hf_checkpoint: str, tmp_path) -> None:
+    """Two runs of one configuration differ in warm-up seconds (and, on CUDA, in the measured
+    memory terms): the A/B contract still holds, with no differing key."""
+    from analysis import analyze_trace
+    from analysis.compare import compare_reports
+
+    reports = []
+    for tag in ("a", "b"):
+        path = tmp_path / f"{tag}.pftrace"
+        tracer = Tracer(path)
+        with LLM(model=tiny_hf_checkpoint, warmup=True, tracer=tracer, **SMALL) as llm:
+            llm.generate([[3, 4, 5]] * 3, SamplingParams(temperature=0.0, max_tokens=6))
+        tracer.close()
+        reports.append(analyze_trace(path, window="all"))
+    a, b = reports
+    assert a.frames.config[ConfigArg.WARMUP_S.value] != b.frames.config[ConfigArg.WARMUP_S.value]
+    comparison = compare_reports(a, b)
+    assert comparison.contract_ok and comparison.differences == {}
