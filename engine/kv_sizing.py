@@ -28,6 +28,7 @@ __all__ = [
     "KvCapacity",
     "kv_budget",
     "max_concurrency",
+    "max_useful_blocks",
 ]
 
 # The CPU device keeps a small fixed pool (16k tokens at block size 16): host memory is shared
@@ -146,6 +147,13 @@ def max_concurrency(num_blocks: int, block_size: int, tokens_per_request: int) -
     return num_blocks / math.ceil(tokens_per_request / block_size)
 
 
+def max_useful_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """Blocks that ``max_num_seqs`` requests of ``max_model_len`` tokens can hold at once, plus
+    as many again for the prefix cache: a measured pool is capped there (a tiny model on a large
+    device would otherwise get millions of blocks, each a host object of the block pool)."""
+    return 2 * max_num_seqs * math.ceil(max_model_len / block_size)
+
+
 @dataclass(frozen=True)
 class KvCapacity:
     """The resolved KV pool: its size, where the number came from, and the budget behind it.
@@ -159,6 +167,7 @@ class KvCapacity:
     budget: KvBudget | None = None
     # Ranks that sized themselves: the pool is the minimum over them (tensor parallelism).
     rank_num_blocks: tuple[int, ...] = ()
+    capped_from: int | None = None  # the budget's blocks, when max_useful_blocks capped them
 
     @property
     def num_tokens(self) -> int:
@@ -193,6 +202,8 @@ class KvCapacity:
             f"({why}); maximum concurrency for {max_model_len} tokens per request: "
             f"{self.concurrency(max_model_len):.2f}x"
         )
+        if self.capped_from is not None:
+            line += f"; capped from {self.capped_from} (2 x max_num_seqs requests of max_model_len)"
         if len(set(self.rank_num_blocks)) > 1:
             line += f"; the minimum over ranks {list(self.rank_num_blocks)}"
         if self.budget is not None:

@@ -29,7 +29,7 @@ from engine.config import EngineConfig, ResolvedFeatures
 from engine.device import Device
 from engine.engine_parts import build_runner, fixed_kv_capacity
 from engine.kernels.backend import KernelBackend
-from engine.kv_sizing import KvBudget, KvCapacity, kv_budget
+from engine.kv_sizing import KvBudget, KvCapacity, kv_budget, max_useful_blocks
 from engine.model.config import ModelConfig
 from engine.warmup import WarmupLimits, profile_plan, run_steps
 from instrument.tracer import Tracer
@@ -56,11 +56,18 @@ def size_kv_cache(
     else:
         max_model_len = config.max_model_len or model_config.max_position_embeddings
         budget = profile_kv_budget(config, features, device, model, max_model_len, kernels)
-        kv = KvCapacity(budget.num_blocks, config.block_size, "gpu_memory_utilization", budget)
+        cap = max_useful_blocks(config.max_num_seqs, max_model_len, config.block_size)
+        kv = KvCapacity(
+            min(budget.num_blocks, cap),
+            config.block_size,
+            "gpu_memory_utilization",
+            budget,
+            capped_from=budget.num_blocks if budget.num_blocks > cap else None,
+        )
     if group is None or group.world_size == 1:
         return kv
     ranks = agree_on_blocks(group, kv.num_blocks)
-    return KvCapacity(min(ranks), kv.block_size, kv.source, budget, tuple(ranks))
+    return KvCapacity(min(ranks), kv.block_size, kv.source, budget, tuple(ranks), kv.capped_from)
 
 
 def agree_on_blocks(group: Any, num_blocks: int) -> list[int]:

@@ -7,7 +7,13 @@ import math
 import pytest
 
 from engine.config import ConfigError, EngineConfig
-from engine.kv_sizing import CPU_DEFAULT_NUM_BLOCKS, KvCapacity, kv_budget, max_concurrency
+from engine.kv_sizing import (
+    CPU_DEFAULT_NUM_BLOCKS,
+    KvCapacity,
+    kv_budget,
+    max_concurrency,
+    max_useful_blocks,
+)
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from instrument.schema import ConfigArg
@@ -98,6 +104,13 @@ def test_max_concurrency_counts_whole_blocks() -> None:
     assert max_concurrency(1000, 16, 257) == pytest.approx(1000 / 17)
     with pytest.raises(ValueError):
         max_concurrency(1000, 16, 0)
+
+
+def test_measured_pool_cap() -> None:
+    # 2 x 8 requests x ceil(100 / 16) = 7 blocks each
+    assert max_useful_blocks(8, 100, 16) == 112
+    kv = KvCapacity(112, 16, "gpu_memory_utilization", capped_from=5_000_000)
+    assert "capped from 5000000" in kv.describe(100)
 
 
 def test_too_little_memory_for_one_request_names_the_numbers() -> None:

