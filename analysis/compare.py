@@ -8,12 +8,14 @@ from typing import Any
 from analysis.loading.derive import OUTPUT_DIGEST_KEY
 from analysis.metrics_registry import COMPARED
 from analysis.report import Report
+from instrument.schema import MEASURED_CONFIG_ARGS
 
 __all__ = ["Comparison", "compare_reports", "DERIVED_KEYS", "VOLATILE_KEYS"]
 
 # Config/metadata keys that differ between any two runs and say nothing about the contract.
-VOLATILE_KEYS = frozenset(
-    {"pid", "wall_time_ns", "trace_path", "output_path", "seed_offset", "run_id"}
+VOLATILE_KEYS = (
+    frozenset({"pid", "wall_time_ns", "trace_path", "output_path", "seed_offset", "run_id"})
+    | MEASURED_CONFIG_ARGS
 )
 # Config keys that follow from other keys and the feature decisions (the captured CUDA-graph
 # shapes, docs/design.md §2.6): toggling the one variable under test changes them too.

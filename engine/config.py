@@ -109,7 +109,17 @@ class EngineConfig:
         None, type=int, help="longest prompt + output (default: what the model and KV pool allow)"
     )
     block_size: int = _flag(16, help="KV cache block size in tokens (a power of two)")
-    num_kv_blocks: int = _flag(1024, help="KV cache blocks")
+    num_kv_blocks: int | None = _flag(
+        None,
+        type=int,
+        help="KV cache blocks (default: on CUDA, what --gpu-memory-utilization leaves after "
+        "weights, runner buffers, CUDA graphs and a profiling step; 1024 on the CPU)",
+    )
+    gpu_memory_utilization: float = _flag(
+        0.9,
+        help="fraction of the device's total memory the engine may use, other processes' "
+        "memory included (vLLM's meaning); sizes the KV cache unless --num-kv-blocks is given",
+    )
     enable_prefix_caching: bool = _flag(
         True, kind="store_false", flag="--no-prefix-caching", help="turn off prefix caching"
     )
@@ -136,6 +146,12 @@ class EngineConfig:
     )
     pinned_memory: bool | None = _flag(
         None, kind="tristate", help="pinned host staging buffers (auto: on CUDA)"
+    )
+    warmup: bool | None = _flag(
+        None,
+        kind="tristate",
+        help="before the workload, run dummy steps that compile every kernel specialization a "
+        "run can reach (auto: on CUDA; the CPU has nothing to compile)",
     )
     deferred_sampling: bool | None = None  # no flag: follows async scheduling under auto
     spec_method: str | None = _flag(None, choices=SPEC_METHODS, help="speculative decoding")
@@ -170,8 +186,13 @@ class EngineConfig:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -278,6 +299,10 @@ class ResolvedFeatures:
         return bool(self._get("trace_kernels"))
 
     @property
+    def warmup(self) -> bool:
+        return bool(self._get("warmup"))
+
+    @property
     def spec_method(self) -> str | None:
         value = self._get("spec_method")
         return None if value in ("none", False) else str(value)
@@ -380,6 +405,7 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
     )
     decisions.append(_trace_kernels_decision(config, on_cuda))
     decisions.append(_mixed_graphs_decision(config, decisions))
+    decisions.append(_warmup_decision(config.warmup, on_cuda))
     return ResolvedFeatures(tuple(decisions))
 
 
@@ -415,6 +441,24 @@ def _mixed_graphs_decision(
         why_not,
         f"mixed/prefill steps of <= {top} tokens replay CUDA graphs over padded token buckets "
         "(engine_config mixed_graph_buckets); larger steps run eagerly",
+    )
+
+
+def _warmup_decision(requested: bool | None, on_cuda: bool) -> FeatureDecision:
+    """Warm-up (engine/warmup.py) is always possible; auto runs it where kernels compile."""
+    if requested is not None:
+        return FeatureDecision(
+            "warmup", requested, requested, f"{'on' if requested else 'off'} as requested"
+        )
+    if on_cuda:
+        return FeatureDecision(
+            "warmup",
+            None,
+            True,
+            "auto: dummy steps compile every kernel specialization before the workload",
+        )
+    return FeatureDecision(
+        "warmup", None, False, "auto: off, CPU device: torch kernels have nothing to compile"
     )
 
 

@@ -232,6 +232,18 @@ class LLM:
             )
         return prompts
 
+    def mean_request_tokens(self, workload: Sequence[WorkloadRequest]) -> float:
+        """The workload's mean prompt + ``max_tokens`` per request (text prompts tokenized), the
+        length at which :meth:`EngineCore.kv` states its concurrency for this run."""
+        if not workload:
+            return 0.0
+        total = 0
+        for w in workload:
+            ids = w.prompt_token_ids
+            prompt_len = len(ids) if ids is not None else len(self._encode(w.prompt or ""))
+            total += prompt_len + w.params.max_tokens
+        return total / len(workload)
+
     def _finish_text(self, result: CompletionOutput, params: SamplingParams) -> None:
         """Detokenize a finished request as vLLM does: special tokens skipped
         (``skip_special_tokens``), the stop string or stop token left out of the text unless

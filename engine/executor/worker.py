@@ -156,6 +156,8 @@ def _run_rank(
         record_start,
         scheduler_config_for,
     )
+    from engine.memory_profile import size_kv_cache
+    from engine.warmup import warm_up
 
     threading.current_thread().name = ENGINE_THREAD  # this rank's CPU slices: its engine track
     features = resolve_features(config)
@@ -164,12 +166,20 @@ def _run_rank(
         device = ctx.build_device(config)
         try:
             model, model_config = ctx.build_model(config, device, kernels)
-            max_model_len = scheduler_config_for(config, model_config).max_model_len
-            check_state_fits(config, model_config, max_model_len, device)
-            runner = build_runner(config, features, device, model, max_model_len, tracer, kernels)
+            # The same sizing as rank 0 (a collective: every rank gets the minimum pool).
+            kv = size_kv_cache(config, features, device, model, model_config, kernels, ctx.group)
+            max_model_len = scheduler_config_for(config, model_config, kv).max_model_len
+            check_state_fits(config, model_config, max_model_len, device, kv.num_blocks)
+            runner = build_runner(
+                config, features, device, model, max_model_len, tracer, kernels, kv.num_blocks
+            )
             try:
+                warmup = warm_up(runner, config, features, kv.num_blocks, max_model_len, tracer)
                 runner = ctx.attach(runner, tracer)
-                record_start(tracer, config, features, max_model_len, runner.graphs.describe())
+                record_start(
+                    tracer, config, features, max_model_len, kv,
+                    (warmup.seconds, warmup.num_steps), 0, runner.graphs.describe(),
+                )  # fmt: skip
                 WorkerLoop(runner, ctx.group, tracer, fail_step).run()
             finally:
                 runner.close()

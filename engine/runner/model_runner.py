@@ -148,6 +148,20 @@ class ModelRunner:
     def graphs(self) -> CudaGraphRunner:
         return self.fwd.graphs
 
+    def free_requests(self, req_ids: set[str]) -> None:
+        """Free the state rows of requests that will not run again, outside any step (the
+        engine's warm-up ends with this; the scheduler's finished ids travel with a step)."""
+        self.states.remove(req_ids)
+
+    def kv_bytes_per_block(self) -> int:
+        """Device bytes one KV block costs: the target's caches plus a proposer's own, which
+        mirror the target's blocks (its per-row lookahead blocks are a fixed extra)."""
+        caches = list(self.fwd.kv_caches)
+        if self.spec is not None:
+            caches += self.spec.proposer.kv_caches()
+        # each cache: [2, num_blocks, block_size, heads, head_dim]
+        return sum(c.nbytes // c.shape[1] for c in caches)
+
     # stepscope: hot
     def execute_model(
         self, out: SchedulerOutput, bitmask: torch.Tensor | None = None

@@ -163,6 +163,9 @@ class HeadProposer(Proposer):
         shape = (2, kv.num_blocks, kv.block_size, c.num_key_value_heads, c.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
 
+    def kv_caches(self) -> list[torch.Tensor]:
+        return [self.kv_cache]
+
     # stepscope: hot
     def propose(self, inputs: ProposeInputs) -> DraftOutput:
         md = inputs.attn_metadata
