@@ -64,6 +64,18 @@ class StepPlan:
         else:
             self.num_prefill_reqs += 1
 
+    def add_decode(self, request: Request, num_computed_tokens: int) -> None:
+        """``add`` + ``add_cached`` of a running request that advances one token (no drafts) and
+        needs no new block: the steady decode step, once per request per step."""
+        req_id = request.req_id
+        self.num_scheduled_tokens[req_id] = 1
+        self.requests.append(request)
+        self.token_budget -= 1
+        self.num_decode_reqs += 1
+        self.cached_req_ids.append(req_id)
+        self.cached_new_block_ids.append([])
+        self.cached_num_computed.append(num_computed_tokens)
+
     def add_cached(self, request: Request, new_block_ids: list[int]) -> None:
         self.cached_req_ids.append(request.req_id)
         self.cached_new_block_ids.append(new_block_ids)
