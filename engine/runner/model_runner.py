@@ -187,7 +187,8 @@ class ModelRunner:
             for new in out.scheduled_new_reqs:
                 self.states.add(new)
             self.states.update_cached(out.scheduled_cached_reqs)
-            uniform = all(q == 1 for q in out.num_scheduled_tokens.values())
+            # Every scheduled request runs >= 1 token: one each iff the total is the count.
+            uniform = out.total_num_scheduled_tokens == len(out.num_scheduled_tokens)
             padded = self.fwd.graphs.padded_size(len(out.num_scheduled_tokens), uniform)
             batch, packed = build_input_batch(out, self.states, padded)
             if batch.num_reqs == 0:

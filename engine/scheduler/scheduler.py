@@ -145,6 +145,12 @@ class Scheduler:
                     and num_tokens < max_model_len
                 ):
                     add_decode(request, num_computed)
+                    # The books advance now (``_after_schedule`` for one sampled token): no later
+                    # decision of this step reads them (victims come from the end of running).
+                    request.num_computed_tokens = num_computed + 1
+                    request.num_output_placeholders = num_placeholders + 1
+                    request.num_steps_in_flight += 1
+                    plan.num_decode_slots += 1
                     index += 1
                     continue
             num_new, spec_tokens, num_pending = self._num_new_tokens(request, plan.token_budget)
@@ -257,14 +263,16 @@ class Scheduler:
         self._num_prefix_hit_tokens += num_hit
 
     def _after_schedule(self, plan: StepPlan) -> InFlightStep:
-        """Advance each scheduled request's frontier and note what the step will sample."""
-        record = InFlightStep(step=plan.step)
+        """Advance the frontier of each request planned by ``plan.add`` and note what the step
+        will sample (``add_decode``'s requests were advanced as they were planned)."""
+        record = InFlightStep(step=plan.step, num_sampled_slots=plan.num_sampled_slots)
         num_sampled_slots = record.num_sampled_slots
+        num_scheduled_tokens = plan.num_scheduled_tokens
         spec_tokens = plan.spec_tokens
         num_spec_tokens = self.config.num_spec_tokens
-        total_slots = 0
-        for request, num_new in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
-            num_computed = request.num_computed_tokens + num_new
+        total_slots = plan.num_decode_slots
+        for request in plan.requests:
+            num_computed = request.num_computed_tokens + num_scheduled_tokens[request.req_id]
             request.num_computed_tokens = num_computed
             request.num_steps_in_flight += 1
             num_placeholders = request.num_output_placeholders
