@@ -190,10 +190,10 @@ class RequestStates:
     def update_cached(self, cached: CachedRequestData) -> None:
         """Append new blocks; stage a frontier only where the scheduler disagrees with the mirror."""
         rows = self.rows_of(cached.req_ids)
-        # zip stops at the shorter list, as a missing entry means "no change".
-        for row, block_ids in zip(rows.tolist(), cached.new_block_ids, strict=False):
-            if block_ids:
-                self._append_blocks(row, block_ids)
+        # A missing entry (a shorter list) means "no change", as an empty one does.
+        for index, block_ids in enumerate(cached.new_block_ids[: rows.shape[0]]):
+            if block_ids:  # one request in block_size per decode step
+                self._append_blocks(int(rows[index]), block_ids)
         # Only the rows whose frontier disagrees with the mirror (none in a steady decode step).
         frontiers = np.asarray(cached.num_computed_tokens, np.int64)  # [n]
         rows = rows[: frontiers.shape[0]]
