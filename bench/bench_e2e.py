@@ -209,7 +209,7 @@ def hf_config(args: argparse.Namespace, w: Workload) -> Any:
         num_key_value_heads=mc.num_key_value_heads,
         head_dim=mc.head_dim,
         rms_norm_eps=mc.rms_norm_eps,
-        rope_theta=mc.rope_theta,
+        rope_theta=mc.rope_theta,  # type: ignore[call-arg]  # transformers 5 still takes it
         max_position_embeddings=mc.max_position_embeddings,
         tie_word_embeddings=mc.tie_word_embeddings,
     )

@@ -100,10 +100,10 @@ class PhaseTimer:
         from engine import llm as llm_module
 
         original = llm_module._Run.collect
-        llm_module._Run.collect = self._timed(original, "collect", self._after_update)
+        llm_module._Run.collect = self._timed(original, "collect", self._after_update)  # type: ignore[method-assign]
 
         def restore() -> None:
-            llm_module._Run.collect = original
+            llm_module._Run.collect = original  # type: ignore[method-assign]
 
         return restore
 
