@@ -345,19 +345,20 @@ class EngineCore:
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         with self.tracer.span(CpuSlice.UPDATE_FROM_OUTPUT.value, step=so.step) as span:
             outputs = self._advance_grammars(self.scheduler.update_from_output(so, out))
-            num_accepted = num_drafts = num_finished = 0
-            for o in outputs:
-                num_accepted += o.num_accepted
-                num_drafts += o.num_draft_tokens
-                num_finished += o.finished
             self.requests.committed(outputs)
-            span.set_args(
-                **{
-                    Arg.NUM_ACCEPTED.value: num_accepted,
-                    Arg.NUM_REJECTED.value: num_drafts - num_accepted,
-                    Arg.NUM_FINISHED.value: num_finished,
-                }
-            )
+            if self.tracer.enabled:  # the span's args: a pass over the outputs only when traced
+                num_accepted = num_drafts = num_finished = 0
+                for o in outputs:
+                    num_accepted += o.num_accepted
+                    num_drafts += o.num_draft_tokens
+                    num_finished += o.finished
+                span.set_args(
+                    **{
+                        Arg.NUM_ACCEPTED.value: num_accepted,
+                        Arg.NUM_REJECTED.value: num_drafts - num_accepted,
+                        Arg.NUM_FINISHED.value: num_finished,
+                    }
+                )
         self._sample_counters()
         if self.kernel_window is not None:
             self.kernel_window.after_update(so.step)

@@ -347,11 +347,12 @@ class _Run:
                 self.collect([out])
 
     def collect(self, outputs: list[RequestOutput]) -> None:
+        live, results = self.live, self.results  # once per request per step: locals
         for o in outputs:
-            if o.req_id not in self.live:  # finished already: nothing more is its
+            if o.req_id not in live:  # finished already: nothing more is its
                 continue
-            res = self.results[o.req_id]
-            res.output_token_ids.extend(o.new_token_ids)
+            res = results[o.req_id]
+            res.output_token_ids += o.new_token_ids
             if o.new_logprobs:
                 res.logprobs = (res.logprobs or []) + o.new_logprobs
             if not o.finished:

@@ -219,8 +219,11 @@ class ModelRunner:
                 self.states.add(new)
             self.states.update_cached(out.scheduled_cached_reqs)
             num_tokens = out.num_scheduled_tokens
-            uniform = all(q == 1 for q in num_tokens.values())
-            shape = self.fwd.graphs.shape_for(len(num_tokens), sum(num_tokens.values()), uniform)
+            # Every scheduled request runs >= 1 token: one each iff the total is the count.
+            uniform = out.total_num_scheduled_tokens == len(num_tokens)
+            shape = self.fwd.graphs.shape_for(
+                len(num_tokens), out.total_num_scheduled_tokens, uniform
+            )
             if shape is None:
                 batch, packed = build_input_batch(out, self.states)
             else:
