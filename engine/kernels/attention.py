@@ -393,8 +393,11 @@ def paged_decode_attention_triton(
 @functools.cache
 def _paged_attention_kernel() -> Any:
     """JIT-compile on first use, so ``TRITON_INTERPRET`` is read at the first call, not import.
-    The counts are not specialised on (1, multiples of 16), so one build serves every batch."""
-    return _jit(_paged_attention_kernel_src, do_not_specialize=["num_reqs", "num_tokens"])
+    The counts and the block-table width are not specialised on (1, multiples of 16), so one
+    build serves every batch."""
+    return _jit(
+        _paged_attention_kernel_src, do_not_specialize=["num_reqs", "num_tokens", "bt_stride"]
+    )
 
 
 # stepscope: hot
