@@ -202,9 +202,16 @@ def phase1(args: argparse.Namespace, base: dict[str, Any]) -> list[dict[str, Any
                                                       args.stages)]  # fmt: skip
     configs = [dict(base, BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
                for m, n, w, s in itertools.product(*ints)]  # fmt: skip
-    # The table's entry first, then the usual pairings of tile rows and warps (128/8, 64/4).
+    # The table's entry first, then the usual pairings of tile rows and warps (128/8, 64/4), KV
+    # tiles of 64, 128, 32 in that order (so a budget cut drops the least likely ones).
+    usual = ((128, 8), (64, 4))
+    n_rank = {64: 0, 128: 1, 32: 2}
     configs.sort(
-        key=lambda c: (c != base, (c["BLOCK_M"], c["num_warps"]) not in ((128, 8), (64, 4)))
+        key=lambda c: (
+            c != base,
+            (c["BLOCK_M"], c["num_warps"]) not in usual,
+            n_rank.get(c["BLOCK_N"], 3),
+        )
     )
     return configs + [dict(VARLEN_FALLBACK)]
 
