@@ -166,9 +166,9 @@ def time_us(fn: Callable[[], Any], reps: int, smoke: bool) -> float:
     """Device time of one call: ``LAUNCHES_PER_GRAPH`` calls in one CUDA graph, median of
     ``reps`` replays (CPU smoke: wall time of one call)."""
     if smoke:
-        start = time.perf_counter()
+        t_start = time.perf_counter()
         fn()
-        return (time.perf_counter() - start) * 1e6
+        return (time.perf_counter() - t_start) * 1e6
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -330,7 +330,7 @@ def main() -> None:
           f"{'best for shape':>16s}  x28 layers (best overall)   max abs err")  # fmt: skip
     summary = []
     for b in batches:
-        shape_best = min(rows, key=lambda r, n=b.name: r["us"][n])
+        shape_best = min(rows, key=lambda r: float(r["us"][b.name]))
 
         def cell(us: float | None, b: Batch = b) -> str:
             if us is None:
