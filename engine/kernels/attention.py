@@ -12,6 +12,8 @@ get zeros.
 from __future__ import annotations
 
 import functools
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -87,13 +89,15 @@ def paged_attention_torch(
 
 
 def _softmax_tile_src(
-    q, k, v, allowed, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.constexpr
+    q, k, v, allowed, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr
 ):  # fmt: skip
     """One KV tile of the online softmax, in base 2: scores ``q kᵀ`` (scaled by
-    ``scale_log2``) where ``allowed``, then the running max ``m_i``, the running denominator
-    ``l_i`` and the accumulator ``acc`` updated with this tile. Returns the three."""
+    ``scale_log2``), where ``allowed`` when ``MASKED`` (else every score counts), then the
+    running max ``m_i``, the running denominator ``l_i`` and the accumulator ``acc`` updated
+    with this tile. Returns the three."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-    s = tl.where(allowed, s, float("-inf"))
+    if MASKED:
+        s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -102,27 +106,105 @@ def _softmax_tile_src(
     return m_new, l_i, acc
 
 
-# The kernels call the tile step by this name; _jit() binds it (compiled or interpreted, as the
+def _attend_rows_src(
+    q_ptr, k_ptr, v_ptr, out_ptr, bt_row_ptr, q_start, q_len, first_q, ctx_len, seq_len, kv_head,
+    scale_log2, q_stride_t, q_stride_h, kv_stride_slot, kv_stride_head,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Attention of one request's query tokens ``first_q .. first_q + BLOCK_Q`` (local
+    indices; rows past ``q_len`` are computed on zeros and never stored) for the ``GROUP`` query
+    heads of ``kv_head``: rows are token-major, ``BLOCK_Q * GROUP <= BLOCK_M`` of them.
+
+    KV tiles below ``ctx_len + first_q + 1`` (the first row's position) are visible to every
+    row and run unmasked; only the tiles from there to the last row's position (the diagonal)
+    carry the causal mask."""
+    rows = tl.arange(0, BLOCK_M)
+    q_local = first_q + rows // GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_local < q_len)
+    head = kv_head * GROUP + rows % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q_rows = (q_start + q_local).to(tl.int64) * q_stride_t + head * q_stride_h
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+    q_pos = ctx_len + q_local  # [BLOCK_M]
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    kv_col = kv_head * kv_stride_head + offs_d  # [BLOCK_D]
+    # Full tiles: every key < full_end is at or before the first row's position.
+    full_end = (ctx_len + first_q + 1) // BLOCK_N * BLOCK_N
+    for start in range(0, full_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        block_ids = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE)
+        slots = block_ids.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+        kv_off = slots[:, None] * kv_stride_slot + kv_col[None, :]
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(k_ptr + kv_off)  # [BLOCK_N, BLOCK_D]
+            v = tl.load(v_ptr + kv_off)
+        else:
+            k = tl.load(k_ptr + kv_off, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptr + kv_off, mask=d_ok[None, :], other=0.0)
+        m_i, l_i, acc = _softmax_tile(
+            q, k, v, row_ok[:, None], m_i, l_i, acc, scale_log2, DOT_PRECISION, False
+        )
+    # Diagonal tiles: up to the last row's position (or the request's end).
+    kv_end = tl.minimum(seq_len, ctx_len + first_q + BLOCK_Q)
+    for start in range(full_end, kv_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < kv_end
+        block_ids = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+        slots = block_ids.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+        kv_off = slots[:, None] * kv_stride_slot + kv_col[None, :]
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        allowed = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        m_i, l_i, acc = _softmax_tile(
+            q, k, v, allowed, m_i, l_i, acc, scale_log2, DOT_PRECISION, True
+        )
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask
+    )
+
+
+# The kernels call these helpers by name; _jit() binds them (compiled or interpreted, as the
 # kernels are) before the first kernel is built.
 _softmax_tile: Any = None
+_attend_rows: Any = None
 
 
-def _jit(src: Any) -> Any:
-    """``triton.jit(src)``, with the shared tile step bound first (same mode as the kernel)."""
-    global _softmax_tile
+def _jit(src: Any, **kwargs: Any) -> Any:
+    """``triton.jit(src)``, with the shared helpers bound first (same mode as the kernel)."""
+    global _softmax_tile, _attend_rows
     if _softmax_tile is None:
         _softmax_tile = triton.jit(_softmax_tile_src)
-    return triton.jit(src)
+        _attend_rows = triton.jit(_attend_rows_src)
+    return triton.jit(src, **kwargs)
 
 
 def _paged_attention_kernel_src(
     q_ptr, k_ptr, v_ptr, out_ptr, qsl_ptr, seq_lens_ptr, block_table_ptr,
-    num_reqs, scale_log2, q_stride_t, q_stride_h, bt_stride, kv_stride_slot, kv_stride_head,
+    num_reqs, num_tokens, scale_log2, q_stride_t, q_stride_h, bt_stride, kv_stride_slot,
+    kv_stride_head,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SMALL_M: tl.constexpr, SMALL_Q: tl.constexpr, SMALL_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, REVERSE: tl.constexpr,
 ):  # fmt: skip
+    """Grid ``[num_tokens // BLOCK_Q + num_reqs + 1, num_kv_heads]``. Request ``i`` owns the q
+    blocks ``qsl[i] // BLOCK_Q + i ..`` (one per BLOCK_Q of its tokens, plus one to spare);
+    "request" ``num_reqs`` (the padding tokens ``qsl[num_reqs] .. num_tokens``) owns the rest
+    and writes zeros. Requests of at most ``SMALL_Q`` tokens (decodes, short verifies) run in
+    one program with ``SMALL_M``-row tiles; the rest in ``BLOCK_M``-row tiles. REVERSE: the
+    last q blocks (the longest KV walks of a causal prompt) start first."""
     q_block = tl.program_id(0)
+    if REVERSE:
+        q_block = tl.num_programs(0) - 1 - q_block
     kv_head = tl.program_id(1)
     # Request owning this q block: the last i with qsl[i] // BLOCK_Q + i <= q_block.
     lo = num_reqs * 0
@@ -135,48 +217,37 @@ def _paged_attention_kernel_src(
             hi = mid - 1
     req = lo
     q_start = tl.load(qsl_ptr + req)
-    q_len = tl.load(qsl_ptr + tl.minimum(req + 1, num_reqs)) - q_start
     first_q = (q_block - (q_start // BLOCK_Q + req)) * BLOCK_Q  # local index of row 0
-    if (req < num_reqs) & (first_q < q_len):
-        seq_len = tl.load(seq_lens_ptr + req)
-        ctx_len = seq_len - q_len
-        # rows: BLOCK_Q query tokens x GROUP heads sharing this KV head
+    if req == num_reqs:  # padding tokens: zeros (the output starts uninitialised)
         rows = tl.arange(0, BLOCK_M)
-        q_local = first_q + rows // GROUP
-        row_ok = (rows < BLOCK_Q * GROUP) & (q_local < q_len)
+        tok = q_start + first_q + rows // GROUP
+        pad_ok = (rows < BLOCK_Q * GROUP) & (tok < num_tokens)
         head = kv_head * GROUP + rows % GROUP
         offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < HEAD_DIM
-        q_rows = (q_start + q_local).to(tl.int64) * q_stride_t + head * q_stride_h
-        q_mask = row_ok[:, None] & d_ok[None, :]
-        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
-        q_pos = ctx_len + q_local  # [BLOCK_M]
-        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        kv_end = tl.minimum(seq_len, ctx_len + first_q + BLOCK_Q)
-        for start in range(0, kv_end, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < kv_end
-            block_ids = tl.load(
-                block_table_ptr + req * bt_stride + offs_n // BLOCK_SIZE, mask=n_ok, other=0
-            )
-            slots = block_ids.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
-            kv_off = slots[:, None] * kv_stride_slot + kv_head * kv_stride_head + offs_d[None, :]
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-            allowed = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-            m_i, l_i, acc = _softmax_tile(
-                q, k, v, allowed, m_i, l_i, acc, scale_log2, DOT_PRECISION
-            )
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        out = acc / l_safe[:, None]
-        tl.store(
-            out_ptr + q_rows[:, None] + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=q_mask,
-        )
+        pad_rows = tok.to(tl.int64) * q_stride_t + head * q_stride_h
+        zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
+        pad_mask = pad_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        tl.store(out_ptr + pad_rows[:, None] + offs_d[None, :], zeros, mask=pad_mask)
+    else:
+        q_len = tl.load(qsl_ptr + req + 1) - q_start
+        if first_q < q_len:
+            seq_len = tl.load(seq_lens_ptr + req)
+            ctx_len = seq_len - q_len
+            bt_row = block_table_ptr + req.to(tl.int64) * bt_stride
+            if q_len <= SMALL_Q:  # first_q == 0: the whole request in one small tile
+                _attend_rows(
+                    q_ptr, k_ptr, v_ptr, out_ptr, bt_row, q_start, q_len, first_q, ctx_len,
+                    seq_len, kv_head, scale_log2, q_stride_t, q_stride_h, kv_stride_slot,
+                    kv_stride_head, BLOCK_SIZE, HEAD_DIM, GROUP, SMALL_M, SMALL_Q, SMALL_N,
+                    BLOCK_D, DOT_PRECISION,
+                )  # fmt: skip
+            else:
+                _attend_rows(
+                    q_ptr, k_ptr, v_ptr, out_ptr, bt_row, q_start, q_len, first_q, ctx_len,
+                    seq_len, kv_head, scale_log2, q_stride_t, q_stride_h, kv_stride_slot,
+                    kv_stride_head, BLOCK_SIZE, HEAD_DIM, GROUP, BLOCK_M, BLOCK_Q, BLOCK_N,
+                    BLOCK_D, DOT_PRECISION,
+                )  # fmt: skip
 
 
 def _paged_decode_kernel_src(
@@ -230,7 +301,7 @@ def _paged_decode_kernel_src(
                 k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
                 v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
                 m_i, l_i, acc = _softmax_tile(
-                    q, k, v, n_ok[None, :], m_i, l_i, acc, scale_log2, DOT_PRECISION
+                    q, k, v, n_ok[None, :], m_i, l_i, acc, scale_log2, DOT_PRECISION, True
                 )
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
             tl.store(
@@ -321,8 +392,12 @@ def paged_decode_attention_triton(
 
 @functools.cache
 def _paged_attention_kernel() -> Any:
-    """JIT-compile on first use, so ``TRITON_INTERPRET`` is read at the first call, not import."""
-    return _jit(_paged_attention_kernel_src)
+    """JIT-compile on first use, so ``TRITON_INTERPRET`` is read at the first call, not import.
+    The counts and the block-table width are not specialised on (1, multiples of 16), so one
+    build serves every batch."""
+    return _jit(
+        _paged_attention_kernel_src, do_not_specialize=["num_reqs", "num_tokens", "bt_stride"]
+    )
 
 
 # stepscope: hot
@@ -343,33 +418,98 @@ def paged_attention_triton(
     return paged_varlen_attention_triton(q, kv_cache, attn_metadata, scale)
 
 
+# Launch parameters of the varlen kernel by the element size of q (2: bf16/fp16, 4: fp32), to be
+# chosen on the H200 with bench/tune_varlen_attention.py (Qwen3-0.6B heads, block size 16; it
+# prints the table to paste here). BLOCK_M: rows (query tokens x GQA group) of a prefill tile;
+# BLOCK_N: KV positions per tile; SMALL_M / SMALL_N: the tile of requests of at most
+# SMALL_M // group tokens (decodes, verifies) in one program (SMALL_M 0: no small path);
+# reverse: the longest causal KV walks start first.
+VARLEN_LAUNCH: dict[int, dict[str, Any]] = {
+    2: {"BLOCK_M": 128, "BLOCK_N": 64, "SMALL_M": 16, "SMALL_N": 64, "num_warps": 8,
+        "num_stages": 3, "reverse": True},
+    4: {"BLOCK_M": 64, "BLOCK_N": 32, "SMALL_M": 16, "SMALL_N": 32, "num_warps": 4,
+        "num_stages": 2, "reverse": True},
+}  # fmt: skip
+# Used (with a warning) when the table's entry fails to compile on this device/Triton version.
+VARLEN_FALLBACK: dict[str, Any] = {"BLOCK_M": 64, "BLOCK_N": 32, "SMALL_M": 16, "SMALL_N": 32,
+                                   "num_warps": 4, "num_stages": 2, "reverse": False}  # fmt: skip
+
+
+def varlen_tiles(launch: Mapping[str, Any], group: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_Q, SMALL_M, SMALL_Q)`` of a launch for a GQA group: row counts are
+    powers of two >= 16 that hold at least one token's group of heads; ``SMALL_Q`` 0 turns the
+    small path off."""
+    min_m = max(16, triton.next_power_of_2(group))
+    block_m = max(int(launch["BLOCK_M"]), min_m)
+    small_m = min(max(int(launch["SMALL_M"]), min_m), block_m) if launch["SMALL_M"] else 0
+    return block_m, block_m // group, small_m, small_m // group
+
+
 # stepscope: hot
 def paged_varlen_attention_triton(
-    q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    attn_metadata: AttentionMetadata,
+    scale: float,
+    launch: Mapping[str, Any] | None = None,
 ) -> torch.Tensor:
     """Any batch (prefill, chunked, verify, mixed, decode): one kernel, grid
-    ``[num_tokens // BLOCK_Q + num_reqs, num_kv_heads]``; each program finds the request owning
-    its q block by binary search over ``query_start_loc``. Programs whose q block is empty
-    (query_len 0, padded requests) exit without writing; padded tokens keep the zeros the
-    output starts with."""
+    ``[num_tokens // BLOCK_Q + num_reqs + 1, num_kv_heads]``; each program finds the request
+    owning its q block by binary search over ``query_start_loc``. Programs whose q block is
+    empty (query_len 0, padded requests) exit without writing; padding tokens (past
+    ``query_start_loc[-1]``) get zeros from the programs past the last request, so the output
+    needs no fill.
+
+    ``launch`` defaults to ``VARLEN_LAUNCH`` for q's element size; the tuning script and tests
+    override it. Nothing here depends on ``max_query_len``/``max_seq_len``."""
     q, num_reqs, group = _launch_inputs(q, kv_cache, attn_metadata)
+    out = torch.empty_like(q)  # [T, Hq, D]: every row is written by the kernel
+    if q.shape[0] == 0:
+        return out
+    if num_reqs == 0:
+        return out.zero_()
+    key = q.element_size()
+    table = VARLEN_LAUNCH.get(key, VARLEN_FALLBACK) if launch is None else launch
+    try:
+        _launch_varlen(q, kv_cache, attn_metadata, scale, out, num_reqs, group, table)
+    except Exception as exc:  # a tuned entry this device's compiler rejects
+        if launch is not None or table == VARLEN_FALLBACK:
+            raise
+        warnings.warn(
+            f"varlen attention launch {table} failed ({type(exc).__name__}: {exc}); "
+            f"using {VARLEN_FALLBACK}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        VARLEN_LAUNCH[key] = dict(VARLEN_FALLBACK)
+        _launch_varlen(q, kv_cache, attn_metadata, scale, out, num_reqs, group, VARLEN_FALLBACK)
+    return out
+
+
+def _launch_varlen(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    attn_metadata: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+    num_reqs: int,
+    group: int,
+    launch: Mapping[str, Any],
+) -> None:
     num_tokens, _, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    out = torch.zeros_like(q)  # [T, Hq, D]
-    if num_tokens == 0 or num_reqs == 0:
-        return out
-    block_m = 16 if attn_metadata.max_query_len * group <= 16 else 64
-    block_m = max(block_m, triton.next_power_of_2(group))
-    block_q = block_m // group
-    grid = (num_tokens // block_q + num_reqs, num_kv_heads)
+    block_m, block_q, small_m, small_q = varlen_tiles(launch, group)
+    grid = (num_tokens // block_q + num_reqs + 1, num_kv_heads)
     _paged_attention_kernel()[grid](
         q, kv_cache[0], kv_cache[1], out,
         attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
-        num_reqs, scale * 1.4426950408889634, q.stride(0), q.stride(1),
+        num_reqs, num_tokens, scale * 1.4426950408889634, q.stride(0), q.stride(1),
         attn_metadata.block_table.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, GROUP=group,
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=32,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=int(launch["BLOCK_N"]),
+        SMALL_M=max(small_m, 16), SMALL_Q=small_q, SMALL_N=int(launch["SMALL_N"]),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        REVERSE=bool(launch["reverse"]),
+        num_warps=int(launch["num_warps"]), num_stages=int(launch["num_stages"]),
     )  # fmt: skip
-    return out

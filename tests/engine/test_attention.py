@@ -160,3 +160,66 @@ def test_reference_detects_wrong_block_table() -> None:
     )  # fmt: skip
     out = paged_attention_torch(case.q, case.kv_cache, broken, 0.25)
     assert not torch.allclose(out.double(), dense_attention_f64(case, 0.25), atol=1e-3)
+
+
+# Varlen kernel launches: (BLOCK_M, BLOCK_N, SMALL_M, SMALL_N, reverse). Small tiles, so the
+# test batch spans several q blocks per request, full (unmasked) KV tiles before the diagonal
+# ones, and requests on the small-tile path (SMALL_M // group tokens or fewer) and off it.
+VARLEN_LAUNCHES = {
+    "tiles16_reverse": (16, 16, 16, 16, True),
+    "tiles32x16_small32": (32, 16, 32, 32, False),
+    "no_small_path": (16, 32, 0, 16, True),
+}
+
+
+@pytest.mark.parametrize("name", list(VARLEN_LAUNCHES))
+def test_varlen_kernel_any_launch_matches_torch(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decodes, a 3-token verify, prompts of several q blocks and a chunk after 30 cached
+    tokens, padded to 56 tokens / 7 requests: real rows equal the torch reference and padding
+    rows are 0 even when the output buffer starts as NaN (the kernel writes every row)."""
+    from engine.kernels.attention import paged_varlen_attention_triton
+
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t: empty_like(t).fill_(float("nan")))
+    block_m, block_n, small_m, small_n, reverse = VARLEN_LAUNCHES[name]
+    launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SMALL_M": small_m, "SMALL_N": small_n,
+              "num_warps": 4, "num_stages": 2, "reverse": reverse}  # fmt: skip
+    q_lens, seq_lens = [1, 19, 3, 1, 11], [40, 19, 9, 1, 41]
+    case = make_case(q_lens, seq_lens, 4, 2, 16, 4, seed=6, num_padded_tokens=56,
+                     num_padded_reqs=7)  # fmt: skip
+    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
+    out = paged_varlen_attention_triton(case.q, case.kv_cache, case.metadata, 0.25, launch)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.all(out[sum(q_lens) :] == 0)
+
+
+def test_varlen_kernel_odd_group_and_head_dim() -> None:
+    """GQA group 3 (rows of a tile not filled by whole tokens) and head_dim 24 (a masked
+    head-dim tail, also on the unmasked KV tiles)."""
+    from engine.kernels.attention import paged_varlen_attention_triton
+
+    case = make_case([9, 1, 20], [30, 17, 20], 6, 2, 24, 16, seed=7, num_padded_tokens=33)
+    launch = {"BLOCK_M": 16, "BLOCK_N": 16, "SMALL_M": 16, "SMALL_N": 16, "num_warps": 4,
+              "num_stages": 2, "reverse": False}  # fmt: skip
+    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.2)
+    out = paged_varlen_attention_triton(case.q, case.kv_cache, case.metadata, 0.2, launch)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.all(out[30:] == 0)
+
+
+def test_varlen_launch_table_falls_back_when_an_entry_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table entry that cannot launch (the interpreter accepts any tile size, so here one
+    missing its KV tile keys) warns, is replaced by the fallback launch, and the result is
+    still right."""
+    from engine.kernels import attention
+
+    bad = {"BLOCK_M": 64, "num_warps": 4}
+    monkeypatch.setitem(attention.VARLEN_LAUNCH, 4, bad)
+    case = make_case([5, 1], [12, 7], 4, 2, 16, 4, seed=8)
+    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
+    with pytest.warns(RuntimeWarning, match="varlen attention launch"):
+        out = attention.paged_varlen_attention_triton(case.q, case.kv_cache, case.metadata, 0.25)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert attention.VARLEN_LAUNCH[4] == attention.VARLEN_FALLBACK
