@@ -13,8 +13,8 @@ workload (fresh prompts each time: no prefix-cache hits) until it lasts ``--min-
 engine run builds its engine, warms it up (one run of the workload's shape with 8 output
 tokens) and closes it afterwards, so no two engines hold device memory at once; construction and
 warm-up are timed apart from the run and reported separately (the first build pays kernel
-compilation). HF's model is built once per workload and run (after one short warm-up generate)
-in the same rounds.
+compilation). HF's model is built, warmed up (one short generate) and freed the same way in each
+round, so an engine sizing its KV cache to the device never sees HF's memory in use.
 
 Reported per variant: output tok/s (median over rounds, min..max), TTFT and TPOT p50 (ms, over
 every request of the timed runs; HF's TTFT is its first token's time in its batch, TPOT the
@@ -275,11 +275,20 @@ def hf_generate(model: Any, batch: int, in_len: int, out_len: int, seed: int) ->
     }
 
 
-def hf_run(args: argparse.Namespace, model: Any, w: Workload, v: Variant, round_: int) -> None:
+def hf_run(args: argparse.Namespace, w: Workload, v: Variant, round_: int) -> None:
+    """Build HF's model, warm it up (one short generate), time it and free it, as an engine
+    run does (the engines size their KV cache from the device memory left free)."""
     batch = min(args.hf_batch, w.num_requests)
+    start = time.perf_counter()
+    model = build_hf(args, w)
+    build_s = time.perf_counter() - start
+    hf_generate(model, batch, w.in_len, min(8, w.out_len), WARMUP_SEED)
+    v.warmups.append({"build_s": build_s, "warmup_run_s": time.perf_counter() - start - build_s})
     parts: list[dict[str, Any]] = []
     while sum(p["elapsed_s"] for p in parts) < args.min_run_s or not parts:
         parts.append(hf_generate(model, batch, w.in_len, w.out_len, 1000 * round_ + len(parts)))
+    del model
+    _free_device_memory()
     elapsed = sum(p["elapsed_s"] for p in parts)
     v.runs.append(
         _run_record(
@@ -305,19 +314,10 @@ def variants_of(args: argparse.Namespace, w: Workload) -> list[Variant]:
 def run_workload_rounds(args: argparse.Namespace, w: Workload) -> list[Variant]:
     variants = variants_of(args, w)
     expected = w.num_requests * w.out_len
-    hf_model = None
-    if args.hf:
-        start = time.perf_counter()
-        hf_model = build_hf(args, w)
-        build_s = time.perf_counter() - start
-        hf_generate(hf_model, min(args.hf_batch, w.num_requests), w.in_len, 8, WARMUP_SEED)
-        variants[0].warmups.append(
-            {"build_s": build_s, "warmup_run_s": time.perf_counter() - start - build_s}
-        )
     for round_ in range(args.rounds):
         for v in variants:
             if v.engine_flags is None:
-                hf_run(args, hf_model, w, v, round_)
+                hf_run(args, w, v, round_)
             else:
                 engine_run(args, w, v, round_, expected)
             r = v.runs[-1]
@@ -327,8 +327,6 @@ def run_workload_rounds(args: argparse.Namespace, w: Workload) -> list[Variant]:
         if v.llm is not None:
             v.llm.close()
             v.llm = None
-    del hf_model
-    _free_device_memory()
     return variants
 
 

@@ -402,8 +402,8 @@ class Scheduler:
     def _commit_token(self, request: Request, token_id: int) -> RequestOutput:
         """``_commit`` of a running request's one sampled token, no drafts, no logprobs.
 
-        The stop check runs only where the token could end the request (EOS, a length cap, or a
-        request with other stop conditions).
+        The stop check runs only where the token could end the request (EOS, a stop token id, a
+        length cap, or a request with stop strings or ``min_tokens``).
         """
         request.num_output_placeholders -= 1
         self._num_placeholders -= 1
@@ -411,10 +411,12 @@ class Scheduler:
         output_token_ids.append(token_id)
         num_output = len(output_token_ids)
         max_model_len = self.config.max_model_len
+        params = request.sampling_params
         if (
             request.has_extra_stop_conditions
             or token_id == request.eos_token_id
-            or num_output >= request.sampling_params.max_tokens
+            or token_id in params.stop_token_ids
+            or num_output >= params.max_tokens
             or request.num_prompt_tokens + num_output >= max_model_len
         ):
             check_stop(request, max_model_len, self._stop_string_checker)
