@@ -179,7 +179,7 @@ class ModelRunner:
     # stepscope: hot
     def _prepare_step(self, out: SchedulerOutput) -> InputBatch | None:
         """Host side of a step: state-table diffs and the packed batch (None: nothing to run)."""
-        self.timeline.poll()
+        self.timeline.poll_if_due()
         with self.tracer.span(CpuSlice.PREPARE_INPUTS.value, step=out.step):
             if out.scheduled_spec_decode_tokens and self.spec is None:
                 raise ValueError("the scheduler sent drafts but this runner has no proposer")

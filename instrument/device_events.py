@@ -1,0 +1,199 @@
+"""How the device timeline makes, records, queries and reads its timing events.
+
+:class:`EventOps` is what the timeline's hot path calls: ``record(event, stream)``,
+``query(event)``, and ``host_ns_many(events)``, which converts a whole batch of completed events
+to host-clock times in one pass. Two kinds:
+
+* :class:`CudaClock`: timing ``torch.cuda.Event`` objects, driven through the C methods of their
+  base class (``torch.cuda.Event`` wraps each in a Python method: one frame less per call), and
+  mapped onto the host clock by ``elapsed_time`` against a reference event taken at start-up;
+* :class:`FactoryEventOps`: any factory of :class:`TimedEvent` objects (the CPU device's events,
+  host-stamped stand-ins in tests and benchmarks).
+
+Both are also factories of :class:`TimedEvent` objects (calling them returns one), for markers
+outside stages (the kernel window's clock markers).
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = ["TimedEvent", "EventOps", "FactoryEventOps", "CudaClock", "CudaTimedEvent", "as_ops"]
+
+
+class TimedEvent(Protocol):
+    """An event that can be recorded on a stream and read back as a host timestamp."""
+
+    def record(self, stream: Any = None) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def host_ns(self) -> int: ...
+
+
+class EventOps(ABC):
+    """The timeline's event calls. ``record(event, stream)`` and ``query(event)`` are plain
+    attributes (the fastest callables the kind has); events are whatever :meth:`new` returns."""
+
+    record: Callable[[Any, Any], None]
+    query: Callable[[Any], bool]
+
+    @abstractmethod
+    def new(self) -> Any:
+        """A fresh, unrecorded event."""
+
+    @abstractmethod
+    def host_ns_many(self, events: Sequence[Any]) -> list[int]:
+        """Host-clock times of completed events, in order (one pass over the batch)."""
+
+    @abstractmethod
+    def __call__(self) -> TimedEvent:
+        """A :class:`TimedEvent` on the same clock (markers outside stages)."""
+
+
+def _record(event: Any, stream: Any) -> None:
+    event.record(stream)
+
+
+def _query(event: Any) -> bool:
+    return bool(event.query())
+
+
+class FactoryEventOps(EventOps):
+    """:class:`EventOps` over a factory of :class:`TimedEvent` objects."""
+
+    record = staticmethod(_record)
+    query = staticmethod(_query)
+
+    def __init__(self, factory: Callable[[], TimedEvent]) -> None:
+        self._factory = factory
+
+    def new(self) -> TimedEvent:
+        return self._factory()
+
+    def host_ns_many(self, events: Sequence[Any]) -> list[int]:
+        return [event.host_ns() for event in events]
+
+    def __call__(self) -> TimedEvent:
+        return self._factory()
+
+
+def as_ops(event_factory: EventOps | Callable[[], TimedEvent]) -> EventOps:
+    """``event_factory`` itself when it is an :class:`EventOps`, else wrapped in one."""
+    if isinstance(event_factory, EventOps):
+        return event_factory
+    return FactoryEventOps(event_factory)
+
+
+def c_method(cls: type, name: str) -> Callable[..., Any]:
+    """``cls.name`` as the first implementation in the MRO that is not a Python function: the C
+    method under a Python wrapper (``torch.cuda.Event.record`` wraps ``_CudaEventBase.record``).
+    A class with only Python methods (a stand-in) gets its own method."""
+    for klass in cls.__mro__:
+        attr = klass.__dict__.get(name)
+        if attr is not None and not isinstance(attr, types.FunctionType):
+            return attr  # type: ignore[no-any-return]
+    return getattr(cls, name)  # type: ignore[no-any-return]
+
+
+class CudaClock(EventOps):
+    """Maps CUDA event times to the host monotonic clock; also the timeline's :class:`EventOps`
+    for timing ``torch.cuda.Event`` objects.
+
+    Calibration (:meth:`calibrate`): with the device idle, take the host time, then record an
+    event; the idle stream runs it one launch latency later. The reference is that host time
+    (``before``), not the midpoint of the bracket: the wake-up from ``synchronize`` is slow and
+    uneven (on the H200 the midpoint put device times ~35 us early, so every stage's CPU lead read
+    about -35 us). Device times are then at most one launch latency (a few us) early, so a lead is
+    a slight under-estimate and a stage the device waited for reads ~0. Best of a few tries (the
+    one with the tightest bracket). Later events convert through ``reference.elapsed_time(event)``.
+    Taken once at start-up (a synchronisation, but not on the hot path); docs/design.md §5.14.1.
+
+    Args:
+        reference: a completed timing event recorded at host time ``reference_host_ns``.
+        event_cls: the event class (``torch.cuda.Event``; a stand-in with its interface in tests
+            and the no-device benchmark). Events are ``event_cls(enable_timing=True)``; ``record``
+            needs an explicit stream.
+    """
+
+    def __init__(
+        self,
+        reference: Any,
+        reference_host_ns: int,
+        uncertainty_ns: int = 0,
+        event_cls: type | None = None,
+    ) -> None:
+        if event_cls is None:
+            import torch
+
+            event_cls = torch.cuda.Event
+        self.event_cls = event_cls
+        self.reference = reference
+        self.reference_host_ns = reference_host_ns
+        self.uncertainty_ns = uncertainty_ns
+        self.device: Any = None  # set by calibrate()
+        self.record = c_method(event_cls, "record")
+        self.query = c_method(event_cls, "query")
+        self._elapsed_ms = c_method(event_cls, "elapsed_time")
+
+    @classmethod
+    def calibrate(cls, device: Any = None, tries: int = 5) -> CudaClock:
+        """Synchronise the device and take the reference event (start-up only)."""
+        import torch
+
+        device = torch.device(device if device is not None else "cuda")
+        best: tuple[int, int, Any] | None = None
+        with torch.cuda.device(device):
+            for _ in range(tries):
+                torch.cuda.synchronize()
+                event = torch.cuda.Event(enable_timing=True)
+                before = time.monotonic_ns()
+                event.record()
+                event.synchronize()
+                after = time.monotonic_ns()
+                if best is None or after - before < best[1] - best[0]:
+                    best = (before, after, event)
+        assert best is not None
+        clock = cls(best[2], best[0], best[1] - best[0])
+        clock.device = device
+        return clock
+
+    def new(self) -> Any:
+        return self.event_cls(enable_timing=True)
+
+    def to_host_ns(self, event: Any) -> int:
+        return self.reference_host_ns + int(self._elapsed_ms(self.reference, event) * 1e6)
+
+    def host_ns_many(self, events: Sequence[Any]) -> list[int]:
+        base, ref, elapsed_ms = self.reference_host_ns, self.reference, self._elapsed_ms
+        return [base + int(elapsed_ms(ref, event) * 1e6) for event in events]
+
+    def __call__(self) -> CudaTimedEvent:
+        return CudaTimedEvent(self)
+
+
+class CudaTimedEvent:
+    """A timing ``torch.cuda.Event`` that reports host-clock times through a :class:`CudaClock`."""
+
+    __slots__ = ("_event", "_clock")
+
+    def __init__(self, clock: CudaClock) -> None:
+        self._event = clock.new()
+        self._clock = clock
+
+    def record(self, stream: Any = None) -> None:
+        if stream is None:
+            import torch
+
+            stream = torch.cuda.current_stream()
+        self._clock.record(self._event, stream)
+
+    def query(self) -> bool:
+        return bool(self._clock.query(self._event))
+
+    def host_ns(self) -> int:
+        return self._clock.to_host_ns(self._event)
