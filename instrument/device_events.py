@@ -22,7 +22,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-__all__ = ["TimedEvent", "EventOps", "FactoryEventOps", "CudaClock", "CudaTimedEvent", "as_ops"]
+__all__ = [
+    "TimedEvent",
+    "EventOps",
+    "FactoryEventOps",
+    "CudaClock",
+    "CudaTimedEvent",
+    "StandInCudaEvent",
+    "StandInStream",
+    "as_ops",
+]
 
 
 class TimedEvent(Protocol):
@@ -197,3 +206,64 @@ class CudaTimedEvent:
 
     def host_ns(self) -> int:
         return self._clock.to_host_ns(self._event)
+
+
+class StandInStream:
+    """A stream for :class:`StandInCudaEvent`: events recorded on it complete when
+    :meth:`advance` moves the simulated device past them (all at once with ``auto``)."""
+
+    def __init__(self, auto: bool = False) -> None:
+        self.auto = auto
+        self.num_recorded = 0
+        self.num_done = 0
+
+    def advance(self, num_events: int | None = None) -> None:
+        """Complete the next ``num_events`` recorded events (all of them: None)."""
+        target = self.num_recorded if num_events is None else self.num_done + num_events
+        self.num_done = min(self.num_recorded, target)
+
+
+class StandInCudaEvent:
+    """A stand-in with ``torch.cuda.Event``'s interface, stamped with the host clock when
+    recorded, that counts its calls in the class-level ``calls`` (``record``, ``query``,
+    ``elapsed_time``): the no-device benchmark and tests count what the CUDA path would call.
+    Like CUDA, ``elapsed_time`` on an event that has not completed raises."""
+
+    calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0}
+    __slots__ = ("_stream", "_seq", "ns")
+
+    def __init__(self, enable_timing: bool = False, **_: object) -> None:
+        self._stream: StandInStream | None = None
+        self._seq = 0
+        self.ns = 0
+
+    @classmethod
+    def reset_calls(cls) -> None:
+        for name in cls.calls:
+            cls.calls[name] = 0
+
+    def record(self, stream: StandInStream) -> None:
+        self.calls["record"] += 1
+        stream.num_recorded += 1
+        self._stream, self._seq, self.ns = stream, stream.num_recorded, time.monotonic_ns()
+
+    def _done(self) -> bool:
+        s = self._stream
+        return s is None or s.auto or self._seq <= s.num_done
+
+    def query(self) -> bool:
+        self.calls["query"] += 1
+        return self._done()
+
+    def elapsed_time(self, end: StandInCudaEvent) -> float:
+        self.calls["elapsed_time"] += 1
+        if not (self._done() and end._done()):
+            raise RuntimeError("elapsed_time on an event that has not completed")
+        return (end.ns - self.ns) / 1e6
+
+    @staticmethod
+    def clock(stream: StandInStream | None = None) -> CudaClock:
+        """A :class:`CudaClock` over stand-in events (reference recorded now)."""
+        reference = StandInCudaEvent()
+        reference.record(stream or StandInStream(auto=True))
+        return CudaClock(reference, reference.ns, 0, StandInCudaEvent)

@@ -8,11 +8,14 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
 
 * events are pooled (an emitted stage's events are recorded again by later stages) and a
   ``contiguous`` stage begins at the previous stage's end event (one record fewer);
-* the hot-path hook :meth:`DeviceTimeline.poll_if_due` does nothing until ``poll_batch`` stages
-  are pending; then each stream's pending stages are queried newest first and by bisection
-  (events on one stream complete in stream order, so one completed event vouches for every
-  earlier one), and the completed ones are converted to host times in one pass and handed to the
-  tracer in one call.
+* polls are batched and placed where they cost nothing: :meth:`DeviceTimeline.poll_while_waiting`
+  runs at the engine's one consumption point, just before it blocks on a step's output, and only
+  while the device is still busy with it (then the host would have waited anyway) and once
+  ``poll_batch`` stages are pending; :meth:`DeviceTimeline.poll_if_due`, the once-per-step hook on
+  the hot path, polls only past ``max_deferred`` pending stages (an engine that never waits);
+* a poll queries each stream's pending stages newest first and by bisection (events on one stream
+  complete in stream order, so one completed event vouches for every earlier one), converts the
+  completed ones to host times in one pass and hands their slices to the tracer in one call.
 
 Events are made, recorded, queried and read through an :class:`~instrument.device_events.EventOps`
 (``CudaClock`` on CUDA; any factory of ``TimedEvent`` objects otherwise).
@@ -43,9 +46,11 @@ __all__ = [
     "CudaTimedEvent",
     "PendingStage",
     "POLL_BATCH",
+    "MAX_DEFERRED",
 ]
 
-POLL_BATCH = 64  # pending stages before poll_if_due polls: ~13 engine steps of 5 stages
+POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
+MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway
 
 
 @dataclass(slots=True)
@@ -159,7 +164,8 @@ class DeviceTimeline:
             factory of fresh :class:`TimedEvent` objects.
         max_pending: stages kept waiting before the oldest of a stream is dropped (and counted
             as ``dropped_device_slices``).
-        poll_batch: pending stages at which :meth:`poll_if_due` polls.
+        poll_batch: pending stages at which :meth:`poll_while_waiting` polls.
+        max_deferred: pending stages at which :meth:`poll_if_due` polls.
     """
 
     def __init__(
@@ -169,15 +175,20 @@ class DeviceTimeline:
         event_factory: EventOps | Callable[[], TimedEvent],
         max_pending: int = 4096,
         poll_batch: int = POLL_BATCH,
+        max_deferred: int = MAX_DEFERRED,
     ) -> None:
-        if not 1 <= poll_batch <= max_pending:
-            raise ValueError(f"need 1 <= poll_batch <= max_pending, got {poll_batch}, {max_pending}")
+        if not 1 <= poll_batch <= max_deferred <= max_pending:
+            raise ValueError(
+                "need 1 <= poll_batch <= max_deferred <= max_pending, got "
+                f"{poll_batch}, {max_deferred}, {max_pending}"
+            )
         self.tracer = tracer
         self.device_index = device_index
         self.ops = as_ops(event_factory)
         self._new, self._record, self._query = self.ops.new, self.ops.record, self.ops.query
         self._max_pending = max_pending
         self.poll_batch = poll_batch
+        self.max_deferred = max_deferred
         self._queues: dict[int, _StreamQueue] = {}  # by id(stream); the stream is kept too
         self._unordered: list[Any] = []  # stages queued through add(): no stream order known
         self.num_recorded = 0  # stages queued (recorded whole, or through add())
@@ -242,10 +253,18 @@ class DeviceTimeline:
 
     # stepscope: hot
     def poll_if_due(self) -> int:
-        """The engine's once-per-step hook: :meth:`poll` once ``poll_batch`` stages are pending,
-        else nothing (the queries and conversions are paid once per batch). Returns how many
-        slices were emitted."""
-        if self.num_pending < self.poll_batch:
+        """The once-per-step hook on the hot path: :meth:`poll` only once ``max_deferred`` stages
+        are pending (the engine did not wait for the device meanwhile), else nothing. Returns how
+        many slices were emitted."""
+        if self.num_pending < self.max_deferred:
+            return 0
+        return self.poll()
+
+    def poll_while_waiting(self, done: Callable[[], bool]) -> int:
+        """The engine is about to block until ``done()`` (a step's output): once ``poll_batch``
+        stages are pending and ``done()`` is still False, :meth:`poll` now, on time the host would
+        spend waiting anyway. Returns how many slices were emitted."""
+        if self.num_pending < self.poll_batch or done():
             return 0
         return self.poll()
 
