@@ -11,12 +11,20 @@ tok/s, the spread (min..max), the ratio to ``off``, and per engine step:
   engine thread's own work; includes waiting for the GIL the tracer's flush thread holds);
 * ``median step``: the median over steps of that same host time (robust to steps preempted by
   other processes on a shared machine);
-* ``cpu us/step``: process CPU time (all threads) per step.
+* ``cpu us/step``: process CPU time (all threads) per step; ``+eng``: the engine thread's CPU.
 
-The tracer's added host time per step (``+host``, ``+med``) is a mode's value minus off's
-(medians over the rounds). ``--modes`` can add ``trace-thread`` / ``trace+requests-thread``: the
-same with ``--trace-writer thread`` (encoding on a thread of the engine's process).
-The output digest of every run must match (tracing changes no tokens).
+These end-to-end numbers (``ratio``, ``paired``: the median of per-round ratios; ``+host``,
+``+med``, ``+eng``, ``+cpu``: a mode's median minus off's) are differences between noisy runs:
+below the off runs' own spread they are noise. So the bench also measures the tracer's cost
+**directly**: after the rounds, one workload per mode with every tracer entry point the engine
+thread calls timed around the call (``bench/_tracer_cost.py``; wall and CPU, the timing wrapper's
+own cost subtracted), reported as ``added`` µs per step over off's, with the device timeline's
+batched poll at the engine's wait apart (``in wait``: on a device still busy with the step the
+host waits for, it costs no throughput), and the CUDA event calls per step. ``--no-direct``
+skips it. A no-device micro benchmark runs first (the tracer calls of one engine step, CUDA path
+over stand-in events that count their calls). ``--modes`` can add ``trace-thread`` /
+``trace+requests-thread``: the same with ``--trace-writer thread`` (encoding on a thread of the
+engine's process). The output digest of every run must match (tracing changes no tokens).
 
 CPU (default, small model, short):
     python bench/bench_trace_overhead.py --out /tmp/overhead.json
@@ -507,9 +515,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def profile_modes(modes: list[Mode], work: list[Any], top: int) -> dict[str, Any]:
-    """One workload per mode under cProfile (engine thread); per traced mode the ``top``
-    functions whose own time per step grew most over ``off`` (µs per step, inflated by cProfile
-    alike in every mode: read the differences)."""
+    """One workload per mode under cProfile; per traced mode the ``top`` functions whose own time
+    per step grew most over ``off`` (µs per step, inflated by cProfile alike in every mode: read
+    the differences). Python < 3.12: the engine thread only. Python >= 3.12 (cProfile on
+    ``sys.monitoring``): every thread, so the tracers' flush threads show up too (their pickling,
+    and ``lock.acquire`` = ``Event.wait`` between flushes, idle time that is no engine cost);
+    ``direct`` measures the engine thread alone."""
     import cProfile
     import pstats
 
@@ -528,6 +539,9 @@ def profile_modes(modes: list[Mode], work: list[Any], top: int) -> dict[str, Any
         }
     base = per_step[modes[0].name]
     out: dict[str, Any] = {}
+    if sys.version_info >= (3, 12):
+        print("cProfile (Python >= 3.12) sees every thread: flush threads' pickling and "
+              "lock.acquire (Event.wait, idle) are not on the engine thread")  # fmt: skip
     for m in modes[1:]:
         grown = {f: t - base.get(f, 0.0) for f, t in per_step[m.name].items()}
         rows = sorted(grown.items(), key=lambda kv: -kv[1])[:top]
