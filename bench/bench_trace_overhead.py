@@ -285,9 +285,12 @@ def direct(modes: list[Mode], work: list[Any]) -> dict[str, Any]:
     return results
 
 
-_STAGES = [("h2d_inputs", "copy", "h2d", False), ("input_prep", "compute", "compute", False),
-           ("forward", "compute", "compute", True), ("sample", "compute", "compute", True),
-           ("d2h_output", "copy", "d2h", False)]  # fmt: skip
+# (name, lane, stream, contiguous, followed by a sync event), as the runner records them
+_STAGES = [("h2d_inputs", "copy", "h2d", False, True),
+           ("input_prep", "compute", "compute", False, False),
+           ("forward", "compute", "compute", True, False),
+           ("sample", "compute", "compute", True, True),
+           ("d2h_output", "copy", "d2h", False, True)]  # fmt: skip
 
 
 def _micro_steps(
@@ -329,11 +332,13 @@ def _micro_steps(
         with tracer.span("prepare_inputs", step=step):
             pass
         with tracer.span("launch", step=step, flow_out=(1 << 32) + step):
-            for name, lane, stream, contiguous in _STAGES:
+            for name, lane, stream, contiguous, sync in _STAGES:
                 with timeline.stage(
                     name, step=step, lane=lane, stream=streams[stream], contiguous=contiguous
                 ):
                     pass
+                if sync:  # the runner's sync event after the stage (recorded when tracing is off)
+                    timeline.event_after_stage(streams[stream], StandInCudaEvent)
         # The engine waits for the previous step, which the device is still running.
         wait0 = clock()
         timeline.poll_while_waiting(busy)
@@ -363,18 +368,23 @@ def _micro_steps(
     return took / num_steps, in_wait_ns / num_steps
 
 
-def event_calls_per_step(num_steps: int = 2000) -> dict[str, float]:
-    """CUDA event API calls per engine step of the device timeline (stand-in events: the same
-    calls a real ``torch.cuda.Event`` gets), in the micro benchmark's step loop."""
+def event_calls_per_step(num_steps: int = 2000) -> dict[str, dict[str, float]]:
+    """CUDA event API calls per engine step (stand-in events: the same calls a real
+    ``torch.cuda.Event`` gets) in the micro benchmark's step loop, tracing off (the runner's own
+    three sync events) and on."""
     from instrument.device_events import StandInCudaEvent
 
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        tracer = Tracer(os.path.join(tmp, "calls.pftrace"))
-        StandInCudaEvent.reset_calls()
-        _micro_steps(tracer, num_steps, 0)
-        calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
-        tracer.close()
-    return calls
+        for name, tracer in (
+            ("off", Tracer(enabled=False)),
+            ("on", Tracer(os.path.join(tmp, "calls.pftrace"))),
+        ):
+            StandInCudaEvent.reset_calls()
+            _micro_steps(tracer, num_steps, 0)
+            out[name] = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+            tracer.close()
+    return out
 
 
 def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> dict[str, Any]:
@@ -420,8 +430,9 @@ def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> di
         if name != "event_calls_per_step" and not name.startswith("off"):
             print(f"    {name:<18} {v['added_engine_us_per_step']:+7.1f} "
                   f"({v['in_wait_us_per_step']:5.1f}) / {v['added_process_us_per_step']:+7.1f}")  # fmt: skip
-    print("CUDA event calls per step (stand-in events, the CUDA path): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in calls.items()))  # fmt: skip
+    for name, c in calls.items():
+        print(f"CUDA event calls per step, tracing {name} (stand-in events, the CUDA path): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in c.items()))  # fmt: skip
     return out
 
 

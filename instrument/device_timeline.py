@@ -66,6 +66,7 @@ class PendingStage:
     args: dict[str, object]
     host_end_ns: int  # host clock when ``end.record`` returned: the CPU finished enqueueing
     end_shared: bool = False
+    lent: bool = False
 
 
 _STEP = Arg.STEP.value
@@ -85,6 +86,7 @@ class _NullScope:
 
 
 _NULL_SCOPE = _NullScope()
+_new_scope = object.__new__
 
 
 class _StreamQueue:
@@ -98,37 +100,15 @@ class _StreamQueue:
 
 
 class _StageScope:
-    """Records the begin event on enter, the end event (and the host time) on exit, then queues
-    itself as its stream's newest pending stage (it is its own pending record)."""
+    """One stage: :meth:`DeviceTimeline.stage` records its begin event; on exit it records the
+    end event (and the host time) and queues itself as its stream's newest pending stage (it is
+    its own pending record)."""
 
     __slots__ = ("_timeline", "name", "step", "lane", "stream", "args", "begin", "end",
-                 "host_end_ns", "_contiguous", "end_shared")  # fmt: skip
-
-    def __init__(
-        self,
-        timeline: DeviceTimeline,
-        name: str,
-        step: int,
-        lane: str,
-        stream: Any,
-        args: dict[str, object],
-        contiguous: bool,
-    ) -> None:
-        self._timeline, self.name, self.step = timeline, name, step
-        self.lane, self.stream, self.args = lane, stream, args
-        self._contiguous, self.end_shared = contiguous, False
+                 "host_end_ns", "end_shared", "lent")  # fmt: skip
 
     def __enter__(self) -> None:
-        timeline = self._timeline
-        last = timeline._last
-        if self._contiguous and last is not None and last.stream is self.stream:
-            # The stream reaches this stage's begin when it reaches the last stage's end.
-            self.begin = last.end
-            last.end_shared = True
-            return
-        free = timeline._free
-        begin = self.begin = free.pop() if free else timeline._new()
-        timeline._record(begin, self.stream)
+        return None
 
     def __exit__(
         self, exc_type: object, exc: object, tb: object, _now: Callable[[], int] = now_ns
@@ -217,9 +197,10 @@ class DeviceTimeline:
         contiguous: bool = False,
         **args: object,
     ) -> _StageScope | _NullScope:
-        """Bracket the enqueue of one device stage with a begin and an end event (a context
-        manager; a shared no-op one when tracing is off). ``stream``: where the stage's work is
-        enqueued (required on CUDA).
+        """Bracket the enqueue of one device stage with a begin and an end event: the begin is
+        recorded here, the end when the returned context manager exits (use it as ``with
+        timeline.stage(...):`` around the enqueue; a shared no-op one when tracing is off).
+        ``stream``: where the stage's work is enqueued (required on CUDA).
 
         ``contiguous``: the caller enqueued nothing on ``stream`` since the previous stage of this
         timeline ended on it, so this stage begins at that stage's end event (one event fewer);
@@ -227,7 +208,19 @@ class DeviceTimeline:
         """
         if not self.tracer.enabled:
             return _NULL_SCOPE
-        return _StageScope(self, name, step, lane, stream, args, contiguous)
+        scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
+        scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
+        scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
+        last = self._last
+        if contiguous and last is not None and last.stream is stream and not last.lent:
+            # The stream reaches this stage's begin when it reaches the last stage's end.
+            scope.begin = last.end
+            last.end_shared = True
+        else:
+            free = self._free
+            begin = scope.begin = free.pop() if free else self._new()
+            self._record(begin, stream)
+        return scope
 
     def add(self, stage: PendingStage) -> None:
         """Queue a recorded pair (for callers that record events themselves); such stages are
@@ -235,6 +228,21 @@ class DeviceTimeline:
         self._unordered.append(stage)
         self.num_recorded += 1
         self.num_pending += 1
+
+    def event_after_stage(self, stream: Any, make: Callable[[], Any]) -> Any:
+        """An event on ``stream`` right after the stage that just closed on it, for the caller to
+        make another stream wait on or to synchronise with: when tracing, that stage's end event
+        (lent to the caller: never recorded again, nor shared by a contiguous stage; one record
+        fewer per call), else ``make()`` (an event of the kind the timeline's ``EventOps``
+        records) recorded on ``stream`` now. The caller must not have enqueued anything on
+        ``stream`` since the stage closed."""
+        last = self._last
+        if last is not None and last.stream is stream and not last.lent and self.tracer.enabled:
+            last.lent = True
+            return last.end
+        event = make()
+        self._record(event, stream)
+        return event
 
     def new_event(self) -> TimedEvent:
         """A fresh timing event on the timeline's host clock (for markers outside stages)."""
@@ -337,7 +345,7 @@ class DeviceTimeline:
         held = self._held
         if held is not None and held is not self._last:
             self._held = None  # its successor did not share its end: the event is free
-            if not held.end_shared:
+            if not (held.end_shared or held.lent):
                 self._free.append(held.end)
         free, last, tracks, observer = self._free, self._last, self._lane_tracks, self.observer
         out: list[RawEvent] = []
@@ -354,12 +362,15 @@ class DeviceTimeline:
             end_ns = max(times[i], start_ns)
             i += 1
             prev_end = end
-            # Read: free to record again; a shared end goes with the stage that shares it, and
-            # the newest stage's end waits for the next stage (which may share it).
+            # Read: free to record again; a shared end goes with the stage that shares it, a lent
+            # one stays with the caller, and the newest stage's end waits for the next stage
+            # (which may share it).
             free.append(begin)
-            if stage is last and not stage.end_shared:
+            if stage.end_shared or stage.lent:
+                pass
+            elif stage is last:
                 self._held = stage
-            elif not stage.end_shared:
+            else:
                 free.append(end)
             args = stage.args
             if isinstance(stage, PendingStage):

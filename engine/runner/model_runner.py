@@ -203,8 +203,7 @@ class ModelRunner:
         with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
-        inputs_ready = dev.new_event()
-        inputs_ready.record(h2d)
+        inputs_ready = tl.event_after_stage(h2d, dev.new_event)  # traced: h2d_inputs' end event
         dev.wait_event(compute, inputs_ready)
         in_flight = StepInFlight()
 
@@ -258,16 +257,14 @@ class ModelRunner:
         copy_drafts = self.spec is not None and mask is not None
         if copy_drafts:
             self._enqueue_draft(batch, in_flight)
-        sampled_ready = dev.new_event()
-        sampled_ready.record(compute)
+        sampled_ready = tl.event_after_stage(compute, dev.new_event)
         if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
             self._enqueue_draft(batch, in_flight)
         dev.wait_event(d2h, sampled_ready)
         host = self._host_buffers(batch, copy_drafts)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
-        ready = dev.new_event()
-        ready.record(d2h)
+        ready = tl.event_after_stage(d2h, dev.new_event)
         return AsyncOutput(batch, step, host, ready)
 
     # stepscope: hot

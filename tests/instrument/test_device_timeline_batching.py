@@ -12,13 +12,14 @@ from instrument.device_events import StandInCudaEvent, StandInStream
 from instrument.device_timeline import DeviceTimeline
 from instrument.tracer import Tracer
 
-# The runner's stages per step: (name, lane, stream, contiguous), as model_runner records them.
+# The runner's stages per step, as model_runner records them: (name, lane, stream, contiguous,
+# followed by a sync event the runner waits on: inputs_ready, sampled_ready, the output's ready).
 STAGES = [
-    ("h2d_inputs", "copy", "h2d", False),
-    ("input_prep", "compute", "compute", False),
-    ("forward", "compute", "compute", True),
-    ("sample", "compute", "compute", True),
-    ("d2h_output", "copy", "d2h", False),
+    ("h2d_inputs", "copy", "h2d", False, True),
+    ("input_prep", "compute", "compute", False, False),
+    ("forward", "compute", "compute", True, False),
+    ("sample", "compute", "compute", True, True),
+    ("d2h_output", "copy", "d2h", False, True),
 ]
 
 
@@ -31,18 +32,23 @@ class EngineLoop:
         self.timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock(), **timeline_kwargs)
         self.expected: dict[tuple[int, str], tuple[int, int]] = {}
         self.done_at: dict[tuple[int, str], tuple[str, int]] = {}  # (stream, end event seq)
+        self.sync_events: list[tuple[StandInCudaEvent, int]] = []  # (event, its stamp)
 
     def launch(self, step: int) -> None:
         self.timeline.poll_if_due()  # the runner's hook, at prepare_inputs
-        for name, lane, stream_name, contiguous in STAGES:
+        for name, lane, stream_name, contiguous, sync in STAGES:
             stream = self.streams[stream_name]
             with self.timeline.stage(
                 name, step=step, lane=lane, stream=stream, contiguous=contiguous
-            ) as _:
+            ):
                 pass
             scope = self.timeline._last
-            self.expected[(step, name)] = (scope.begin.ns, scope.end.ns)
-            self.done_at[(step, name)] = (stream_name, stream.num_recorded)
+            if scope is not None:  # traced
+                self.expected[(step, name)] = (scope.begin.ns, scope.end.ns)
+                self.done_at[(step, name)] = (stream_name, stream.num_recorded)
+            if sync:
+                event = self.timeline.event_after_stage(stream, StandInCudaEvent)
+                self.sync_events.append((event, event.ns))
 
     def completed(self) -> set[tuple[int, str]]:
         """Brute force: the stages whose end event the simulated device has passed."""
@@ -84,10 +90,17 @@ def test_event_calls_per_engine_step(tmp_path):
         stream.advance()
     loop.timeline.drain()
     calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+    # 8 events a step, 3 of them the runner's sync events (recorded untraced too: 5 added).
     assert calls["record"] == 8
     assert 8 <= calls["elapsed_time"] <= 8.2  # a contiguous begin split across polls: read twice
     assert calls["query"] <= 2
-    assert len(made) < 200  # events are reused: the pool covers what is pending, not the run
+    assert len(made) < 200 + 3 * num_steps  # pooled, but for the 3 lent per step
+    # A lent sync event is the stage's end event, and is never recorded again.
+    assert len(loop.sync_events) == 3 * num_steps
+    assert all(event.ns == ns for event, ns in loop.sync_events)
+    ends = {(step, name): loop.expected[(step, name)][1] for step, name in loop.expected}
+    lent = [ends[(s, n)] for s in range(num_steps) for n in ("h2d_inputs", "sample", "d2h_output")]
+    assert [ns for _, ns in loop.sync_events] == lent
     tracer.close()
     assert loop.timeline.num_recorded == loop.timeline.num_emitted == 5 * num_steps
     written = _device_slices(path)
@@ -127,6 +140,16 @@ def test_polls_emit_exactly_the_completed_stages(tmp_path, poll_batch):
     assert written.keys() == loop.expected.keys()
     for key, (start, end) in loop.expected.items():
         assert abs(written[key][0] - start) <= 1 and abs(written[key][1] - end) <= 1, key
+
+
+def test_untraced_steps_record_only_the_runners_sync_events():
+    loop = EngineLoop(Tracer(enabled=False))
+    StandInCudaEvent.reset_calls()
+    for step in range(10):
+        loop.launch(step)
+    loop.timeline.poll_while_waiting(lambda: False)
+    assert StandInCudaEvent.calls == {"record": 30, "query": 0, "elapsed_time": 0}
+    assert loop.timeline.num_recorded == 0
 
 
 def test_poll_while_waiting_only_on_a_busy_device_and_a_full_batch(tmp_path):
@@ -194,3 +217,22 @@ def test_a_contiguous_stage_after_a_poll_keeps_the_shared_event(tmp_path):
     written = _device_slices(path)
     assert abs(written[(3, "forward")][0] - prep_end) <= 1
     assert abs(written[(3, "input_prep")][1] - prep_end) <= 1
+
+
+def test_a_lent_end_is_never_shared_or_recorded_again(tmp_path):
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    stream = StandInStream()
+    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock())
+    with timeline.stage("sample", step=0, stream=stream):
+        pass
+    ready = timeline.event_after_stage(stream, StandInCudaEvent)
+    assert ready is timeline._last.end
+    stamp = ready.ns
+    for step in range(1, 50):  # a contiguous stage may not begin at a lent event
+        with timeline.stage("forward", step=step, stream=stream, contiguous=True):
+            pass
+        stream.advance()
+        timeline.poll()
+    timeline.drain()
+    tracer.close()
+    assert ready.ns == stamp and timeline.num_emitted == 50
