@@ -63,6 +63,10 @@ class EventOps(ABC):
     def __call__(self) -> TimedEvent:
         """A :class:`TimedEvent` on the same clock (markers outside stages)."""
 
+    def default_stream(self) -> Any:
+        """The stream a stage given none is recorded on (None: the events take None)."""
+        return None
+
 
 def _record(event: Any, stream: Any) -> None:
     event.record(stream)
@@ -173,6 +177,12 @@ class CudaClock(EventOps):
 
     def new(self) -> Any:
         return self.event_cls(enable_timing=True)
+
+    def default_stream(self) -> Any:
+        # The C ``record`` needs a real stream (older torch does not even check its type).
+        import torch
+
+        return torch.cuda.current_stream(self.device)
 
     def to_host_ns(self, event: Any) -> int:
         return self.reference_host_ns + int(self._elapsed_ms(self.reference, event) * 1e6)

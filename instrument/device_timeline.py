@@ -208,6 +208,8 @@ class DeviceTimeline:
         """
         if not self.tracer.enabled:
             return _NULL_SCOPE
+        if stream is None:
+            stream = self.ops.default_stream()
         scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
         scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
         scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
@@ -236,6 +238,8 @@ class DeviceTimeline:
         fewer per call), else ``make()`` (an event of the kind the timeline's ``EventOps``
         records) recorded on ``stream`` now. The caller must not have enqueued anything on
         ``stream`` since the stage closed."""
+        if stream is None:
+            stream = self.ops.default_stream()
         last = self._last
         if last is not None and last.stream is stream and not last.lent and self.tracer.enabled:
             last.lent = True

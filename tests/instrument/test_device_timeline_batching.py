@@ -236,3 +236,32 @@ def test_a_lent_end_is_never_shared_or_recorded_again(tmp_path):
     timeline.drain()
     tracer.close()
     assert ready.ns == stamp and timeline.num_emitted == 50
+
+
+@pytest.mark.gpu
+def test_cuda_clock_calls_the_c_methods_and_reads_what_torch_reads():
+    """On CUDA the clock's record / query / elapsed_time are torch's C methods (no Python frame),
+    and a batch conversion equals torch.cuda.Event.elapsed_time per event."""
+    import types
+
+    import torch
+
+    from instrument.device_events import CudaClock
+
+    clock = CudaClock.calibrate()
+    for fn in (clock.record, clock.query, clock._elapsed_ms):
+        assert not isinstance(fn, types.FunctionType)
+    stream = torch.cuda.Stream()
+    x = torch.randn(1 << 20, device="cuda")
+    events = []
+    for _ in range(4):
+        with torch.cuda.stream(stream):
+            x.mul_(1.0001)
+        event = clock.new()
+        clock.record(event, stream)
+        events.append(event)
+    torch.cuda.synchronize()
+    assert all(clock.query(e) for e in events)
+    got = clock.host_ns_many(events)
+    want = [clock.reference_host_ns + int(clock.reference.elapsed_time(e) * 1e6) for e in events]
+    assert got == want and got == sorted(got)
