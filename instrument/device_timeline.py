@@ -106,6 +106,17 @@ class _StageScope:
 
     __slots__ = ("_timeline", "name", "step", "lane", "stream", "args", "begin", "end",
                  "host_end_ns", "end_shared", "lent")  # fmt: skip
+    _timeline: DeviceTimeline
+    name: str
+    step: int
+    lane: str
+    stream: Any
+    args: dict[str, object]
+    begin: Any
+    end: Any
+    host_end_ns: int
+    end_shared: bool  # a contiguous successor begins at this stage's end event
+    lent: bool  # the end event was handed to the caller (event_after_stage)
 
     def __enter__(self) -> None:
         return None
@@ -295,7 +306,7 @@ class DeviceTimeline:
                 done.append(stages.popleft())
         if self._unordered:
             query = self._query
-            still = []
+            still: list[Any] = []
             for stage in self._unordered:
                 (done if query(stage.end) else still).append(stage)
             self._unordered = still
