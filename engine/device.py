@@ -77,7 +77,9 @@ class Device(ABC):
 
     @abstractmethod
     def timed_event_factory(self) -> Callable[[], Any]:
-        """Factory of ``TimedEvent`` objects for ``instrument.device_timeline.DeviceTimeline``."""
+        """Factory of ``TimedEvent`` objects for ``instrument.device_timeline.DeviceTimeline``
+        (on CUDA a ``CudaClock``: also the timeline's ``EventOps``, see
+        ``instrument/device_events.py``)."""
 
     @abstractmethod
     def wait_event(self, stream: Any, event: DeviceEvent) -> None:
