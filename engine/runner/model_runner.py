@@ -377,5 +377,8 @@ class ModelRunner:
             dst.copy_(src, non_blocking=True)
 
     def close(self) -> None:
-        """Emit what the timeline can still emit (off the hot path)."""
+        """Wait for the device, then emit every pending device slice (off the hot path: a
+        draft enqueued after the last output's copy is still emitted, not counted as dropped)."""
+        if self.timeline.num_pending:
+            self.device.synchronize()
         self.timeline.drain()

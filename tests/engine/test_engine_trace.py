@@ -99,3 +99,32 @@ def test_batched_device_polls_lose_no_stage(tmp_path, tiny_model_config):
     assert set(per_step) == launched and all(v == stages for v in per_step.values())
     assert not any(k.startswith("dropped_") for k in frames.metadata), frames.metadata
     assert (device["host_end_ns"] > 0).all()
+
+
+def test_spec_run_ends_with_every_device_stage_written(tmp_path, tiny_model_config):
+    """With async speculation the last step's draft is enqueued after its output copy; closing
+    the runner waits for it, so it is written, not counted as dropped."""
+    path = str(tmp_path / "spec.pftrace")
+    tracer = Tracer(path)
+    llm = LLM(
+        tracer=tracer,
+        model_config=tiny_model_config,
+        random_weights=True,
+        spec_method="ngram",
+        num_spec_tokens=2,
+        num_kv_blocks=128,
+        max_num_seqs=4,
+    )
+    timeline = llm.engine.runner.timeline
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8], [11, 12, 13, 11, 12, 13]]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    llm.close()
+    tracer.close()
+    assert timeline.num_dropped == 0 and timeline.num_emitted == timeline.num_recorded > 0
+    frames = load_trace(path)
+    assert "dropped_device_slices" not in frames.metadata
+    device = frames.slices[frames.slices["track"].str.startswith("gpu:0")]
+    assert len(device) == timeline.num_recorded
+    launched = set(frames.slices[frames.slices["name"] == CpuSlice.LAUNCH.value]["step"])
+    drafts = set(device[device["name"] == DeviceSlice.DRAFT.value]["step"])
+    assert drafts == launched  # every step drafted, the last one included
