@@ -11,12 +11,20 @@ tok/s, the spread (min..max), the ratio to ``off``, and per engine step:
   engine thread's own work; includes waiting for the GIL the tracer's flush thread holds);
 * ``median step``: the median over steps of that same host time (robust to steps preempted by
   other processes on a shared machine);
-* ``cpu us/step``: process CPU time (all threads) per step.
+* ``cpu us/step``: process CPU time (all threads) per step; ``+eng``: the engine thread's CPU.
 
-The tracer's added host time per step (``+host``, ``+med``) is a mode's value minus off's
-(medians over the rounds). ``--modes`` can add ``trace-thread`` / ``trace+requests-thread``: the
-same with ``--trace-writer thread`` (encoding on a thread of the engine's process).
-The output digest of every run must match (tracing changes no tokens).
+These end-to-end numbers (``ratio``, ``paired``: the median of per-round ratios; ``+host``,
+``+med``, ``+eng``, ``+cpu``: a mode's median minus off's) are differences between noisy runs:
+below the off runs' own spread they are noise. So the bench also measures the tracer's cost
+**directly**: after the rounds, one workload per mode with every tracer entry point the engine
+thread calls timed around the call (``bench/_tracer_cost.py``; wall and CPU, the timing wrapper's
+own cost subtracted), reported as ``added`` µs per step over off's, with the device timeline's
+batched poll at the engine's wait apart (``in wait``: on a device still busy with the step the
+host waits for, it costs no throughput), and the CUDA event calls per step. ``--no-direct``
+skips it. A no-device micro benchmark runs first (the tracer calls of one engine step, CUDA path
+over stand-in events that count their calls). ``--modes`` can add ``trace-thread`` /
+``trace+requests-thread``: the same with ``--trace-writer thread`` (encoding on a thread of the
+engine's process). The output digest of every run must match (tracing changes no tokens).
 
 CPU (default, small model, short):
     python bench/bench_trace_overhead.py --out /tmp/overhead.json
@@ -38,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,18 +75,20 @@ class StepTimer:
     steps: int = 0
     step_ns: int = 0
     wait_ns: int = 0
+    thread_cpu_ns: int = 0  # the engine thread's CPU time in run_step
     host_ns: list[int] = field(default_factory=list)  # per step: run_step minus its waits
 
     def install(self, engine: Any) -> None:
         run_step, wait = engine.run_step, engine._wait
-        clock = time.perf_counter_ns
+        clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
 
         def timed_step() -> Any:
-            start, wait0 = clock(), self.wait_ns
+            start, wait0, cpu0 = clock(), self.wait_ns, cpu_clock()
             try:
                 return run_step()
             finally:
                 took = clock() - start
+                self.thread_cpu_ns += cpu_clock() - cpu0
                 self.step_ns += took
                 self.steps += 1
                 self.host_ns.append(took - (self.wait_ns - wait0))
@@ -141,7 +152,7 @@ def workload(args: argparse.Namespace, seed: int) -> list[Any]:
 def timed_run(mode: Mode, workloads: list[list[Any]]) -> dict[str, float]:
     """Run the workloads back to back; throughput and per-step host/CPU time."""
     timer = mode.timer
-    timer.steps = timer.step_ns = timer.wait_ns = 0
+    timer.steps = timer.step_ns = timer.wait_ns = timer.thread_cpu_ns = 0
     timer.host_ns = []
     cpu0, start = time.process_time_ns(), time.perf_counter_ns()
     outputs = []
@@ -161,6 +172,7 @@ def timed_run(mode: Mode, workloads: list[list[Any]]) -> dict[str, float]:
         "host_us_median_step": statistics.median(timer.host_ns) / 1e3 if timer.host_ns else 0.0,
         "wait_us_per_step": timer.wait_ns / steps / 1e3,
         "cpu_us_per_step": cpu_ns / steps / 1e3,
+        "engine_cpu_us_per_step": timer.thread_cpu_ns / steps / 1e3,
     }
 
 
@@ -172,32 +184,45 @@ def _summary(runs: list[dict[str, float]], key: str) -> dict[str, float]:
 
 
 def report(modes: list[Mode]) -> dict[str, Any]:
+    """End-to-end, per mode: medians over the rounds and their spread; ``ratio`` = median tok/s
+    over off's; ``paired`` = median over rounds of (tok/s / off's tok/s in the same round), less
+    sensitive to drift across rounds. ``+host``, ``+med``, ``+eng``: added host µs per step
+    (mean; median step; engine-thread CPU) as differences of medians, dominated by run-to-run
+    noise when the effect is small (compare ``spread``)."""
     off = modes[0]
-    base_tok = statistics.median(r["tok_s"] for r in off.runs)
-    base_host = statistics.median(r["host_us_per_step"] for r in off.runs)
-    base_med = statistics.median(r["host_us_median_step"] for r in off.runs)
-    base_cpu = statistics.median(r["cpu_us_per_step"] for r in off.runs)
+    base = {k: statistics.median(r[k] for r in off.runs)
+            for k in ("tok_s", "host_us_per_step", "host_us_median_step", "cpu_us_per_step",
+                      "engine_cpu_us_per_step")}  # fmt: skip
     out: dict[str, Any] = {"modes": {}}
+    print("end to end (noise-dominated for effects below the off runs' spread):")
     print(f"{'mode':<16} {'tok/s median':>12} {'min..max':>19} {'spread':>7} {'ratio':>6} "
-          f"{'host us/step':>12} {'+host':>7} {'median step':>11} {'+med':>7} "
-          f"{'cpu us/step':>11} {'+cpu':>7}")  # fmt: skip
+          f"{'paired':>6} {'host us/step':>12} {'+host':>7} {'+med':>7} {'+eng':>7} "
+          f"{'+cpu':>7}")  # fmt: skip
     for m in modes:
-        keys = ("tok_s", "host_us_per_step", "cpu_us_per_step", "host_us_median_step")
-        tok, host, cpu, med = (_summary(m.runs, k) for k in keys)
+        keys = ("tok_s", "host_us_per_step", "cpu_us_per_step", "host_us_median_step",
+                "engine_cpu_us_per_step")  # fmt: skip
+        tok, host, cpu, med, eng = (_summary(m.runs, k) for k in keys)
+        paired = statistics.median(
+            r["tok_s"] / o["tok_s"] for r, o in zip(m.runs, off.runs, strict=True)
+        )
         entry = {
             "runs": m.runs, "tok_s": tok, "host_us_per_step": host, "cpu_us_per_step": cpu,
-            "ratio_to_off": tok["median"] / base_tok,
-            "added_host_us_per_step": host["median"] - base_host,
+            "ratio_to_off": tok["median"] / base["tok_s"],
+            "paired_ratio_to_off": paired,
+            "added_host_us_per_step": host["median"] - base["host_us_per_step"],
             "host_us_median_step": med,
-            "added_host_us_median_step": med["median"] - base_med,
-            "added_cpu_us_per_step": cpu["median"] - base_cpu,
+            "added_host_us_median_step": med["median"] - base["host_us_median_step"],
+            "engine_cpu_us_per_step": eng,
+            "added_engine_cpu_us_per_step": eng["median"] - base["engine_cpu_us_per_step"],
+            "added_cpu_us_per_step": cpu["median"] - base["cpu_us_per_step"],
             "digests": m.digests,
         }  # fmt: skip
         out["modes"][m.name] = entry
         print(f"{m.name:<16} {tok['median']:>12.1f} {tok['min']:>9.1f}..{tok['max']:<9.1f} "
-              f"{tok['spread']:>7.3f} {entry['ratio_to_off']:>6.3f} {host['median']:>12.1f} "
-              f"{entry['added_host_us_per_step']:>+7.1f} {med['median']:>11.1f} "
-              f"{entry['added_host_us_median_step']:>+7.1f} {cpu['median']:>11.1f} "
+              f"{tok['spread']:>7.3f} {entry['ratio_to_off']:>6.3f} {paired:>6.3f} "
+              f"{host['median']:>12.1f} {entry['added_host_us_per_step']:>+7.1f} "
+              f"{entry['added_host_us_median_step']:>+7.1f} "
+              f"{entry['added_engine_cpu_us_per_step']:>+7.1f} "
               f"{entry['added_cpu_us_per_step']:>+7.1f}")  # fmt: skip
     # Each round runs the same prompts in every mode: its digests must all agree.
     out["same_tokens"] = all(
@@ -207,49 +232,120 @@ def report(modes: list[Mode]) -> dict[str, Any]:
     return out
 
 
-class _HostEvent:
-    """A timing event stamped on the host when recorded (the micro benchmark has no device)."""
+def direct(modes: list[Mode], work: list[Any]) -> dict[str, Any]:
+    """Per mode, one more workload with the tracer's entry points timed directly on the engine
+    thread (``bench/_tracer_cost.py``: wall and CPU time), then one with the device timeline's
+    event calls counted; the tracer's host µs per step is each mode's minus off's (off: the
+    disabled tracer's calls). Stages pending from earlier runs are emitted first (untimed)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _tracer_cost import CostMeter, counted_event_calls, metered
 
-    __slots__ = ("ns",)
+    def settle(m: Mode) -> None:
+        m.llm.engine.device.synchronize()
+        m.llm.engine.runner.timeline.poll()
 
-    def record(self, stream: Any = None) -> None:
-        self.ns = time.monotonic_ns()
+    results: dict[str, Any] = {}
+    for m in modes:
+        engine = m.llm.engine
+        meter = CostMeter()
+        meter.calibrate()
+        settle(m)
+        m.timer.steps = 0
+        with metered(engine, meter):
+            m.llm.run_workload([dataclasses.replace(w, id=f"d-{m.name}-{w.id}") for w in work])
+        entry = meter.per_step(m.timer.steps)
+        counts: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0}
+        settle(m)
+        m.timer.steps = 0
+        with counted_event_calls(engine, counts):
+            m.llm.run_workload([dataclasses.replace(w, id=f"c-{m.name}-{w.id}") for w in work])
+            settle(m)
+        entry["event_calls_per_step"] = {k: v / max(m.timer.steps, 1) for k, v in counts.items()}
+        results[m.name] = entry
+    off = results[modes[0].name]
+    print("measured directly around the tracer's calls on the engine thread (µs per step; "
+          f"wrapper cost {off['wrapper_bias_ns_per_call']:.0f} ns wall, "
+          f"{off['wrapper_bias_cpu_ns_per_call']:.0f} ns CPU per call subtracted; "
+          "'in wait': the device timeline's poll just before the engine blocks on a busy "
+          "device, not counted in the others):")  # fmt: skip
+    print(f"{'mode':<16} {'wall us/step':>12} {'added':>7} {'cpu us/step':>11} {'added':>7} "
+          f"{'in wait':>7}  event calls per step")  # fmt: skip
+    for name, entry in results.items():
+        entry["added_tracer_us_per_step"] = entry["tracer_us_per_step"] - off["tracer_us_per_step"]
+        entry["added_tracer_cpu_us_per_step"] = (
+            entry["tracer_cpu_us_per_step"] - off["tracer_cpu_us_per_step"]
+        )
+        calls = ", ".join(f"{k} {v:.2f}" for k, v in entry["event_calls_per_step"].items())
+        print(f"{name:<16} {entry['tracer_us_per_step']:>12.1f} "
+              f"{entry['added_tracer_us_per_step']:>+7.1f} {entry['tracer_cpu_us_per_step']:>11.1f} "
+              f"{entry['added_tracer_cpu_us_per_step']:>+7.1f} {entry['in_wait_us_per_step']:>7.1f}"
+              f"  {calls}")  # fmt: skip
+        top = list(entry["by_call_cpu_us_per_step"].items())[:6]
+        print("    CPU: " + ", ".join(f"{k} {v:.1f}" for k, v in top))
+    return results
 
-    def query(self) -> bool:
-        return True
 
-    def host_ns(self) -> int:
-        return self.ns
-
-
-_STAGES = [("h2d_inputs", "copy"), ("input_prep", "compute"), ("forward", "compute"),
-           ("sample", "compute"), ("d2h_output", "copy")]  # fmt: skip
+# (name, lane, stream, contiguous, followed by a sync event), as the runner records them
+_STAGES = [("h2d_inputs", "copy", "h2d", False, True),
+           ("input_prep", "compute", "compute", False, False),
+           ("forward", "compute", "compute", True, False),
+           ("sample", "compute", "compute", True, True),
+           ("d2h_output", "copy", "d2h", False, True)]  # fmt: skip
 
 
-def _micro_steps(tracer: Tracer, num_steps: int, finished_per_step: int) -> float:
+def _micro_steps(
+    tracer: Tracer,
+    num_steps: int,
+    finished_per_step: int,
+    clock: Callable[[], int] = time.thread_time_ns,
+) -> tuple[float, float]:
     """The tracer calls of ``num_steps`` engine steps (five CPU spans with the engine's args,
-    five device stages, the counters, and ``finished_per_step`` requests starting and ending
-    per step); returns host ns per step. Request bookkeeping runs whether tracing is on or not,
-    as in the engine."""
+    the runner's once-per-step device-timeline hook and five device stages on three streams as
+    the runner records them, the counters, and ``finished_per_step`` requests starting and ending
+    per step); returns (ns per step, of which ns in the device timeline's poll just before the
+    wait for the previous step's output) by ``clock`` (default: this thread's CPU time). Request bookkeeping runs whether tracing is on or not,
+    as in the engine. The device stages run the CUDA path (``CudaClock``) over stand-in events
+    (:class:`~instrument.device_events.StandInCudaEvent`, host-stamped, counting their calls);
+    the simulated device completes step N-1 while step N is launched (async scheduling)."""
     from engine.request_timeline import RequestTimeline
+    from instrument.device_events import StandInCudaEvent, StandInStream
     from instrument.device_timeline import DeviceTimeline
     from instrument.schema import Counter
 
-    timeline = DeviceTimeline(tracer, 0, _HostEvent)
+    streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
+    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock())
     requests = RequestTimeline(tracer, write_tracks=True)
     counters = [c.value for c in Counter]
     rid = 0
-    start = time.perf_counter_ns()
+    launched: dict[str, int] = {}
+    in_wait_ns = 0
+
+    def busy() -> bool:
+        return False
+
+    start = clock()
     for step in range(num_steps):
         with tracer.span("schedule") as span:
             span.set_args(step=step, num_reqs=256, num_tokens=256, num_prefill=0,
                           num_decode=256, num_spec_tokens=0)  # fmt: skip
+        timeline.poll_if_due()
         with tracer.span("prepare_inputs", step=step):
-            timeline.poll()
+            pass
         with tracer.span("launch", step=step, flow_out=(1 << 32) + step):
-            for name, lane in _STAGES:
-                with timeline.stage(name, step=step, lane=lane):
+            for name, lane, stream, contiguous, sync in _STAGES:
+                with timeline.stage(
+                    name, step=step, lane=lane, stream=streams[stream], contiguous=contiguous
+                ):
                     pass
+                if sync:  # the runner's sync event after the stage (recorded when tracing is off)
+                    timeline.event_after_stage(streams[stream], StandInCudaEvent)
+        # The engine waits for the previous step, which the device is still running.
+        wait0 = clock()
+        timeline.poll_while_waiting(busy)
+        in_wait_ns += clock() - wait0
+        for name, s in streams.items():  # the device finishes the previous step
+            s.num_done = launched.get(name, 0)
+            launched[name] = s.num_recorded
         with tracer.span("wait_output", step=step, kind="sampled"):
             pass
         with tracer.span("update_from_output", step=step) as span:
@@ -261,48 +357,82 @@ def _micro_steps(tracer: Tracer, num_steps: int, finished_per_step: int) -> floa
                 requests.tokens(req, 128)
                 requests.finished(req)
             span.set_args(num_accepted=0, num_rejected=0, num_finished=finished_per_step)
-        for name in counters:
-            tracer.counter(name, 0.5)
-    return (time.perf_counter_ns() - start) / num_steps
+        if tracer.enabled:
+            tracer.counters({name: 0.5 for name in counters})
+    took = clock() - start
+    for s in streams.values():
+        s.advance()
+    timeline.drain()
+    if tracer.enabled and timeline.num_emitted != len(_STAGES) * num_steps:
+        raise AssertionError(f"{timeline.num_emitted} device slices of {5 * num_steps}")
+    return took / num_steps, in_wait_ns / num_steps
+
+
+def event_calls_per_step(num_steps: int = 2000) -> dict[str, dict[str, float]]:
+    """CUDA event API calls per engine step (stand-in events: the same calls a real
+    ``torch.cuda.Event`` gets) in the micro benchmark's step loop, tracing off (the runner's own
+    three sync events) and on."""
+    from instrument.device_events import StandInCudaEvent
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, tracer in (
+            ("off", Tracer(enabled=False)),
+            ("on", Tracer(os.path.join(tmp, "calls.pftrace"))),
+        ):
+            StandInCudaEvent.reset_calls()
+            _micro_steps(tracer, num_steps, 0)
+            out[name] = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+            tracer.close()
+    return out
 
 
 def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> dict[str, Any]:
     """CPU time per step the tracer adds, with no device and no model: the same step loop with
     tracing off and on (per writer, without and with two finished requests per step), alternated
     ``rounds`` times, minimum per configuration. ``engine_us``: CPU time of the looping (engine)
-    thread; ``process_us``: CPU time of the whole process until the tracer has closed (the
+    thread; ``in_wait_us``: the part of it spent in the device timeline's poll just before the
+    engine blocks on a step's output (on a device still busy with that step it costs no
+    throughput); ``process_us``: CPU time of the whole process until the tracer has closed (the
     engine thread plus the flush thread: what competes for the GIL; a writer child process runs
-    on another core). CPU time, not wall time: other processes on a shared machine do not count."""
+    on another core). CPU time, not wall time: other processes on a shared machine do not count.
+    Also the CUDA event calls per step (``event_calls``)."""
     configs = [(f"off{'+requests' if fin else ''}", None, fin) for fin in (0, 2)] + [
         (f"{w}{'+requests' if fin else ''}", w, fin) for w in writers for fin in (0, 2)
     ]
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in configs}
+    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _, _ in configs}
     for r in range(rounds):
         for name, writer, finished in configs:
             if writer is None:
                 tracer = Tracer(enabled=False)
             else:
                 tracer = Tracer(os.path.join(trace_dir, f"micro_{name}_{r}.pftrace"), writer=writer)
-            thread0, process0 = time.thread_time_ns(), time.process_time_ns()
-            _micro_steps(tracer, num_steps, finished)
-            thread1 = time.thread_time_ns()
+            process0 = time.process_time_ns()
+            loop_ns, in_wait_ns = _micro_steps(tracer, num_steps, finished)
             tracer.close()
             process1 = time.process_time_ns()
-            times[name].append(((thread1 - thread0) / num_steps, (process1 - process0) / num_steps))
+            times[name].append((loop_ns, in_wait_ns, (process1 - process0) / num_steps))
     out: dict[str, Any] = {}
     for name, _, finished in configs:
         base = times[f"off{'+requests' if finished else ''}"]
+        mine = times[name]
         out[name] = {
-            "engine_us_per_step": min(t[0] for t in times[name]) / 1e3,
-            "added_engine_us_per_step": (min(t[0] for t in times[name]) - min(b[0] for b in base)) / 1e3,
-            "added_process_us_per_step": (min(t[1] for t in times[name]) - min(b[1] for b in base)) / 1e3,
+            "engine_us_per_step": min(t[0] for t in mine) / 1e3,
+            "added_engine_us_per_step": (min(t[0] for t in mine) - min(b[0] for b in base)) / 1e3,
+            "in_wait_us_per_step": min(t[1] for t in mine) / 1e3,
+            "added_process_us_per_step": (min(t[2] for t in mine) - min(b[2] for b in base)) / 1e3,
         }  # fmt: skip
-    print(f"tracer CPU cost per step (no device; {num_steps} steps, min of {rounds}; "
-          "added engine-thread / whole-process us):")  # fmt: skip
+    calls = event_calls_per_step()
+    out["event_calls_per_step"] = calls
+    print(f"tracer CPU cost per step (no device; {num_steps} steps, min of {rounds}; added "
+          "engine-thread us (of which in the pre-wait poll) / whole-process us):")  # fmt: skip
     for name, v in out.items():
-        if not name.startswith("off"):
-            print(f"    {name:<18} {v['added_engine_us_per_step']:+7.1f} / "
-                  f"{v['added_process_us_per_step']:+7.1f}")  # fmt: skip
+        if name != "event_calls_per_step" and not name.startswith("off"):
+            print(f"    {name:<18} {v['added_engine_us_per_step']:+7.1f} "
+                  f"({v['in_wait_us_per_step']:5.1f}) / {v['added_process_us_per_step']:+7.1f}")  # fmt: skip
+    for name, c in calls.items():
+        print(f"CUDA event calls per step, tracing {name} (stand-in events, the CUDA path): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in c.items()))  # fmt: skip
     return out
 
 
@@ -327,6 +457,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument(
         "--micro-steps", type=int, default=5000, help="steps of the no-device micro benchmark"
+    )
+    p.add_argument(
+        "--no-direct",
+        dest="direct",
+        action="store_false",
+        help="skip the per-mode workloads that time the tracer's calls directly",
     )
     p.add_argument(
         "--profile",
@@ -366,6 +502,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for m in modes:
             m.runs.append(timed_run(m, round_workloads))
         _sync(args.device)
+    direct_result = direct(modes, workload(args, next(seeds))) if args.direct else {}
     profiles = (
         profile_modes(modes, workload(args, next(seeds)), args.profile) if args.profile else {}
     )
@@ -377,6 +514,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.out, "w") as f:
             json.dump({m.name: m.runs for m in modes}, f, indent=2)
     result = report(modes)
+    result["direct"] = direct_result
     result["micro"] = micro_result
     result["profile"] = profiles
     result["config"] = vars(args) | {"repeats_per_run": int(repeats), "trace_dir": trace_dir}
@@ -388,9 +526,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def profile_modes(modes: list[Mode], work: list[Any], top: int) -> dict[str, Any]:
-    """One workload per mode under cProfile (engine thread); per traced mode the ``top``
-    functions whose own time per step grew most over ``off`` (µs per step, inflated by cProfile
-    alike in every mode: read the differences)."""
+    """One workload per mode under cProfile; per traced mode the ``top`` functions whose own time
+    per step grew most over ``off`` (µs per step, inflated by cProfile alike in every mode: read
+    the differences). Python < 3.12: the engine thread only. Python >= 3.12 (cProfile on
+    ``sys.monitoring``): every thread, so the tracers' flush threads show up too (their pickling,
+    and ``lock.acquire`` = ``Event.wait`` between flushes, idle time that is no engine cost);
+    ``direct`` measures the engine thread alone."""
     import cProfile
     import pstats
 
@@ -409,6 +550,9 @@ def profile_modes(modes: list[Mode], work: list[Any], top: int) -> dict[str, Any
         }
     base = per_step[modes[0].name]
     out: dict[str, Any] = {}
+    if sys.version_info >= (3, 12):
+        print("cProfile (Python >= 3.12) sees every thread: flush threads' pickling and "
+              "lock.acquire (Event.wait, idle) are not on the engine thread")  # fmt: skip
     for m in modes[1:]:
         grown = {f: t - base.get(f, 0.0) for f, t in per_step[m.name].items()}
         rows = sorted(grown.items(), key=lambda kv: -kv[1])[:top]

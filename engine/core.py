@@ -335,6 +335,8 @@ class EngineCore:
             kind = WaitKind.GRAMMAR  # this output gates the sampling of the next step
         else:
             kind = WaitKind.SAMPLED
+        # The device timeline's batched poll, on time the host is about to wait anyway.
+        self.runner.timeline.poll_while_waiting(handle.is_ready)
         with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind.value):
             with cold_region():  # the intended wait
                 out = handle.get()

@@ -77,7 +77,9 @@ class Device(ABC):
 
     @abstractmethod
     def timed_event_factory(self) -> Callable[[], Any]:
-        """Factory of ``TimedEvent`` objects for ``instrument.device_timeline.DeviceTimeline``."""
+        """Factory of ``TimedEvent`` objects for ``instrument.device_timeline.DeviceTimeline``
+        (on CUDA a ``CudaClock``: also the timeline's ``EventOps``, see
+        ``instrument/device_events.py``)."""
 
     @abstractmethod
     def wait_event(self, stream: Any, event: DeviceEvent) -> None:
@@ -295,10 +297,10 @@ class CudaDevice(Device):
 
     def timed_event_factory(self) -> Callable[[], Any]:
         # Calibrating the clock synchronises the device once: start-up only.
-        from instrument.device_timeline import CudaClock, CudaTimedEvent
+        # The clock is also the timeline's EventOps: C-level event calls, batched conversion.
+        from instrument.device_events import CudaClock
 
-        clock = CudaClock(self.torch_device)
-        return lambda: CudaTimedEvent(clock)
+        return CudaClock.calibrate(self.torch_device)
 
     def wait_event(self, stream: Any, event: DeviceEvent) -> None:
         stream.wait_event(event)

@@ -1,41 +1,62 @@
 """Device slices from timed events recorded on a stream around each device stage.
 
-The CPU records an event before and after enqueueing a stage; later, non-blocking ``query()`` calls
-find the pairs that have completed and turn them into slices on ``gpu:<i> compute`` / ``copy``
-tracks. Nothing here synchronises on the hot path: :meth:`DeviceTimeline.poll` only queries.
+The CPU records an event before and after enqueueing a stage (:meth:`DeviceTimeline.stage`);
+later, non-blocking queries find the stages that have completed and turn them into slices on
+``gpu:<i> compute`` / ``copy`` tracks. Nothing here synchronises on the hot path.
 
-Events follow the :class:`TimedEvent` protocol. :class:`CudaTimedEvent` wraps a timing
-``torch.cuda.Event`` and maps its device time onto the host clock through a calibration taken once
-at start-up; the engine's CPU device provides events stamped by its worker thread.
+What the engine thread pays per stage is kept small (docs/design.md §4.3):
+
+* events are pooled (an emitted stage's events are recorded again by later stages) and a
+  ``contiguous`` stage begins at the previous stage's end event (one record fewer);
+* polls are batched and placed where they cost nothing: :meth:`DeviceTimeline.poll_while_waiting`
+  runs at the engine's one consumption point, just before it blocks on a step's output, and only
+  while the device is still busy with it (then the host would have waited anyway) and once
+  ``poll_batch`` stages are pending; :meth:`DeviceTimeline.poll_if_due`, the once-per-step hook on
+  the hot path, polls only past ``max_deferred`` pending stages (an engine that never waits);
+* a poll queries each stream's pending stages newest first and by bisection (events on one stream
+  complete in stream order, so one completed event vouches for every earlier one), converts the
+  completed ones to host times in one pass and hands their slices to the tracer in one call.
+
+Events are made, recorded, queried and read through an :class:`~instrument.device_events.EventOps`
+(``CudaClock`` on CUDA; any factory of ``TimedEvent`` objects otherwise).
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from instrument.device_events import (
+    CudaClock,
+    CudaTimedEvent,
+    EventOps,
+    TimedEvent,
+    as_ops,
+)
+from instrument.events import EV_SLICE_AT, RawEvent
 from instrument.schema import DEVICE_COMPUTE, DEVICE_LANES, Arg, device_track_name
 from instrument.tracer import Tracer, now_ns
 
-__all__ = ["TimedEvent", "DeviceTimeline", "CudaClock", "CudaTimedEvent", "PendingStage"]
+__all__ = [
+    "TimedEvent",
+    "DeviceTimeline",
+    "CudaClock",
+    "CudaTimedEvent",
+    "PendingStage",
+    "POLL_BATCH",
+    "MAX_DEFERRED",
+]
 
-
-class TimedEvent(Protocol):
-    """An event that can be recorded on a stream and read back as a host timestamp."""
-
-    def record(self, stream: Any = None) -> None: ...
-
-    def query(self) -> bool: ...
-
-    def host_ns(self) -> int: ...
+POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
+MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway
 
 
 @dataclass(slots=True)
 class PendingStage:
-    """A stage whose end event has not completed yet."""
+    """A stage whose end event has not completed yet (for callers that record events
+    themselves: :meth:`DeviceTimeline.add`)."""
 
     name: str
     lane: str
@@ -44,64 +65,8 @@ class PendingStage:
     end: TimedEvent
     args: dict[str, object]
     host_end_ns: int  # host clock when ``end.record`` returned: the CPU finished enqueueing
-
-
-class CudaClock:
-    """Maps CUDA event times to the host monotonic clock.
-
-    Calibration: with the device idle, take the host time, then record an event; the idle
-    stream runs it one launch latency later. The reference is that host time (``before``), not
-    the midpoint of the bracket: the wake-up from ``synchronize`` is slow and uneven (on the H200
-    the midpoint put device times ~35 us early, so every stage's CPU lead read about -35 us).
-    Device times are then at most one launch latency (a few us) early, so a lead is a slight
-    under-estimate and a stage the device waited for reads ~0. Best of a few tries (the one with
-    the tightest bracket). Later events convert through ``reference.elapsed_time(event)``.
-    Taken once at start-up (a synchronisation, but not on the hot path); docs/design.md §5.14.1.
-    """
-
-    def __init__(self, device: Any = None, tries: int = 5) -> None:
-        import torch
-
-        self.device = torch.device(device if device is not None else "cuda")
-        best: tuple[int, int, Any] | None = None
-        with torch.cuda.device(self.device):
-            for _ in range(tries):
-                torch.cuda.synchronize()
-                event = torch.cuda.Event(enable_timing=True)
-                before = time.monotonic_ns()
-                event.record()
-                event.synchronize()
-                after = time.monotonic_ns()
-                if best is None or after - before < best[1] - best[0]:
-                    best = (before, after, event)
-        assert best is not None
-        self.reference = best[2]
-        self.reference_host_ns = best[0]
-        self.uncertainty_ns = best[1] - best[0]
-
-    def to_host_ns(self, event: Any) -> int:
-        return self.reference_host_ns + int(self.reference.elapsed_time(event) * 1e6)
-
-
-class CudaTimedEvent:
-    """A timing ``torch.cuda.Event`` that reports host-clock times through a :class:`CudaClock`."""
-
-    __slots__ = ("_event", "_clock")
-
-    def __init__(self, clock: CudaClock) -> None:
-        import torch
-
-        self._event = torch.cuda.Event(enable_timing=True)
-        self._clock = clock
-
-    def record(self, stream: Any = None) -> None:
-        self._event.record(stream)
-
-    def query(self) -> bool:
-        return bool(self._event.query())
-
-    def host_ns(self) -> int:
-        return self._clock.to_host_ns(self._event)
+    end_shared: bool = False
+    lent: bool = False
 
 
 _STEP = Arg.STEP.value
@@ -121,40 +86,40 @@ class _NullScope:
 
 
 _NULL_SCOPE = _NullScope()
+_new_scope = object.__new__
+
+
+class _StreamQueue:
+    """One stream's pending stages, oldest first (they complete in this order)."""
+
+    __slots__ = ("stream", "stages")
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.stages: deque[Any] = deque()
 
 
 class _StageScope:
-    """Records the begin event on enter, the end event (and the host time) on exit, then queues
-    itself as the pending stage (it has :class:`PendingStage`'s fields: no second object)."""
+    """One stage: :meth:`DeviceTimeline.stage` records its begin event; on exit it records the
+    end event (and the host time) and queues itself as its stream's newest pending stage (it is
+    its own pending record)."""
 
-    __slots__ = ("_timeline", "name", "step", "lane", "_stream", "args", "begin", "end",
-                 "host_end_ns", "_contiguous", "end_shared")  # fmt: skip
-
-    def __init__(
-        self,
-        timeline: DeviceTimeline,
-        name: str,
-        step: int,
-        lane: str,
-        stream: Any,
-        args: dict[str, object],
-        contiguous: bool,
-    ) -> None:
-        self._timeline, self.name, self.step = timeline, name, step
-        self.lane, self._stream, self.args = lane, stream, args
-        self._contiguous, self.end_shared = contiguous, False
+    __slots__ = ("_timeline", "name", "step", "lane", "stream", "args", "begin", "end",
+                 "host_end_ns", "end_shared", "lent")  # fmt: skip
+    _timeline: DeviceTimeline
+    name: str
+    step: int
+    lane: str
+    stream: Any
+    args: dict[str, object]
+    begin: Any
+    end: Any
+    host_end_ns: int
+    end_shared: bool  # a contiguous successor begins at this stage's end event
+    lent: bool  # the end event was handed to the caller (event_after_stage)
 
     def __enter__(self) -> None:
-        timeline = self._timeline
-        last = timeline._last
-        if self._contiguous and last is not None and last._stream is self._stream:
-            # The stream reaches this stage's begin when it reaches the last stage's end.
-            self.begin = last.end
-            last.end_shared = True
-            return
-        free = timeline._free
-        begin = self.begin = free.pop() if free else timeline._event_factory()
-        begin.record(self._stream)
+        return None
 
     def __exit__(
         self, exc_type: object, exc: object, tb: object, _now: Callable[[], int] = now_ns
@@ -163,15 +128,20 @@ class _StageScope:
             return False
         timeline = self._timeline
         free = timeline._free
-        end = self.end = free.pop() if free else timeline._event_factory()
-        end.record(self._stream)
+        end = self.end = free.pop() if free else timeline._new()
+        stream = self.stream
+        timeline._record(end, stream)
         # CPU lead = (when the stream reached ``end``) - (when the host recorded it): docs/design.md.
-        host_end_ns = self.host_end_ns = _now()
-        args = self.args  # this stage's own keyword dict: completed here, written as is
-        args[_STEP] = self.step
-        args[_HOST_END_NS] = host_end_ns
+        self.host_end_ns = _now()
         timeline._last = self
-        timeline.add(self)  # type: ignore[arg-type]
+        queue = timeline._queues.get(id(stream))
+        if queue is None or queue.stream is not stream:
+            queue = timeline._new_queue(stream)
+        queue.stages.append(self)
+        timeline.num_recorded += 1
+        timeline.num_pending += 1
+        if timeline.num_pending > timeline._max_pending:
+            timeline._drop_oldest(queue)
         return False
 
 
@@ -181,27 +151,45 @@ class DeviceTimeline:
     Args:
         tracer: where slices go; with a disabled tracer, :meth:`stage` records nothing.
         device_index: the ``<i>`` of ``gpu:<i>`` track names.
-        event_factory: makes a fresh :class:`TimedEvent`.
-        max_pending: pairs kept waiting before the oldest are dropped (and counted).
+        event_factory: an :class:`~instrument.device_events.EventOps` (``CudaClock``), or a
+            factory of fresh :class:`TimedEvent` objects.
+        max_pending: stages kept waiting before the oldest of a stream is dropped (and counted
+            as ``dropped_device_slices``).
+        poll_batch: pending stages at which :meth:`poll_while_waiting` polls.
+        max_deferred: pending stages at which :meth:`poll_if_due` polls.
     """
 
     def __init__(
         self,
         tracer: Tracer,
         device_index: int,
-        event_factory: Callable[[], TimedEvent],
+        event_factory: EventOps | Callable[[], TimedEvent],
         max_pending: int = 4096,
+        poll_batch: int = POLL_BATCH,
+        max_deferred: int = MAX_DEFERRED,
     ) -> None:
+        if not 1 <= poll_batch <= max_deferred <= max_pending:
+            raise ValueError(
+                "need 1 <= poll_batch <= max_deferred <= max_pending, got "
+                f"{poll_batch}, {max_deferred}, {max_pending}"
+            )
         self.tracer = tracer
         self.device_index = device_index
-        self._event_factory = event_factory
-        self._pending: deque[PendingStage] = deque()
+        self.ops = as_ops(event_factory)
+        self._new, self._record, self._query = self.ops.new, self.ops.record, self.ops.query
         self._max_pending = max_pending
+        self.poll_batch = poll_batch
+        self.max_deferred = max_deferred
+        self._queues: dict[int, _StreamQueue] = {}  # by id(stream); the stream is kept too
+        self._unordered: list[Any] = []  # stages queued through add(): no stream order known
+        self.num_recorded = 0  # stages queued (recorded whole, or through add())
+        self.num_pending = 0
         self.num_emitted = 0
+        self.num_dropped = 0
         # Events of emitted stages, recorded again by later stages (no create/destroy per stage).
-        self._free: list[TimedEvent] = []
-        self._last: _StageScope | None = None  # the stage recorded last (for ``contiguous``)
-        self._last_read: tuple[Any, int] = (None, 0)  # (event, host_ns) of the last end read
+        self._free: list[Any] = []
+        self._last: Any = None  # the stage recorded last (for ``contiguous``)
+        self._held: Any = None  # an emitted stage whose end the next stage may still share
         self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
         # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
         self.observer: Callable[[str, str, int, int, int], None] | None = None
@@ -220,8 +208,10 @@ class DeviceTimeline:
         contiguous: bool = False,
         **args: object,
     ) -> _StageScope | _NullScope:
-        """Bracket the enqueue of one device stage with a begin and an end event (a context
-        manager; a shared no-op one when tracing is off).
+        """Bracket the enqueue of one device stage with a begin and an end event: the begin is
+        recorded here, the end when the returned context manager exits (use it as ``with
+        timeline.stage(...):`` around the enqueue; a shared no-op one when tracing is off).
+        ``stream``: where the stage's work is enqueued (required on CUDA).
 
         ``contiguous``: the caller enqueued nothing on ``stream`` since the previous stage of this
         timeline ended on it, so this stage begins at that stage's end event (one event fewer);
@@ -229,70 +219,183 @@ class DeviceTimeline:
         """
         if not self.tracer.enabled:
             return _NULL_SCOPE
-        return _StageScope(self, name, step, lane, stream, args, contiguous)
-
-    def _event(self) -> TimedEvent:
-        """A timing event: one from the pool of emitted stages' events, or a fresh one."""
-        free = self._free
-        return free.pop() if free else self._event_factory()
+        if stream is None:
+            stream = self.ops.default_stream()
+        scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
+        scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
+        scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
+        last = self._last
+        if contiguous and last is not None and last.stream is stream and not last.lent:
+            # The stream reaches this stage's begin when it reaches the last stage's end.
+            scope.begin = last.end
+            last.end_shared = True
+        else:
+            free = self._free
+            begin = scope.begin = free.pop() if free else self._new()
+            self._record(begin, stream)
+        return scope
 
     def add(self, stage: PendingStage) -> None:
-        """Queue a recorded pair (for callers that record events themselves)."""
-        if len(self._pending) >= self._max_pending:
-            self._pending.popleft()
-            self.tracer.count_dropped("device_slices")
-        self._pending.append(stage)
+        """Queue a recorded pair (for callers that record events themselves); such stages are
+        queried one by one (their stream order is not known)."""
+        self._unordered.append(stage)
+        self.num_recorded += 1
+        self.num_pending += 1
 
-    # stepscope: hot
-    def poll(self) -> int:
-        """Emit every pending stage whose end event completed, oldest first; never blocks.
-
-        Stages complete in stream order per lane, so polling stops at the first incomplete one.
-        Returns how many slices were emitted.
-        """
-        emitted = 0
-        while self._pending and self._pending[0].end.query():
-            self._emit(self._pending.popleft())
-            emitted += 1
-        return emitted
-
-    def drain(self) -> int:
-        """Emit what has completed, then drop (and count) what cannot complete. Off the hot path."""
-        emitted = self.poll()
-        # Lanes complete independently: a later stage on another lane may be done already.
-        still: deque[PendingStage] = deque()
-        for stage in self._pending:
-            if stage.end.query():
-                self._emit(stage)
-                emitted += 1
-            else:
-                still.append(stage)
-        self._pending = still
-        return emitted
+    def event_after_stage(self, stream: Any, make: Callable[[], Any]) -> Any:
+        """An event on ``stream`` right after the stage that just closed on it, for the caller to
+        make another stream wait on or to synchronise with: when tracing, that stage's end event
+        (lent to the caller: never recorded again, nor shared by a contiguous stage; one record
+        fewer per call), else ``make()`` (an event of the kind the timeline's ``EventOps``
+        records) recorded on ``stream`` now. The caller must not have enqueued anything on
+        ``stream`` since the stage closed."""
+        if stream is None:
+            stream = self.ops.default_stream()
+        last = self._last
+        if last is not None and last.stream is stream and not last.lent and self.tracer.enabled:
+            last.lent = True
+            return last.end
+        event = make()
+        self._record(event, stream)
+        return event
 
     def new_event(self) -> TimedEvent:
         """A fresh timing event on the timeline's host clock (for markers outside stages)."""
-        return self._event_factory()
+        return self.ops()
 
-    @property
-    def num_pending(self) -> int:
-        return len(self._pending)
+    def _new_queue(self, stream: Any) -> _StreamQueue:
+        queue = self._queues[id(stream)] = _StreamQueue(stream)
+        return queue
 
-    def _emit(self, stage: PendingStage) -> None:
-        begin, end = stage.begin, stage.end
-        last_event, last_ns = self._last_read
-        start_ns = last_ns if begin is last_event else begin.host_ns()
-        end_ns = end.host_ns()
-        self._last_read = (end, end_ns)
-        end_ns = max(end_ns, start_ns)
-        # Completed and read: free to record again (a shared end once its second stage is out).
-        self._free.append(begin)
-        if not getattr(stage, "end_shared", False):
-            self._free.append(end)
-        args = stage.args
-        if _HOST_END_NS not in args:  # a stage queued through add() by its caller
-            args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **args}
-        self.tracer.slice_args(self._lane_tracks[stage.lane], stage.name, start_ns, end_ns, args)
-        self.num_emitted += 1
-        if self.observer is not None:
-            self.observer(stage.lane, stage.name, stage.step, start_ns, end_ns)
+    def _drop_oldest(self, queue: _StreamQueue) -> None:
+        """Over ``max_pending``: drop the stream's oldest stage (its events are not reused)."""
+        queue.stages.popleft()
+        self.num_pending -= 1
+        self.num_dropped += 1
+        self.tracer.count_dropped("device_slices")
+
+    # stepscope: hot
+    def poll_if_due(self) -> int:
+        """The once-per-step hook on the hot path: :meth:`poll` only once ``max_deferred`` stages
+        are pending (the engine did not wait for the device meanwhile), else nothing. Returns how
+        many slices were emitted."""
+        if self.num_pending < self.max_deferred:
+            return 0
+        return self.poll()
+
+    def poll_while_waiting(self, done: Callable[[], bool]) -> int:
+        """The engine is about to block until ``done()`` (a step's output): once ``poll_batch``
+        stages are pending and ``done()`` is still False, :meth:`poll` now, on time the host would
+        spend waiting anyway. Returns how many slices were emitted."""
+        if self.num_pending < self.poll_batch or done():
+            return 0
+        return self.poll()
+
+    def poll(self) -> int:
+        """Emit every pending stage whose end event has completed; never blocks.
+
+        Per stream, the newest pending end event is queried first (complete: so is every earlier
+        one), else the boundary is found by bisection. Returns how many slices were emitted.
+        """
+        if not self.num_pending:
+            return 0
+        done: list[Any] = []
+        for queue in self._queues.values():
+            stages = queue.stages
+            for _ in range(self._completed(stages)):
+                done.append(stages.popleft())
+        if self._unordered:
+            query = self._query
+            still: list[Any] = []
+            for stage in self._unordered:
+                (done if query(stage.end) else still).append(stage)
+            self._unordered = still
+        if done:
+            self._emit(done)
+        return len(done)
+
+    def _completed(self, stages: deque[Any]) -> int:
+        """How many of a stream's oldest pending stages have completed (stream order: a
+        completed end event vouches for every earlier one)."""
+        n = len(stages)
+        if n == 0:
+            return 0
+        query = self._query
+        if query(stages[-1].end):
+            return n
+        lo, hi = -1, n - 1  # stages[hi] is incomplete; stages[lo] complete (or none, at -1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if query(stages[mid].end):
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1
+
+    def drain(self) -> int:
+        """Emit what has completed; count what is still pending as dropped (end of a run, off
+        the hot path: a stage that never completes is counted, not lost silently)."""
+        emitted = self.poll()
+        left = self.num_pending
+        if left:
+            for queue in self._queues.values():
+                queue.stages.clear()
+            self._unordered = []
+            self.num_pending = 0
+            self.num_dropped += left
+            self.tracer.count_dropped("device_slices", left)
+        return emitted
+
+    def _emit(self, stages: list[Any]) -> None:
+        """Completed stages (each stream's in stream order) as slices: their distinct events
+        converted in one pass, the slices handed to the tracer in one call."""
+        events: list[Any] = []
+        prev_end: Any = None
+        for stage in stages:
+            if stage.begin is not prev_end:  # a contiguous stage's begin is read once
+                events.append(stage.begin)
+            events.append(stage.end)
+            prev_end = stage.end
+        times = self.ops.host_ns_many(events)
+        held = self._held
+        if held is not None and held is not self._last:
+            self._held = None  # its successor did not share its end: the event is free
+            if not (held.end_shared or held.lent):
+                self._free.append(held.end)
+        free, last, tracks, observer = self._free, self._last, self._lane_tracks, self.observer
+        out: list[RawEvent] = []
+        i = 0
+        prev_end = None
+        end_ns = 0
+        for stage in stages:
+            begin, end = stage.begin, stage.end
+            if begin is prev_end:
+                start_ns = end_ns
+            else:
+                start_ns = times[i]
+                i += 1
+            end_ns = max(times[i], start_ns)
+            i += 1
+            prev_end = end
+            # Read: free to record again; a shared end goes with the stage that shares it, a lent
+            # one stays with the caller, and the newest stage's end waits for the next stage
+            # (which may share it).
+            free.append(begin)
+            if stage.end_shared or stage.lent:
+                pass
+            elif stage is last:
+                self._held = stage
+            else:
+                free.append(end)
+            args = stage.args
+            if isinstance(stage, PendingStage):
+                args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **args}
+            else:
+                args[_STEP] = stage.step
+                args[_HOST_END_NS] = stage.host_end_ns
+            out.append((EV_SLICE_AT, tracks[stage.lane], stage.name, start_ns, end_ns, args))
+            if observer is not None:
+                observer(stage.lane, stage.name, stage.step, start_ns, end_ns)
+        self.num_pending -= len(stages)
+        self.num_emitted += len(stages)
+        self.tracer.append_slices(out)

@@ -253,6 +253,12 @@ class Tracer:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
         self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
 
+    def append_slices(self, slices: list[RawEvent]) -> None:
+        """Many complete slices in one call: ``(EV_SLICE_AT, track, name, start_ns, end_ns,
+        args)`` tuples with ``end_ns >= start_ns`` (the device timeline's batches)."""
+        if self.enabled:
+            self._buffer.extend(slices)
+
     def request_slices(
         self,
         req_id: str,

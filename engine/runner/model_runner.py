@@ -210,7 +210,7 @@ class ModelRunner:
     # stepscope: hot
     def _prepare_step(self, out: SchedulerOutput) -> InputBatch | None:
         """Host side of a step: state-table diffs and the packed batch (None: nothing to run)."""
-        self.timeline.poll()
+        self.timeline.poll_if_due()
         with self.tracer.span(CpuSlice.PREPARE_INPUTS.value, step=out.step):
             if out.scheduled_spec_decode_tokens and self.spec is None:
                 raise ValueError("the scheduler sent drafts but this runner has no proposer")
@@ -243,8 +243,7 @@ class ModelRunner:
         with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
-        inputs_ready = dev.new_event()
-        inputs_ready.record(h2d)
+        inputs_ready = tl.event_after_stage(h2d, dev.new_event)  # traced: h2d_inputs' end event
         dev.wait_event(compute, inputs_ready)
         in_flight = StepInFlight()
 
@@ -298,16 +297,14 @@ class ModelRunner:
         copy_drafts = self.spec is not None and mask is not None
         if copy_drafts:
             self._enqueue_draft(batch, in_flight)
-        sampled_ready = dev.new_event()
-        sampled_ready.record(compute)
+        sampled_ready = tl.event_after_stage(compute, dev.new_event)
         if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
             self._enqueue_draft(batch, in_flight)
         dev.wait_event(d2h, sampled_ready)
         host = self._host_buffers(batch, copy_drafts)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
-        ready = dev.new_event()
-        ready.record(d2h)
+        ready = tl.event_after_stage(d2h, dev.new_event)
         return AsyncOutput(batch, step, host, ready)
 
     # stepscope: hot
@@ -420,5 +417,8 @@ class ModelRunner:
             dst.copy_(src, non_blocking=True)
 
     def close(self) -> None:
-        """Emit what the timeline can still emit (off the hot path)."""
+        """Wait for the device, then emit every pending device slice (off the hot path: a
+        draft enqueued after the last output's copy is still emitted, not counted as dropped)."""
+        if self.timeline.num_pending:
+            self.device.synchronize()
         self.timeline.drain()

@@ -67,3 +67,64 @@ def test_async_overlap_is_real_on_cpu(tmp_path, tiny_model_config):
     off = analyze_trace(_run(tmp_path, tiny_model_config, async_on=False)).headline
     assert on["overlap"] > 0.3, on["overlap"]
     assert off["overlap"] < 0.05, off["overlap"]  # sync: scheduling never overlaps the device
+
+
+def test_batched_device_polls_lose_no_stage(tmp_path, tiny_model_config):
+    """The device timeline polls in batches (at the engine's wait, or past max_deferred): every
+    launched step still has each of its device stages exactly once, the trace holds every stage
+    the runner recorded, and the metadata reports nothing dropped."""
+    path = str(tmp_path / "batched.pftrace")
+    tracer = Tracer(path)
+    llm = LLM(
+        tracer=tracer,
+        model_config=tiny_model_config,
+        random_weights=True,
+        num_kv_blocks=128,
+        max_num_seqs=8,
+    )
+    timeline = llm.engine.runner.timeline
+    prompts = [[(5 * i + j) % 120 + 2 for j in range(8 + i)] for i in range(8)]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    batched_polls = timeline.num_emitted  # emitted before the run's end (by batched polls)
+    llm.close()
+    tracer.close()
+    assert batched_polls > 0 and timeline.num_recorded > timeline.poll_batch
+    assert timeline.num_emitted == timeline.num_recorded and timeline.num_dropped == 0
+    frames = load_trace(path)
+    device = frames.slices[frames.slices["track"].str.startswith("gpu:0")]
+    assert len(device) == timeline.num_recorded
+    launched = set(frames.slices[frames.slices["name"] == CpuSlice.LAUNCH.value]["step"])
+    per_step = device.groupby("step")["name"].apply(sorted).to_dict()
+    stages = sorted(["h2d_inputs", "input_prep", "forward", "sample", "d2h_output"])
+    assert set(per_step) == launched and all(v == stages for v in per_step.values())
+    assert not any(k.startswith("dropped_") for k in frames.metadata), frames.metadata
+    assert (device["host_end_ns"] > 0).all()
+
+
+def test_spec_run_ends_with_every_device_stage_written(tmp_path, tiny_model_config):
+    """With async speculation the last step's draft is enqueued after its output copy; closing
+    the runner waits for it, so it is written, not counted as dropped."""
+    path = str(tmp_path / "spec.pftrace")
+    tracer = Tracer(path)
+    llm = LLM(
+        tracer=tracer,
+        model_config=tiny_model_config,
+        random_weights=True,
+        spec_method="ngram",
+        num_spec_tokens=2,
+        num_kv_blocks=128,
+        max_num_seqs=4,
+    )
+    timeline = llm.engine.runner.timeline
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8], [11, 12, 13, 11, 12, 13]]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    llm.close()
+    tracer.close()
+    assert timeline.num_dropped == 0 and timeline.num_emitted == timeline.num_recorded > 0
+    frames = load_trace(path)
+    assert "dropped_device_slices" not in frames.metadata
+    device = frames.slices[frames.slices["track"].str.startswith("gpu:0")]
+    assert len(device) == timeline.num_recorded
+    launched = set(frames.slices[frames.slices["name"] == CpuSlice.LAUNCH.value]["step"])
+    drafts = set(device[device["name"] == DeviceSlice.DRAFT.value]["step"])
+    assert drafts == launched  # every step drafted, the last one included

@@ -1,0 +1,267 @@
+"""The device timeline's CUDA path, counted with stand-in events: event calls per engine step,
+and batched, bisected polls that lose no stage and read every time exactly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from analysis import load_trace
+from instrument.device_events import StandInCudaEvent, StandInStream
+from instrument.device_timeline import DeviceTimeline
+from instrument.tracer import Tracer
+
+# The runner's stages per step, as model_runner records them: (name, lane, stream, contiguous,
+# followed by a sync event the runner waits on: inputs_ready, sampled_ready, the output's ready).
+STAGES = [
+    ("h2d_inputs", "copy", "h2d", False, True),
+    ("input_prep", "compute", "compute", False, False),
+    ("forward", "compute", "compute", True, False),
+    ("sample", "compute", "compute", True, True),
+    ("d2h_output", "copy", "d2h", False, True),
+]
+
+
+class EngineLoop:
+    """The runner's calls into the timeline, step by step, over stand-in streams; remembers the
+    host stamp of every stage's begin and end event (the reference the slices must match)."""
+
+    def __init__(self, tracer: Tracer, **timeline_kwargs: int) -> None:
+        self.streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
+        self.timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock(), **timeline_kwargs)
+        self.expected: dict[tuple[int, str], tuple[int, int]] = {}
+        self.done_at: dict[tuple[int, str], tuple[str, int]] = {}  # (stream, end event seq)
+        self.sync_events: list[tuple[StandInCudaEvent, int]] = []  # (event, its stamp)
+
+    def launch(self, step: int) -> None:
+        self.timeline.poll_if_due()  # the runner's hook, at prepare_inputs
+        for name, lane, stream_name, contiguous, sync in STAGES:
+            stream = self.streams[stream_name]
+            with self.timeline.stage(
+                name, step=step, lane=lane, stream=stream, contiguous=contiguous
+            ):
+                pass
+            scope = self.timeline._last
+            if scope is not None:  # traced
+                self.expected[(step, name)] = (scope.begin.ns, scope.end.ns)
+                self.done_at[(step, name)] = (stream_name, stream.num_recorded)
+            if sync:
+                event = self.timeline.event_after_stage(stream, StandInCudaEvent)
+                self.sync_events.append((event, event.ns))
+
+    def completed(self) -> set[tuple[int, str]]:
+        """Brute force: the stages whose end event the simulated device has passed."""
+        return {
+            key
+            for key, (stream, seq) in self.done_at.items()
+            if seq <= self.streams[stream].num_done
+        }
+
+
+def _device_slices(path: str) -> dict[tuple[int, str], tuple[int, int]]:
+    frames = load_trace(path)
+    s = frames.slices[frames.slices["track"].str.startswith("gpu:0")]
+    keys = list(zip(s["step"].astype(int), s["name"], strict=True))
+    assert len(keys) == len(set(keys)), "a stage was written twice"
+    return dict(zip(keys, zip(s["ts_ns"], s["end_ns"], strict=True), strict=True))
+
+
+def test_event_calls_per_engine_step(tmp_path):
+    """Async engine: step N is launched while N-1 runs; the engine waits for N-1 on a busy
+    device. Per step: 8 records (5 stages, 2 contiguous), 8 conversions (one per distinct
+    event), and far fewer queries than one per stage (was 8 / ~6 / 8 before batching)."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer)
+    num_steps = 640
+    made = []
+    new_event = loop.timeline._new
+    loop.timeline._new = lambda: made.append(1) or new_event()
+    StandInCudaEvent.reset_calls()
+    launched: dict[str, int] = {}
+    for step in range(num_steps):
+        loop.launch(step)
+        loop.timeline.poll_while_waiting(lambda: False)  # the device still runs step - 1
+        for name, stream in loop.streams.items():
+            stream.num_done = launched.get(name, 0)
+            launched[name] = stream.num_recorded
+    for stream in loop.streams.values():
+        stream.advance()
+    loop.timeline.drain()
+    calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+    # 8 events a step, 3 of them the runner's sync events (recorded untraced too: 5 added).
+    assert calls["record"] == 8
+    assert 8 <= calls["elapsed_time"] <= 8.2  # a contiguous begin split across polls: read twice
+    assert calls["query"] <= 2
+    assert len(made) < 200 + 3 * num_steps  # pooled, but for the 3 lent per step
+    # A lent sync event is the stage's end event, and is never recorded again.
+    assert len(loop.sync_events) == 3 * num_steps
+    assert all(event.ns == ns for event, ns in loop.sync_events)
+    ends = {(step, name): loop.expected[(step, name)][1] for step, name in loop.expected}
+    lent = [ends[(s, n)] for s in range(num_steps) for n in ("h2d_inputs", "sample", "d2h_output")]
+    assert [ns for _, ns in loop.sync_events] == lent
+    tracer.close()
+    assert loop.timeline.num_recorded == loop.timeline.num_emitted == 5 * num_steps
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key  # ms float round trip
+    metadata = load_trace(path).metadata
+    assert not any(k.startswith("dropped_") for k in metadata), metadata
+
+
+@pytest.mark.parametrize("poll_batch", [1, 3, 16])
+def test_polls_emit_exactly_the_completed_stages(tmp_path, poll_batch):
+    """Random device progress per stream: after every poll, the emitted stages are exactly those
+    whose end event completed (the brute-force set), whatever the batch boundaries; contiguous
+    stages split across polls keep their shared event until both are out (exact times)."""
+    rng = random.Random(poll_batch)
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, poll_batch=poll_batch, max_deferred=4 * poll_batch)
+    emitted: set[tuple[int, str]] = set()
+    observed: list[tuple[int, str]] = []
+    loop.timeline.observer = lambda lane, name, step, s, e: observed.append((step, name))
+    for step in range(300):
+        loop.launch(step)
+        for stream in loop.streams.values():
+            stream.advance(rng.randint(0, 4))
+        loop.timeline.poll()
+        emitted = set(observed)
+        assert emitted == loop.completed()
+        assert len(observed) == len(emitted)  # nothing emitted twice
+    for stream in loop.streams.values():
+        stream.advance()
+    loop.timeline.drain()
+    tracer.close()
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        assert abs(written[key][0] - start) <= 1 and abs(written[key][1] - end) <= 1, key
+
+
+def test_untraced_steps_record_only_the_runners_sync_events():
+    loop = EngineLoop(Tracer(enabled=False))
+    StandInCudaEvent.reset_calls()
+    for step in range(10):
+        loop.launch(step)
+    loop.timeline.poll_while_waiting(lambda: False)
+    assert StandInCudaEvent.calls == {"record": 30, "query": 0, "elapsed_time": 0}
+    assert loop.timeline.num_recorded == 0
+
+
+def test_poll_while_waiting_only_on_a_busy_device_and_a_full_batch(tmp_path):
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    loop = EngineLoop(tracer, poll_batch=10, max_deferred=20)
+    loop.launch(0)
+    loop.launch(1)  # 10 stages pending
+    for stream in loop.streams.values():
+        stream.advance()
+    StandInCudaEvent.reset_calls()
+    assert loop.timeline.poll_while_waiting(lambda: True) == 0  # output ready: no wait to use
+    assert StandInCudaEvent.calls["query"] == 0
+    assert loop.timeline.poll_if_due() == 0  # below max_deferred
+    assert loop.timeline.poll_while_waiting(lambda: False) == 10
+    loop.launch(2)
+    assert loop.timeline.poll_while_waiting(lambda: False) == 0  # 5 pending < poll_batch
+    for step in range(3, 6):
+        loop.launch(step)
+    for stream in loop.streams.values():
+        stream.advance()
+    assert loop.timeline.num_pending == 20
+    assert loop.timeline.poll_if_due() == 20  # the hot-path hook polls once max_deferred is hit
+    tracer.close()
+
+
+def test_stages_that_never_complete_are_counted(tmp_path):
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer)
+    for step in range(4):
+        loop.launch(step)
+    loop.streams["h2d"].advance()  # only the copies in reach the device
+    loop.timeline.drain()
+    tracer.close()
+    assert loop.timeline.num_emitted == 4 and loop.timeline.num_dropped == 16
+    assert load_trace(path).metadata["dropped_device_slices"] == 16
+
+
+def test_a_contiguous_stage_after_a_poll_keeps_the_shared_event(tmp_path):
+    """A poll between two contiguous stages (the first already emitted): the first's end event
+    must not be recorded again before the second stage, which begins at it, is read."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    compute, copy = StandInStream(), StandInStream()
+    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock())
+    for step in range(3):  # some emitted stages: events in the pool
+        with timeline.stage("forward", step=step, stream=compute):
+            pass
+    compute.advance()
+    timeline.poll()
+    with timeline.stage("input_prep", step=3, stream=compute):
+        pass
+    prep_end = timeline._last.end.ns
+    compute.advance()
+    assert timeline.poll() == 1  # input_prep is out; its end is still the newest event
+    with timeline.stage("forward", step=3, stream=compute, contiguous=True):
+        pass
+    for step in range(4, 8):  # records on another stream take events from the pool
+        with timeline.stage("h2d_inputs", step=step, lane="copy", stream=copy):
+            pass
+    compute.advance()
+    copy.advance()
+    timeline.drain()
+    tracer.close()
+    written = _device_slices(path)
+    assert abs(written[(3, "forward")][0] - prep_end) <= 1
+    assert abs(written[(3, "input_prep")][1] - prep_end) <= 1
+
+
+def test_a_lent_end_is_never_shared_or_recorded_again(tmp_path):
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    stream = StandInStream()
+    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock())
+    with timeline.stage("sample", step=0, stream=stream):
+        pass
+    ready = timeline.event_after_stage(stream, StandInCudaEvent)
+    assert ready is timeline._last.end
+    stamp = ready.ns
+    for step in range(1, 50):  # a contiguous stage may not begin at a lent event
+        with timeline.stage("forward", step=step, stream=stream, contiguous=True):
+            pass
+        stream.advance()
+        timeline.poll()
+    timeline.drain()
+    tracer.close()
+    assert ready.ns == stamp and timeline.num_emitted == 50
+
+
+@pytest.mark.gpu
+def test_cuda_clock_calls_the_c_methods_and_reads_what_torch_reads():
+    """On CUDA the clock's record / query / elapsed_time are torch's C methods (no Python frame),
+    and a batch conversion equals torch.cuda.Event.elapsed_time per event."""
+    import types
+
+    import torch
+
+    from instrument.device_events import CudaClock
+
+    clock = CudaClock.calibrate()
+    for fn in (clock.record, clock.query, clock._elapsed_ms):
+        assert not isinstance(fn, types.FunctionType)
+    stream = torch.cuda.Stream()
+    x = torch.randn(1 << 20, device="cuda")
+    events = []
+    for _ in range(4):
+        with torch.cuda.stream(stream):
+            x.mul_(1.0001)
+        event = clock.new()
+        clock.record(event, stream)
+        events.append(event)
+    torch.cuda.synchronize()
+    assert all(clock.query(e) for e in events)
+    got = clock.host_ns_many(events)
+    want = [clock.reference_host_ns + int(clock.reference.elapsed_time(e) * 1e6) for e in events]
+    assert got == want and got == sorted(got)
