@@ -90,13 +90,14 @@ def build_input_batch(
     """
     req_ids = list(out.num_scheduled_tokens)
     b = len(req_ids)
-    rows = states.rows_of(req_ids)  # [b] int64
-    query_lens = np.fromiter(out.num_scheduled_tokens.values(), np.int64, b)  # [b]
+    rows: np.ndarray = states.rows_of(req_ids)  # [b] int64 (host)
+    query_lens: np.ndarray = np.fromiter(out.num_scheduled_tokens.values(), np.int64, b)
     spec_tokens = out.scheduled_spec_decode_tokens
     t = int(query_lens.sum())
     bp = b if padded_reqs is None else padded_reqs
     if bp < b or (padded_tokens is not None and padded_tokens < t):
         raise ValueError(f"a batch of {b} requests / {t} tokens does not fit its padded shape")
+    num_logits: np.ndarray
     if spec_tokens:
         num_logits = np.fromiter((1 + len(spec_tokens.get(r, ())) for r in req_ids), np.int64, b)
     else:  # no drafts this step: one logits row per request
@@ -108,7 +109,7 @@ def build_input_batch(
         raise ValueError(
             f"row {int(rows[index])} would reach {int(seq_lens[index])} > max_model_len tokens"
         )
-    returns = seq_lens >= states.prefill_len_cpu[rows]  # [b] bool
+    returns: np.ndarray = seq_lens >= states.prefill_len_cpu[rows]  # [b] bool
     states.advance(rows, query_lens)
     max_query_len = int(query_lens.max()) if b else 0
     total_logits = int(num_logits.sum())
