@@ -48,11 +48,11 @@ from analysis.frames import (
 from analysis.intervals import assign, union
 from analysis.loading.build import nesting_depth
 from analysis.loading.derive import flows_from_mentions
-from analysis.loading.kineto_decode import decode_kineto
+from analysis.loading.kineto_decode import KinetoColumns, decode_kineto
 from analysis.loading.profiles import Profile, get_profile
 from instrument.schema import Arg, CpuSlice
 
-__all__ = ["load_kineto", "SYNC_CALLS"]
+__all__ = ["load_kineto", "frames_of_columns", "SYNC_CALLS"]
 
 _DEVICE_CATS = {
     "kernel": ROLE_COMPUTE,
@@ -352,7 +352,14 @@ def _notes(x: pd.DataFrame) -> tuple[list[str], list[str]]:
 def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrames:
     """Frames of a Kineto JSON trace held in ``data`` (already decompressed)."""
     prof = get_profile(profile or "vllm")
-    cols = decode_kineto(data)
+    return frames_of_columns(decode_kineto(data), len(data), prof)
+
+
+def frames_of_columns(
+    cols: KinetoColumns, num_bytes: int, profile: Profile | str | None = None
+) -> TraceFrames:
+    """Frames of an already decoded Kineto trace of ``num_bytes`` bytes of JSON."""
+    prof = get_profile(profile or "vllm")
     ev = cols.events
     if ev.empty:
         raise TraceError("the trace holds no events")
@@ -395,7 +402,7 @@ def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrame
     metadata: dict[str, Any] = {
         "format": "kineto",
         "profile": prof.name,
-        "bytes_total": len(data),
+        "bytes_total": num_bytes,
         "bytes_dropped": 0,
         "num_events": len(ev),
         "unknown_categories": unknown,
