@@ -74,13 +74,15 @@ def analyze_frames(
     profile: Profile | str | None = None,
     skip_steps: int = 1,
     window: str = "steady",
+    parallel: bool = False,
 ) -> Report:
     """The report of already-loaded frames over ``window``: ``steady`` (the steady-state rule of
     ``analysis.metrics.steady``, falling back to ``all``), ``all`` (``skip_steps`` warm-up steps left
-    out) or ``A:B`` (steps A..B-1)."""
+    out) or ``A:B`` (steps A..B-1). ``parallel``: on a large trace, part of the work may run in
+    a forked child process (same result; ``stepscope analyze`` sets it)."""
     from analysis.report import build_report
 
-    return build_report(frames, profile, skip_steps, window)
+    return build_report(frames, profile, skip_steps, window, parallel)
 
 
 def analyze_trace(

@@ -163,16 +163,12 @@ def analyze_main(argv: list[str]) -> int:
     # A process that has yet to import pandas and the metrics decodes the trace meanwhile in a
     # forked child (analysis.loading.prefetch); one that has them (tests, the dashboard) would
     # gain nothing and loads in place.
-    prefetch = (
-        TracePrefetch.start(args.trace, args.max_decompressed_mb)
-        if "pandas" not in sys.modules
-        else TracePrefetch(args.trace, args.max_decompressed_mb, None, None)
-    )
+    prefetch = TracePrefetch(args.trace, args.max_decompressed_mb, "pandas" not in sys.modules)
     from analysis import analyze_frames
 
     try:
         frames = prefetch.load(args.profile)
-        report = analyze_frames(frames, args.profile, args.skip_steps, args.window)
+        report = analyze_frames(frames, args.profile, args.skip_steps, args.window, parallel=True)
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ __all__ = [
     "pair_begin_end",
     "nesting_depth",
     "nesting_parent",
+    "unique_first_inverse",
     "grouped_cumsum",
     "pivot_args",
 ]
@@ -172,7 +173,7 @@ def _nesting(
     n = start.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
-    order = np.lexsort((-end, start, track))
+    order = _track_start_end_order(track, start, end)
     tr, st = track[order], start[order]
     first = np.ones(n, dtype=bool)
     first[1:] = tr[1:] != tr[:-1]
@@ -188,6 +189,35 @@ def _nesting(
     depth = np.empty(n, dtype=np.int32)
     depth[order] = np.maximum(rank - ended, 0)
     return depth, order
+
+
+def unique_first_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(key, return_index=True, return_inverse=True)`` for int keys; keys spanning a
+    small range (a few codes per row at most) are counted instead of sorted."""
+    n = key.size
+    if n == 0:
+        return np.unique(key, return_index=True, return_inverse=True)
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo > 4 * n:
+        return np.unique(key, return_index=True, return_inverse=True)
+    k = (key - lo).astype(np.int64)
+    first_at = np.full(hi - lo + 1, n, dtype=np.int64)
+    np.minimum.at(first_at, k, np.arange(n, dtype=np.int64))
+    present = first_at < n
+    slot = np.cumsum(present) - 1  # a present key's index among the distinct keys
+    return np.flatnonzero(present) + lo, first_at[present], slot[k]
+
+
+def _track_start_end_order(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-end, start, track))``. Rows already in (start asc, end desc) order (the
+    loaders sort slices so) need only a stable sort by track, a radix sort for small ids."""
+    d_start = np.diff(start)
+    if not ((d_start > 0) | ((d_start == 0) & (np.diff(end) <= 0))).all():
+        return np.lexsort((-end, start, track))
+    lo, hi = int(track.min()), int(track.max())
+    if hi - lo < 2**15:  # 16-bit keys: numpy's stable sort is then a radix sort
+        return np.argsort((track - lo).astype(np.int16), kind="stable")
+    return np.argsort(track, kind="stable")
 
 
 def _column_for(key: str, n: int, rows: np.ndarray, args: ArgTable, sel: np.ndarray) -> object:

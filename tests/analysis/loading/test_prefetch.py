@@ -45,7 +45,7 @@ def _same_frames(a: object, b: object) -> None:
     ids=lambda p: p.name,
 )
 def test_prefetched_frames_equal_load_trace(path: Path) -> None:
-    prefetch = TracePrefetch.start(str(path), 2048.0)
+    prefetch = TracePrefetch(str(path), 2048.0)
     assert prefetch.forked
     _same_frames(prefetch.load(None), load_trace(path))
 
@@ -61,10 +61,10 @@ def _counter_trace(tmp_path: Path) -> Path:
 @can_fork
 def test_prefetched_counters_and_lenient_shapes(tmp_path: Path) -> None:
     path = _counter_trace(tmp_path)
-    _same_frames(TracePrefetch.start(str(path), 2048.0).load(None), load_trace(path))
+    _same_frames(TracePrefetch(str(path), 2048.0).load(None), load_trace(path))
     odd = tmp_path / "odd.json"  # a string timestamp: the typed decoder refuses, lenient loads
     odd.write_text(json.dumps([{"ph": "X", "cat": "kernel", "name": "k", "ts": "5", "dur": 2}]))
-    _same_frames(TracePrefetch.start(str(odd), 2048.0).load(None), load_trace(odd))
+    _same_frames(TracePrefetch(str(odd), 2048.0).load(None), load_trace(odd))
 
 
 @can_fork
@@ -88,11 +88,11 @@ def test_prefetch_errors_are_load_trace_errors(
     path.write_bytes(content)
     with pytest.raises(TraceError) as plain:
         load_trace(path, max_decompressed_mb=limit_mb)
-    prefetch = TracePrefetch.start(str(path), limit_mb)
+    prefetch = TracePrefetch(str(path), limit_mb)
     with pytest.raises(TraceError) as forked:
         prefetch.load(None)
     assert str(forked.value) == str(plain.value)
-    missing = TracePrefetch.start(str(tmp_path / "nope.json"), 2048.0)
+    missing = TracePrefetch(str(tmp_path / "nope.json"), 2048.0)
     with pytest.raises(TraceError, match="no such trace file"):
         missing.load(None)
 
@@ -111,3 +111,9 @@ def test_cli_in_a_fresh_process_prints_what_the_library_reports(
     assert fresh.returncode == 0, fresh.stderr
     assert analyze_main([str(VLLM), "--json"]) == 0
     assert fresh.stdout == capsys.readouterr().out
+
+
+def test_prefetch_without_fork_loads_in_place() -> None:
+    prefetch = TracePrefetch(str(VLLM), 2048.0, fork=False)
+    assert not prefetch.forked
+    _same_frames(prefetch.load(None), load_trace(VLLM))
