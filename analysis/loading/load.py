@@ -16,6 +16,14 @@ from typing import TYPE_CHECKING
 
 from analysis.errors import TraceError
 
+try:  # ISA-L inflates about twice as fast as zlib, with zlib's decompressobj interface
+    from isal import isal_zlib as _inflate
+
+    _INFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, _inflate.error)
+except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same bytes
+    _inflate = zlib  # type: ignore[assignment]
+    _INFLATE_ERRORS = (zlib.error,)
+
 if TYPE_CHECKING:  # pandas and the loaders are imported when a trace is loaded, not before
     from analysis.frames import TraceFrames
     from analysis.loading.profiles import Profile
@@ -43,10 +51,13 @@ def gunzip_bounded(data: bytes, max_bytes: int, what: str = "the trace") -> byte
     out: list[bytes] = []
     size = 0
     while data[:2] == _GZIP_MAGIC:
-        dec = zlib.decompressobj(wbits=47)
+        dec = _inflate.decompressobj(wbits=47)
         try:
             chunk = dec.decompress(data, max_bytes - size + 1)
-        except zlib.error:
+            if not dec.eof and not dec.unconsumed_tail:  # cut off: zlib's readable prefix,
+                dec = zlib.decompressobj(wbits=47)  # which may hold a byte more than ISA-L's
+                chunk = dec.decompress(data, max_bytes - size + 1)
+        except _INFLATE_ERRORS:
             break  # corrupt: what earlier members held is kept
         size += len(chunk)
         out.append(chunk)
