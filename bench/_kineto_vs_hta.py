@@ -12,6 +12,7 @@ they stay unique. The events are real; their repetition is not.
 
 from __future__ import annotations
 
+import compileall
 import gzip
 import json
 import subprocess
@@ -181,6 +182,10 @@ def run(
 ) -> list[dict[str, Any]]:
     """Measure the large vLLM trace and (unless ``large_only``) the public traces; print the
     table with ratios."""
+    # Bytecode for stepscope's own modules, as `pip install` writes it (a source checkout run
+    # with PYTHONDONTWRITEBYTECODE=1 would otherwise compile every module on every start).
+    for package in ("analysis", "instrument", "stepscope"):
+        compileall.compile_dir(ROOT / package, quiet=1)
     large = work / "vllm_x10.json.gz"
     n = build_large(real_dir / SOURCE, large)
     rows = [measure(large, hta_python, repeat) | {"label": f"vLLM x10 ({n} events)"}]

@@ -19,11 +19,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from analysis import forked
+
+# numpy and msgspec (the decoder) are imported before the fork: both processes need them, and a
+# module imported once, in the parent, costs the child nothing.
+from analysis.loading.kineto_columns import EventColumns, decode_columns
 from analysis.loading.load import finish_frames, is_kineto_json, load_trace, read_trace_bytes
 
 if TYPE_CHECKING:
     from analysis.frames import TraceFrames
-    from analysis.loading.kineto_columns import EventColumns
     from analysis.loading.profiles import Profile
 
 __all__ = ["TracePrefetch"]
@@ -64,8 +67,6 @@ def _columns_or_none(path: str, max_decompressed_mb: float) -> EventColumns | No
         data = read_trace_bytes(path, max_decompressed_mb)
         if not is_kineto_json(data):
             return None
-        from analysis.loading.kineto_columns import decode_columns
-
         return decode_columns(data)
     except Exception:  # noqa: BLE001 -- load_trace reports it with its own message
         return None
