@@ -12,21 +12,22 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from analysis.errors import TraceError
-
-try:  # ISA-L inflates about twice as fast as zlib, with zlib's decompressobj interface
-    from isal import isal_zlib as _inflate
-
-    _INFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, _inflate.error)
-except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same bytes
-    _inflate = zlib  # type: ignore[assignment]
-    _INFLATE_ERRORS = (zlib.error,)
 
 if TYPE_CHECKING:  # pandas and the loaders are imported when a trace is loaded, not before
     from analysis.frames import TraceFrames
     from analysis.loading.profiles import Profile
+
+_inflate: Any = zlib  # ISA-L inflates about twice as fast as zlib, with zlib's interface
+_INFLATE_ERRORS: tuple[Any, ...] = (zlib.error,)
+try:
+    from isal import isal_zlib
+
+    _inflate, _INFLATE_ERRORS = isal_zlib, (zlib.error, isal_zlib.error)
+except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same bytes
+    pass
 
 __all__ = [
     "load_trace",
