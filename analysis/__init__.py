@@ -12,14 +12,44 @@ Every metric function is DataFrame in, DataFrame out (see the modules' docstring
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
-from analysis.compare import Comparison, compare_reports
-from analysis.frames import TraceError, TraceFrames
-from analysis.headline import Headline
+from analysis.errors import TraceError
 from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB, load_trace
-from analysis.loading.profiles import PROFILES, Profile, get_profile, load_profile_file
-from analysis.report import HEADLINE_KEYS, Report, build_report
+
+if TYPE_CHECKING:
+    from analysis.compare import Comparison
+    from analysis.frames import TraceFrames
+    from analysis.headline import Headline
+    from analysis.loading.profiles import PROFILES, Profile, get_profile, load_profile_file
+    from analysis.report import HEADLINE_KEYS, Report
+
+# Imported on first use (PEP 562), so that `import analysis` (and `stepscope analyze` before it
+# has started reading the trace, see analysis.loading.prefetch) does not pay for pandas.
+_LAZY = {
+    "Comparison": "analysis.compare",
+    "compare_reports": "analysis.compare",
+    "TraceFrames": "analysis.frames",
+    "Headline": "analysis.headline",
+    "PROFILES": "analysis.loading.profiles",
+    "Profile": "analysis.loading.profiles",
+    "get_profile": "analysis.loading.profiles",
+    "load_profile_file": "analysis.loading.profiles",
+    "HEADLINE_KEYS": "analysis.report",
+    "Report": "analysis.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "analyze_trace",
@@ -44,11 +74,15 @@ def analyze_frames(
     profile: Profile | str | None = None,
     skip_steps: int = 1,
     window: str = "steady",
+    parallel: bool = False,
 ) -> Report:
     """The report of already-loaded frames over ``window``: ``steady`` (the steady-state rule of
     ``analysis.metrics.steady``, falling back to ``all``), ``all`` (``skip_steps`` warm-up steps left
-    out) or ``A:B`` (steps A..B-1)."""
-    return build_report(frames, profile, skip_steps, window)
+    out) or ``A:B`` (steps A..B-1). ``parallel``: on a large trace, part of the work may run in
+    a forked child process (same result; ``stepscope analyze`` sets it)."""
+    from analysis.report import build_report
+
+    return build_report(frames, profile, skip_steps, window, parallel)
 
 
 def analyze_trace(
@@ -67,7 +101,7 @@ def analyze_trace(
     ``max_decompressed_mb``.
     """
     frames = load_trace(path, profile, max_decompressed_mb)
-    return build_report(frames, profile, skip_steps, window)
+    return analyze_frames(frames, profile, skip_steps, window)
 
 
 def compare_traces(
@@ -81,4 +115,6 @@ def compare_traces(
     """Analyse both traces and compare them (contract check, deltas, output agreement)."""
     a = analyze_trace(path_a, profile, skip_steps, window)
     b = analyze_trace(path_b, profile, skip_steps, window)
+    from analysis.compare import compare_reports
+
     return a, b, compare_reports(a, b, vary)

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import forked
+from analysis.forked import Forked
 from analysis.frames import ROLE_COPY, TraceFrames
 from analysis.intervals import Union, measure, union
 from analysis.lead_report import lead_section
@@ -35,9 +37,12 @@ from analysis.metrics.window import Window, device_busy, select_window
 from analysis.records import clean, records
 from instrument.schema import CaptureArg
 
-__all__ = ["Pass", "ANALYZERS", "TABLE_ORDER", "MAX_HEADLINE_BUBBLES"]
+__all__ = ["Pass", "ANALYZERS", "TABLE_ORDER", "MAX_HEADLINE_BUBBLES", "PARALLEL_MIN_SLICES"]
 
 MAX_HEADLINE_BUBBLES = 20
+# Window slices from which bubbles forks the blame when the report may run in parallel: below,
+# the blame takes less time than a fork and the pickled result cost.
+PARALLEL_MIN_SLICES = 50_000
 TABLE_ORDER = (
     "steps",
     "phases",
@@ -93,9 +98,13 @@ class Pass:
     # overlap
     paired: pd.DataFrame = field(default_factory=pd.DataFrame)
     overlap: float = float("nan")  # NaN without scheduling slices (§5.3)
+    parallel: bool = False  # may fork a child for independent work (analysis.forked)
     # bubbles
-    bubbles: pd.DataFrame = field(default_factory=pd.DataFrame)
+    found_bubbles: pd.DataFrame = field(default_factory=pd.DataFrame)  # no blame columns
     idle_ns: int = 0
+    blame_job: Forked[tuple[pd.DataFrame, pd.DataFrame]] | None = None
+    # blame
+    bubbles: pd.DataFrame = field(default_factory=pd.DataFrame)
     top_blame: dict[str, Any] | None = None
     # latency
     latency: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -125,15 +134,39 @@ def overlap(p: Pass) -> None:
 
 
 def bubbles(p: Pass) -> None:
-    """§5.4 and §5.14.4: bubbles and their blame; compute idle and device idle (no compute and
-    no copy) measured in the same runs."""
+    """§5.4 and §5.14.4: bubbles, compute idle and device idle (no compute and no copy)
+    measured in the same runs; their blame starts here (in a forked child for large traces
+    when ``p.parallel``: it needs nothing the next analyzers compute) and ends in :func:`blame`."""
     s, e = p.idle
-    found = pd.DataFrame(
+    p.found_bubbles = pd.DataFrame(
         {"bubble_id": np.arange(s.size), "start_ns": s, "end_ns": e, "dur_ns": e - s}
     ).astype(BUBBLE_COLUMNS)
-    p.bubbles, pieces = blame_bubbles(found, p.slices, p.profile.envelopes)
-    blame = blame_table(pieces)
-    top = blame.iloc[0] if len(blame) else None
+    p.idle_ns = int(p.found_bubbles["dur_ns"].sum())
+    fork = p.parallel and len(p.slices) >= PARALLEL_MIN_SLICES
+    p.blame_job = forked.start(_blame, p.found_bubbles, p.slices, p.profile.envelopes, fork=fork)
+    sl = p.frames.slices
+    copies = device_busy(sl[sl["role"] == ROLE_COPY], True)
+    device_busy_u = union(*(np.concatenate(x) for x in zip(p.busy, copies, strict=True)))
+    device_idle_ns = int(measure(idle_in_runs(device_busy_u, p.runs))) if p.span_ns else 0
+    p.head |= {
+        "bubble_ratio": p.idle_ns / p.span_ns if p.span_ns else None,
+        "device_idle_ratio": device_idle_ns / p.span_ns if p.span_ns else None,
+    }
+
+
+def _blame(
+    found: pd.DataFrame, slices: pd.DataFrame, envelopes: tuple[str, ...]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The bubbles with their blame columns, and the blame table."""
+    with_blame, pieces = blame_bubbles(found, slices, envelopes)
+    return with_blame, blame_table(pieces)
+
+
+def blame(p: Pass) -> None:
+    """§5.4: the blame started by :func:`bubbles`: bubbles and blame tables, the top blame."""
+    assert p.blame_job is not None
+    p.bubbles, table = p.blame_job.result()
+    top = table.iloc[0] if len(table) else None
     p.top_blame = (
         {
             "label": str(top["label"]),
@@ -143,15 +176,8 @@ def bubbles(p: Pass) -> None:
         if top is not None
         else None
     )
-    p.idle_ns = int(p.bubbles["dur_ns"].sum())
-    sl = p.frames.slices
-    copies = device_busy(sl[sl["role"] == ROLE_COPY], True)
-    device_busy_u = union(*(np.concatenate(x) for x in zip(p.busy, copies, strict=True)))
-    device_idle_ns = int(measure(idle_in_runs(device_busy_u, p.runs))) if p.span_ns else 0
     largest = p.bubbles.sort_values("dur_ns", ascending=False).head(MAX_HEADLINE_BUBBLES)
     p.head |= {
-        "bubble_ratio": p.idle_ns / p.span_ns if p.span_ns else None,
-        "device_idle_ratio": device_idle_ns / p.span_ns if p.span_ns else None,
         "bubbles": {
             "count": len(p.bubbles),
             "idle_ms": p.idle_ns / 1e6,
@@ -167,7 +193,7 @@ def bubbles(p: Pass) -> None:
         },
         "top_blame": p.top_blame,
     }
-    p.tables |= {"bubbles": p.bubbles, "blame": blame}
+    p.tables |= {"bubbles": p.bubbles, "blame": table}
 
 
 def waits(p: Pass) -> None:
@@ -235,7 +261,9 @@ def steps_and_lead(p: Pass) -> None:
     in_window = (p.all_steps["step"] >= win.first_step) & (p.all_steps["step"] <= win.last_step)
     steps = p.all_steps[in_window].reset_index(drop=True)
     span = (win.start_ns, win.end_ns)
-    phases = phase_table(steps, p.tables["overlap"], p.tables["waits"], p.bubbles, p.slices, span)
+    phases = phase_table(
+        steps, p.tables["overlap"], p.tables["waits"], p.found_bubbles, p.slices, span
+    )
     lead = lead_section(
         p.slices,
         steps,
@@ -304,10 +332,11 @@ ANALYZERS: tuple[Callable[[Pass], None], ...] = (
     bubbles,
     waits,
     grammar,
-    decisions,
     syncs,
     latency,
     steps_and_lead,
     kernels,
+    blame,  # joins the blame started by bubbles
+    decisions,  # needs the top blame
     throughput,
 )

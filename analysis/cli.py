@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from analysis import Report, TraceError, analyze_trace, compare_reports
+from analysis.errors import TraceError
 from analysis.jsonout import dump_json
 from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB
-from analysis.metrics_registry import METRICS
-from analysis.ranks.cli import is_rank_set, rank_analyze_main
-from instrument.schema import CaptureArg
+from analysis.loading.prefetch import TracePrefetch
+from analysis.ranks.cli import is_rank_set
+
+if TYPE_CHECKING:  # the analysis (pandas) is imported once the trace is being read
+    import pandas as pd
+
+    from analysis import Report
 
 __all__ = ["analyze_main", "compare_main"]
 
@@ -68,6 +70,8 @@ def _print_json(obj: Any) -> None:
 
 
 def _fmt(df: pd.DataFrame) -> str:
+    import pandas as pd
+
     with pd.option_context(
         "display.width", 120, "display.max_columns", 12, "display.float_format", "{:.3f}".format
     ):
@@ -80,6 +84,8 @@ def _short(text: str, width: int = 60) -> str:
 
 def _print_headline(report: Report) -> None:
     """The headline's numbers with their registry labels and units; warn/bad marked."""
+    from analysis.metrics_registry import METRICS
+
     h = report.headline
     print("headline:")
     for m in METRICS:
@@ -97,6 +103,8 @@ def _print_headline(report: Report) -> None:
 
 
 def _print_report(report: Report) -> None:
+    from instrument.schema import CaptureArg
+
     for line in report.verdicts:
         print(f"* {line}")
     w = report.headline["window"]
@@ -148,12 +156,19 @@ def analyze_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     if is_rank_set(args.trace):  # tensor parallel: analysis.ranks.cli
+        from analysis.ranks.cli import rank_analyze_main
+
         return rank_analyze_main(args)
     args.trace = args.trace[0]
+    # A process that has yet to import pandas and the metrics decodes the trace meanwhile in a
+    # forked child (analysis.loading.prefetch); one that has them (tests, the dashboard) would
+    # gain nothing and loads in place.
+    prefetch = TracePrefetch(args.trace, args.max_decompressed_mb, "pandas" not in sys.modules)
+    from analysis import analyze_frames
+
     try:
-        report = analyze_trace(
-            args.trace, args.profile, args.skip_steps, args.window, args.max_decompressed_mb
-        )
+        frames = prefetch.load(args.profile)
+        report = analyze_frames(frames, args.profile, args.skip_steps, args.window, parallel=True)
     except TraceError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return 2
@@ -178,6 +193,8 @@ def compare_main(argv: list[str]) -> int:
     )
     _common(parser)
     args = parser.parse_args(argv)
+    from analysis import analyze_trace, compare_reports
+
     try:
         a, b = (
             analyze_trace(p, args.profile, args.skip_steps, args.window, args.max_decompressed_mb)
@@ -206,6 +223,8 @@ def compare_main(argv: list[str]) -> int:
         print(f"* {note}")
     if cmp.outputs_agree is not None:
         print(f"* outputs {'agree' if cmp.outputs_agree else 'DIFFER'} (digests).")
+    import pandas as pd
+
     rows = [{"metric": k, **v} for k, v in cmp.deltas.items()]
     print()
     print(_fmt(pd.DataFrame(rows)))

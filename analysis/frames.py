@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import TraceError
+
 __all__ = [
     "TraceError",
     "TraceFrames",
@@ -63,10 +65,6 @@ ROLE_KERNEL = "kernel"
 ROLE_REQUEST = "request"
 ROLE_ANNOTATION = "annotation"
 ROLE_OTHER = "other"
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be read or analysed; the message says why in plain words."""
 
 
 SLICE_COLUMNS: dict[str, str] = {

@@ -60,12 +60,14 @@ def build_report(
     profile: Profile | str | None = None,
     skip_steps: int = 1,
     window: str = WINDOW_STEADY,
+    parallel: bool = False,
 ) -> Report:
     """Compute every metric of docs/design.md §5 on loaded frames, over ``window`` (``steady``,
     ``all`` or ``A:B``; see ``analysis.metrics.window.select_window``): the analyzers of
-    ``analysis.analyzers.ANALYZERS`` in order, then the verdicts."""
+    ``analysis.analyzers.ANALYZERS`` in order, then the verdicts. ``parallel``: a large trace's
+    bubble blame may run in a forked child meanwhile (``analysis.forked``; same result)."""
     prof = get_profile(profile or frames.metadata.get("profile", "stepscope"))
-    p = Pass(frames, prof, skip_steps, window)
+    p = Pass(frames, prof, skip_steps, window, parallel=parallel)
     for analyze in ANALYZERS:
         analyze(p)
     headline = Headline(**p.head)

@@ -248,14 +248,19 @@ def main() -> None:
         "--real", action="store_true", help="public real Kineto traces vs json.load and HTA"
     )
     parser.add_argument("--hta-python", default=None, help="with --real: the HTA venv's python")
-    parser.add_argument("--repeat", type=int, default=1, help="with --real: best of N runs")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="with --real: N interleaved rounds (median)"
+    )
+    parser.add_argument(
+        "--large-only", action="store_true", help="with --real: only the 193k-event vLLM trace"
+    )
     parser.add_argument("--real-dir", type=Path, default=ROOT / "tests" / "data" / "real")
     args = parser.parse_args()
     if args.real:
         from bench._kineto_vs_hta import run
 
         with tempfile.TemporaryDirectory() as tmp:
-            rows = run(args.real_dir, args.hta_python, args.repeat, Path(tmp))
+            rows = run(args.real_dir, args.hta_python, args.repeat, Path(tmp), args.large_only)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_name("bench_analysis_real.json").write_text(json.dumps(rows, indent=2))
         return

@@ -14,6 +14,8 @@ __all__ = [
     "SlicePairs",
     "pair_begin_end",
     "nesting_depth",
+    "nesting_parent",
+    "unique_first_inverse",
     "grouped_cumsum",
     "pivot_args",
 ]
@@ -133,10 +135,45 @@ def nesting_depth(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     depth = (intervals of the track that started before it, in (start asc, end desc) order)
     minus (those that ended at or before its start).
     """
+    return _nesting(track, start, end)[0]
+
+
+def nesting_parent(
+    track: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(depth, parent)`` of each interval among those of its track (proper nesting assumed):
+    :func:`nesting_depth`, and the row of the interval it sits in (-1 at depth 0): the last
+    interval of the track one level up before it in (start asc, end desc) order."""
+    depth, order = _nesting(track, start, end)
+    n = depth.size
+    parent = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return depth, parent
+    # Positions in sorted order, grouped by (track, depth) and ascending within a group: the
+    # parent of position k is the last position before k in group (track, depth[k] - 1).
+    tr = track[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = tr[1:] != tr[:-1]
+    levels = int(depth.max()) + 2
+    key = (np.cumsum(first) - 1) * levels + depth[order].astype(np.int64)
+    by_key = np.argsort(key, kind="stable")
+    packed = key[by_key] * n + by_key
+    pos = np.arange(n)
+    at = np.searchsorted(packed, (key - 1) * n + pos) - 1
+    found = packed[np.maximum(at, 0)]
+    ok = (at >= 0) & (found // n == key - 1) & (depth[order] > 0)
+    parent[order[ok]] = order[found[ok] % n]
+    return depth, parent
+
+
+def _nesting(
+    track: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Depths (see :func:`nesting_depth`) and the (track, start asc, end desc) order."""
     n = start.shape[0]
     if n == 0:
-        return np.zeros(0, dtype=np.int32)
-    order = np.lexsort((-end, start, track))
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
+    order = _track_start_end_order(track, start, end)
     tr, st = track[order], start[order]
     first = np.ones(n, dtype=bool)
     first[1:] = tr[1:] != tr[:-1]
@@ -151,7 +188,36 @@ def nesting_depth(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     ended = np.searchsorted(key_end, key_start, side="right") - group_begin
     depth = np.empty(n, dtype=np.int32)
     depth[order] = np.maximum(rank - ended, 0)
-    return depth
+    return depth, order
+
+
+def unique_first_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(key, return_index=True, return_inverse=True)`` for int keys; keys spanning a
+    small range (a few codes per row at most) are counted instead of sorted."""
+    n = key.size
+    if n == 0:
+        return np.unique(key, return_index=True, return_inverse=True)
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo > 4 * n:
+        return np.unique(key, return_index=True, return_inverse=True)
+    k = (key - lo).astype(np.int64)
+    first_at = np.full(hi - lo + 1, n, dtype=np.int64)
+    np.minimum.at(first_at, k, np.arange(n, dtype=np.int64))
+    present = first_at < n
+    slot = np.cumsum(present) - 1  # a present key's index among the distinct keys
+    return np.flatnonzero(present) + lo, first_at[present], slot[k]
+
+
+def _track_start_end_order(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-end, start, track))``. Rows already in (start asc, end desc) order (the
+    loaders sort slices so) need only a stable sort by track, a radix sort for small ids."""
+    d_start = np.diff(start)
+    if not ((d_start > 0) | ((d_start == 0) & (np.diff(end) <= 0))).all():
+        return np.lexsort((-end, start, track))
+    lo, hi = int(track.min()), int(track.max())
+    if hi - lo < 2**15:  # 16-bit keys: numpy's stable sort is then a radix sort
+        return np.argsort((track - lo).astype(np.int16), kind="stable")
+    return np.argsort(track, kind="stable")
 
 
 def _column_for(key: str, n: int, rows: np.ndarray, args: ArgTable, sel: np.ndarray) -> object:

@@ -12,11 +12,31 @@ import os
 import re
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from analysis.frames import TraceError, TraceFrames, categorize
-from analysis.loading.profiles import Profile
+from analysis.errors import TraceError
 
-__all__ = ["load_trace", "read_trace_bytes", "gunzip_bounded", "DEFAULT_MAX_DECOMPRESSED_MB"]
+if TYPE_CHECKING:  # pandas and the loaders are imported when a trace is loaded, not before
+    from analysis.frames import TraceFrames
+    from analysis.loading.profiles import Profile
+
+_inflate: Any = zlib  # ISA-L inflates about twice as fast as zlib, with zlib's interface
+_INFLATE_ERRORS: tuple[Any, ...] = (zlib.error,)
+try:
+    from isal import isal_zlib
+
+    _inflate, _INFLATE_ERRORS = isal_zlib, (zlib.error, isal_zlib.error)
+except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same bytes
+    pass
+
+__all__ = [
+    "load_trace",
+    "read_trace_bytes",
+    "gunzip_bounded",
+    "is_kineto_json",
+    "finish_frames",
+    "DEFAULT_MAX_DECOMPRESSED_MB",
+]
 
 DEFAULT_MAX_DECOMPRESSED_MB = 2048.0
 _LEADING_SPACE = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.lstrip() strips
@@ -32,10 +52,13 @@ def gunzip_bounded(data: bytes, max_bytes: int, what: str = "the trace") -> byte
     out: list[bytes] = []
     size = 0
     while data[:2] == _GZIP_MAGIC:
-        dec = zlib.decompressobj(wbits=47)
+        dec = _inflate.decompressobj(wbits=47)
         try:
             chunk = dec.decompress(data, max_bytes - size + 1)
-        except zlib.error:
+            if not dec.eof and not dec.unconsumed_tail:  # cut off: zlib's readable prefix,
+                dec = zlib.decompressobj(wbits=47)  # which may hold a byte more than ISA-L's
+                chunk = dec.decompress(data, max_bytes - size + 1)
+        except _INFLATE_ERRORS:
             break  # corrupt: what earlier members held is kept
         size += len(chunk)
         out.append(chunk)
@@ -82,10 +105,7 @@ def load_trace(
     gzip file that decompresses to more than ``max_decompressed_mb``.
     """
     data = read_trace_bytes(path, max_decompressed_mb)
-    match = _LEADING_SPACE.match(data)
-    first = match.end() if match else 0
-    head = data[first : first + 1]  # no copy of the (possibly large) file
-    if head in (b"{", b"["):
+    if is_kineto_json(data):
         from analysis.loading.load_kineto import load_kineto
 
         frames = load_kineto(data, profile or "vllm")
@@ -100,6 +120,20 @@ def load_trace(
             f"{path}: not a trace stepscope can read (expected Perfetto protobuf or Kineto JSON; "
             f"first bytes {data[:8]!r})"
         )
+    return finish_frames(frames, path)
+
+
+def is_kineto_json(data: bytes) -> bool:
+    """True when ``data`` starts (after JSON whitespace) like a Kineto JSON trace."""
+    match = _LEADING_SPACE.match(data)
+    first = match.end() if match else 0
+    return data[first : first + 1] in (b"{", b"[")
+
+
+def finish_frames(frames: TraceFrames, path: str | os.PathLike[str]) -> TraceFrames:
+    """What every loader's frames get last: category columns and ``metadata["path"]``."""
+    from analysis.frames import categorize
+
     categorize(frames.slices)
     categorize(frames.instants)
     frames.metadata["path"] = os.fspath(path)

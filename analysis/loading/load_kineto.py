@@ -32,6 +32,7 @@ import pandas as pd
 
 from analysis.frames import (
     COUNTER_COLUMNS,
+    DECISION_COLUMNS,
     INSTANT_COLUMNS,
     ROLE_ANNOTATION,
     ROLE_COMPUTE,
@@ -46,13 +47,13 @@ from analysis.frames import (
     empty_frame,
 )
 from analysis.intervals import assign, union
-from analysis.loading.build import nesting_depth
+from analysis.loading.build import nesting_depth, unique_first_inverse
 from analysis.loading.derive import flows_from_mentions
-from analysis.loading.kineto_decode import decode_kineto
+from analysis.loading.kineto_decode import KinetoColumns, decode_kineto
 from analysis.loading.profiles import Profile, get_profile
 from instrument.schema import Arg, CpuSlice
 
-__all__ = ["load_kineto", "SYNC_CALLS"]
+__all__ = ["load_kineto", "frames_of_columns", "SYNC_CALLS"]
 
 _DEVICE_CATS = {
     "kernel": ROLE_COMPUTE,
@@ -157,7 +158,7 @@ def _tracks(
         -(device * 4 + lane) - 1,
         p_codes * n_tid + t_codes,
     )
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    _, first, inverse = unique_first_inverse(key)
     pids = x["pid"].cat.categories.to_numpy(object)
     tids = x["tid"].cat.categories.to_numpy(object)
     lanes = ("compute", "copy", "annotations", "")
@@ -303,7 +304,7 @@ def _apply_profile(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
         x["role"].cat.codes.to_numpy().astype(np.int64) * (len(x["raw_name"].cat.categories) + 1)
         + x["raw_name"].cat.codes.to_numpy()
     )
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    _, first, inverse = unique_first_inverse(key)
     distinct = x.take(first).reset_index(drop=True)
     distinct["name"] = pd.Series(distinct["name"].to_numpy(object), dtype=object)
     distinct["kind"] = pd.Series(np.full(len(distinct), "", dtype=object), dtype=object)
@@ -352,7 +353,14 @@ def _notes(x: pd.DataFrame) -> tuple[list[str], list[str]]:
 def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrames:
     """Frames of a Kineto JSON trace held in ``data`` (already decompressed)."""
     prof = get_profile(profile or "vllm")
-    cols = decode_kineto(data)
+    return frames_of_columns(decode_kineto(data), len(data), prof)
+
+
+def frames_of_columns(
+    cols: KinetoColumns, num_bytes: int, profile: Profile | str | None = None
+) -> TraceFrames:
+    """Frames of an already decoded Kineto trace of ``num_bytes`` bytes of JSON."""
+    prof = get_profile(profile or "vllm")
     ev = cols.events
     if ev.empty:
         raise TraceError("the trace holds no events")
@@ -395,7 +403,7 @@ def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrame
     metadata: dict[str, Any] = {
         "format": "kineto",
         "profile": prof.name,
-        "bytes_total": len(data),
+        "bytes_total": num_bytes,
         "bytes_dropped": 0,
         "num_events": len(ev),
         "unknown_categories": unknown,
@@ -403,12 +411,16 @@ def load_kineto(data: bytes, profile: Profile | str | None = None) -> TraceFrame
         **_rank_metadata(cols.extra),
     }
     metadata.update(cols.extra)
-    frames = TraceFrames.empty()
-    frames.slices, frames.tracks, frames.flows = slices, tracks, flows
-    frames.syncs = _syncs(x)
-    frames.instants = categorize(_instants(ev))
-    frames.counters = _counters(cols.counters)
-    frames.metadata = metadata
+    frames = TraceFrames(
+        slices=slices,
+        instants=categorize(_instants(ev)),
+        counters=_counters(cols.counters),
+        flows=flows,
+        tracks=tracks,
+        decisions=empty_frame(DECISION_COLUMNS),  # Kineto traces carry no feature decisions
+        syncs=_syncs(x),
+        metadata=metadata,
+    )
     return frames
 
 

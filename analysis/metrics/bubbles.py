@@ -36,7 +36,7 @@ from analysis.intervals import (
     union,
     unique_sorted,
 )
-from analysis.loading.build import nesting_depth
+from analysis.loading.build import nesting_parent
 from instrument.schema import CpuSlice
 
 __all__ = [
@@ -161,20 +161,8 @@ def _exclusive_segments(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
     if n == 0:
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
-    depth = nesting_depth(track, ts, end).astype(np.int64)
-    left = pd.DataFrame({"row": np.arange(n), "track": track, "ts": ts, "key": depth - 1})
-    right = pd.DataFrame({"parent": np.arange(n), "track": track, "ts": ts, "key": depth})
-    merged = pd.merge_asof(
-        left.sort_values("ts"),
-        right.sort_values("ts"),
-        on="ts",
-        by=["track", "key"],
-        direction="backward",
-        allow_exact_matches=True,
-    )
-    parent = np.full(n, -1, dtype=np.int64)
-    parent[merged["row"].to_numpy()] = merged["parent"].fillna(-1).to_numpy(np.int64)
-    parent[depth == 0] = -1
+    depth, parent = nesting_parent(track, ts, end)
+    depth = depth.astype(np.int64)
     # Events: a start makes its slice the owner; an end hands ownership back to the parent.
     ev_t = np.concatenate((ts, end))
     ev_owner = np.concatenate((np.arange(n), parent))

@@ -52,10 +52,11 @@ def has_kernels(slices: pd.DataFrame) -> bool:
 
 def _spans(slices: pd.DataFrame) -> pd.DataFrame:
     """Per step with kernels: the span of its compute stage and kernel slices."""
-    role = slices["role"].to_numpy(object)
+    is_kernel = (slices["role"] == ROLE_KERNEL).to_numpy(bool)
+    is_compute = (slices["role"] == ROLE_COMPUTE).to_numpy(bool)
     step = slices["step"].to_numpy(np.int64)
-    kernel_steps = np.unique(step[(role == ROLE_KERNEL) & (step >= 0)])
-    sel = ((role == ROLE_KERNEL) | (role == ROLE_COMPUTE)) & np.isin(step, kernel_steps)
+    kernel_steps = np.unique(step[is_kernel & (step >= 0)])
+    sel = (is_kernel | is_compute) & np.isin(step, kernel_steps)
     df = pd.DataFrame(
         {
             "step": step[sel],
@@ -84,9 +85,8 @@ def busy_with_kernels(slices: pd.DataFrame) -> tuple[Union, Union]:
     """``(B, windows)``: B = kernel union inside the kernel windows, compute stage slices
     elsewhere; ``windows`` as :func:`kernel_windows`. Without kernels B is the stage union."""
     require_columns(slices, ["role", "step", "ts_ns", "end_ns"], "busy_with_kernels")
-    role = slices["role"].to_numpy(object)
     ts, end = slices["ts_ns"].to_numpy(np.int64), slices["end_ns"].to_numpy(np.int64)
-    comp = role == ROLE_COMPUTE
+    comp = (slices["role"] == ROLE_COMPUTE).to_numpy(bool)
     stage_u = union(ts[comp], end[comp])
     windows = kernel_windows(slices)
     if windows[0].size == 0:
@@ -108,11 +108,11 @@ def stage_fill(slices: pd.DataFrame) -> pd.DataFrame:
     Columns: ``FILL_COLUMNS``; empty without kernels.
     """
     require_columns(slices, ["role", "name", "step", "ts_ns", "end_ns"], "stage_fill")
-    role = slices["role"].to_numpy(object)
     step = slices["step"].to_numpy(np.int64)
     kern = _compute_kernels(slices)
-    kernel_steps = np.unique(step[(role == ROLE_KERNEL) & (step >= 0)])
-    sel = (role == ROLE_COMPUTE) & np.isin(step, kernel_steps)
+    is_kernel = (slices["role"] == ROLE_KERNEL).to_numpy(bool)
+    kernel_steps = np.unique(step[is_kernel & (step >= 0)])
+    sel = (slices["role"] == ROLE_COMPUTE).to_numpy(bool) & np.isin(step, kernel_steps)
     if not sel.any():
         return pd.DataFrame({k: pd.Series(dtype=v) for k, v in FILL_COLUMNS.items()})
     ts, end = slices["ts_ns"].to_numpy(np.int64), slices["end_ns"].to_numpy(np.int64)

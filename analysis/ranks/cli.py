@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from analysis.frames import TraceError
+from analysis.errors import TraceError
 from analysis.jsonout import dump_json
-from analysis.ranks.report import RankReport, analyze_ranks
+
+if TYPE_CHECKING:  # `stepscope analyze` imports this module before pandas (is_rank_set)
+    from analysis.ranks.report import RankReport
 
 __all__ = ["is_rank_set", "rank_analyze_main", "print_rank_report"]
 
@@ -30,6 +31,8 @@ def is_rank_set(paths: list[str]) -> bool:
 
 def print_rank_report(report: RankReport) -> None:
     """Verdicts, the window, then the per-rank, straggler and collective tables."""
+    import pandas as pd
+
     for line in report.verdicts:
         print(f"* {line}")
     for note in report.ranks.notes:
@@ -54,6 +57,8 @@ def print_rank_report(report: RankReport) -> None:
 
 def rank_analyze_main(args: argparse.Namespace) -> int:
     """The rank-set branch of ``stepscope analyze`` (``args.trace`` is a list)."""
+    from analysis.ranks.report import analyze_ranks
+
     try:
         report = analyze_ranks(
             args.trace, args.profile, args.skip_steps, args.window, args.max_decompressed_mb
