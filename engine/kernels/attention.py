@@ -195,17 +195,25 @@ def _paged_attention_kernel_src(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_Q: tl.constexpr, SMALL_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, REVERSE: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``[num_tokens // BLOCK_Q + num_reqs + 1, num_kv_heads]``. Request ``i`` owns the q
+    """Grid ``[num_tokens // BLOCK_Q + num_reqs + 1, num_kv_heads]`` (transposed when
+    HEAD_MAJOR). Request ``i`` owns the q
     blocks ``qsl[i] // BLOCK_Q + i ..`` (one per BLOCK_Q of its tokens, plus one to spare);
     "request" ``num_reqs`` (the padding tokens ``qsl[num_reqs] .. num_tokens``) owns the rest
     and writes zeros. Requests of at most ``SMALL_Q`` tokens (decodes, short verifies) run in
     one program with ``SMALL_M``-row tiles; the rest in ``BLOCK_M``-row tiles. REVERSE: the
     last q blocks (the longest KV walks of a causal prompt) start first."""
-    q_block = tl.program_id(0)
+    if HEAD_MAJOR:  # grid transposed: the KV heads of one q block are neighbouring programs
+        kv_head = tl.program_id(0)
+        q_block = tl.program_id(1)
+        num_q_blocks = tl.num_programs(1)
+    else:
+        q_block = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        num_q_blocks = tl.num_programs(0)
     if REVERSE:
-        q_block = tl.num_programs(0) - 1 - q_block
-    kv_head = tl.program_id(1)
+        q_block = num_q_blocks - 1 - q_block
     # Request owning this q block: the last i with qsl[i] // BLOCK_Q + i <= q_block.
     lo = num_reqs * 0
     hi = num_reqs
@@ -423,7 +431,9 @@ def paged_attention_triton(
 # prints the table to paste here). BLOCK_M: rows (query tokens x GQA group) of a prefill tile;
 # BLOCK_N: KV positions per tile; SMALL_M / SMALL_N: the tile of requests of at most
 # SMALL_M // group tokens (decodes, verifies) in one program (SMALL_M 0: no small path);
-# reverse: the longest causal KV walks start first.
+# reverse: the longest causal KV walks start first; head_major (optional, default False): the
+# grid is [KV heads, q blocks], so the heads of one q block (reading neighbouring KV bytes) run
+# together, as the decode kernel's head_major.
 VARLEN_LAUNCH: dict[int, dict[str, Any]] = {
     # bench/tune_varlen_attention.py on the H200 (bench/results/h200/tune_varlen.json): best
     # overall, 1.04x of each shape's best on average.
@@ -435,6 +445,9 @@ VARLEN_LAUNCH: dict[int, dict[str, Any]] = {
 # Used (with a warning) when the table's entry fails to compile on this device/Triton version.
 VARLEN_FALLBACK: dict[str, Any] = {"BLOCK_M": 64, "BLOCK_N": 32, "SMALL_M": 16, "SMALL_N": 32,
                                    "num_warps": 4, "num_stages": 2, "reverse": False}  # fmt: skip
+
+
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 
 
 def varlen_tiles(launch: Mapping[str, Any], group: int) -> tuple[int, int, int, int]:
@@ -501,7 +514,9 @@ def _launch_varlen(
     num_tokens, _, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     block_m, block_q, small_m, small_q = varlen_tiles(launch, group)
-    grid = (num_tokens // block_q + num_reqs + 1, num_kv_heads)
+    num_q_blocks = num_tokens // block_q + num_reqs + 1
+    head_major = bool(launch.get("head_major", False)) and num_q_blocks <= MAX_GRID_Y
+    grid = (num_kv_heads, num_q_blocks) if head_major else (num_q_blocks, num_kv_heads)
     _paged_attention_kernel()[grid](
         q, kv_cache[0], kv_cache[1], out,
         attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
@@ -512,6 +527,6 @@ def _launch_varlen(
         SMALL_M=max(small_m, 16), SMALL_Q=small_q, SMALL_N=int(launch["SMALL_N"]),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        REVERSE=bool(launch["reverse"]),
+        REVERSE=bool(launch["reverse"]), HEAD_MAJOR=head_major,
         num_warps=int(launch["num_warps"]), num_stages=int(launch["num_stages"]),
     )  # fmt: skip

@@ -162,13 +162,13 @@ def test_reference_detects_wrong_block_table() -> None:
     assert not torch.allclose(out.double(), dense_attention_f64(case, 0.25), atol=1e-3)
 
 
-# Varlen kernel launches: (BLOCK_M, BLOCK_N, SMALL_M, SMALL_N, reverse). Small tiles, so the
+# Varlen kernel launches: (BLOCK_M, BLOCK_N, SMALL_M, SMALL_N, reverse, head_major). Small tiles, so the
 # test batch spans several q blocks per request, full (unmasked) KV tiles before the diagonal
 # ones, and requests on the small-tile path (SMALL_M // group tokens or fewer) and off it.
 VARLEN_LAUNCHES = {
-    "tiles16_reverse": (16, 16, 16, 16, True),
-    "tiles32x16_small32": (32, 16, 32, 32, False),
-    "no_small_path": (16, 32, 0, 16, True),
+    "tiles16_reverse": (16, 16, 16, 16, True, False),
+    "tiles32x16_small32_head_major": (32, 16, 32, 32, False, True),
+    "no_small_path_head_major_reverse": (16, 32, 0, 16, True, True),
 }
 
 
@@ -181,9 +181,9 @@ def test_varlen_kernel_any_launch_matches_torch(name: str, monkeypatch: pytest.M
 
     empty_like = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t: empty_like(t).fill_(float("nan")))
-    block_m, block_n, small_m, small_n, reverse = VARLEN_LAUNCHES[name]
+    block_m, block_n, small_m, small_n, reverse, head_major = VARLEN_LAUNCHES[name]
     launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SMALL_M": small_m, "SMALL_N": small_n,
-              "num_warps": 4, "num_stages": 2, "reverse": reverse}  # fmt: skip
+              "num_warps": 4, "num_stages": 2, "reverse": reverse, "head_major": head_major}  # fmt: skip
     q_lens, seq_lens = [1, 19, 3, 1, 11], [40, 19, 9, 1, 41]
     case = make_case(q_lens, seq_lens, 4, 2, 16, 4, seed=6, num_padded_tokens=56,
                      num_padded_reqs=7)  # fmt: skip
