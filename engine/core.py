@@ -35,7 +35,7 @@ from engine.engine_parts import (
     build_runner,
     check_state_fits,
     record_start,
-    scheduler_config_for,
+    resolve_max_model_len,
 )
 from engine.executor.rank_context import RankContext
 from engine.request import Request, RequestStatus
@@ -94,7 +94,7 @@ class EngineCore:
         self.features: ResolvedFeatures = resolve_features(config)
         self.kernels = build_kernels(self.features)  # chosen once, for every part below
         # Tensor parallel: every rank builds its device and model shard through its context.
-        if tp is None and config.tensor_parallel_size > 1:
+        if tp is None and config.parallel.tensor_parallel_size > 1:
             from engine.executor.tp_driver import TPDriver
 
             tp = TPDriver.start(config, self.tracer)
@@ -105,17 +105,25 @@ class EngineCore:
         else:
             self.device = tp.build_device(config)
             self.model, self.model_config = tp.build_model(config, self.device, self.kernels)
-        sched_config = scheduler_config_for(config, self.model_config)
-        self.max_model_len = sched_config.max_model_len
+        self.max_model_len = resolve_max_model_len(config, self.model_config)
+        # The parts below get the config with max_model_len resolved; ``self.config`` stays as
+        # asked (the trace's engine_config records both).
+        resolved = config.with_max_model_len(self.max_model_len)
         check_state_fits(config, self.model_config, self.max_model_len, self.device)
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
-        self.scheduler: Scheduler = scheduler_cls(sched_config, stop_string_checker)
+        self.scheduler: Scheduler = scheduler_cls(
+            resolved.scheduler,
+            resolved.cache,
+            stop_string_checker,
+            num_spec_tokens=resolved.spec.num_spec_tokens,
+        )
         # The older way: the CPU waits for step N's accepted counts before preparing N+1.
-        self.sync_accepted = self.features.spec_method is not None and config.spec_sync_accepted
+        self.sync_accepted = (
+            self.features.spec_method is not None and config.spec.spec_sync_accepted
+        )
         self.runner: ModelRunner = build_runner(
-            config, self.features, self.device, self.model, self.max_model_len, self.tracer,
-            self.kernels,
-        )  # fmt: skip
+            resolved, self.features, self.device, self.model, self.tracer, self.kernels
+        )
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)
         self.kernel_window = self._build_kernel_window()
@@ -129,7 +137,7 @@ class EngineCore:
 
     def _build_kernel_window(self) -> KernelWindow | None:
         """The ``--trace-kernels`` window (only with a CUDA device and an enabled tracer)."""
-        steps = self.config.trace_kernel_steps
+        steps = self.config.tracing.trace_kernel_steps
         if steps is None or not self.features.trace_kernels or not self.tracer.enabled:
             return None
         device, timeline = self.device, self.runner.timeline
@@ -161,7 +169,11 @@ class EngineCore:
         """The model config's EOS ids; a random-weights shape run with a separate ``tokenizer``
         uses that tokenizer's EOS (the shape's own EOS belongs to a tokenizer it does not have)."""
         tok_eos = getattr(self._tokenizer, "eos_token_id", None)
-        if self.config.random_weights and self.config.tokenizer and tok_eos is not None:
+        if (
+            self.config.source.random_weights
+            and self.config.source.tokenizer
+            and tok_eos is not None
+        ):
             return (int(tok_eos),)
         return tuple(self.model_config.eos_token_ids)
 

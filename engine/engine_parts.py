@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,14 +20,14 @@ from engine.config import ConfigError, EngineConfig, ResolvedFeatures
 from engine.device import CpuDevice, CudaDevice, Device
 from engine.kernels.backend import KernelBackend, create_kernel_backend
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext
 from engine.model.loader import (
     build_random_model,
     load_model,
     qwen3_0_6b_config,
     qwen3_8b_config,
 )
-from engine.runner.model_runner import ModelRunner, RunnerConfig
-from engine.scheduler.scheduler_config import SchedulerConfig
+from engine.runner.model_runner import ModelRunner
 from engine.spec.proposer import Proposer, ProposerContext, create_proposer
 from instrument.schema import REQUESTED_AUTO, Arg, Instant
 from instrument.tracer import Tracer
@@ -42,7 +43,7 @@ __all__ = [
     "estimate_state_bytes",
     "load_model_config",
     "record_start",
-    "scheduler_config_for",
+    "resolve_max_model_len",
 ]
 
 _log = logging.getLogger("stepscope.engine")
@@ -59,9 +60,8 @@ NAMED_CONFIGS = {"qwen3-0.6b": qwen3_0_6b_config, "qwen3-8b": qwen3_8b_config}
 
 
 def build_device(config: EngineConfig) -> Device:
-    if config.is_cuda:
-        index = int(config.device.split(":")[1]) if ":" in config.device else 0
-        return CudaDevice(index)
+    if config.parallel.is_cuda:
+        return CudaDevice(config.parallel.cuda_index)
     return CpuDevice()
 
 
@@ -96,15 +96,16 @@ def build_kernels(features: ResolvedFeatures) -> KernelBackend:
 def build_model(
     config: EngineConfig, device: Device, kernels: KernelBackend
 ) -> tuple[Any, ModelConfig]:
-    dtype = DTYPES[config.dtype]
-    if config.model is not None:
-        if not os.path.isdir(config.model):
-            raise ConfigError(f"model folder not found: {config.model}")
-        return load_model(config.model, dtype, device.torch_device, kernels=kernels)
-    assert config.model_config is not None
-    model_config = load_model_config(config.model_config)
+    source = config.source
+    dtype = DTYPES[source.dtype]
+    if source.model is not None:
+        if not os.path.isdir(source.model):
+            raise ConfigError(f"model folder not found: {source.model}")
+        return load_model(source.model, dtype, device.torch_device, kernels=kernels)
+    assert source.model_config is not None
+    model_config = load_model_config(source.model_config)
     model = build_random_model(
-        model_config, dtype, device.torch_device, config.seed, kernels=kernels
+        model_config, dtype, device.torch_device, source.seed, kernels=kernels
     )
     return model, model_config
 
@@ -116,23 +117,20 @@ def build_proposer(
     device: Device,
     kernels: KernelBackend,
 ) -> Proposer | None:
-    """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None."""
+    """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None.
+    ``config``'s scheduler part has ``max_model_len`` resolved."""
     method = features.spec_method
     if method is None:
         return None
-    spec_model = config.spec_model
-    if method == "mtp" and spec_model is None and config.model is not None:
-        spec_model = os.path.join(config.model, "mtp")
+    spec = config.spec
+    if method == "mtp" and spec.spec_model is None and config.source.model is not None:
+        spec = replace(spec, spec_model=os.path.join(config.source.model, "mtp"))
     ctx = ProposerContext(
         target=model,
-        spec_model=spec_model,
-        num_spec_tokens=config.num_spec_tokens,
-        num_blocks=config.num_kv_blocks,
-        block_size=config.block_size,
-        max_num_reqs=config.max_num_seqs,
-        dtype=DTYPES[config.dtype],
-        device=device.torch_device,
-        kernels=kernels,
+        spec=spec,
+        cache=config.cache,
+        limits=config.scheduler,
+        layers=LayerContext(DTYPES[config.source.dtype], device.torch_device, kernels),
     )
     return create_proposer(method, ctx)
 
@@ -142,12 +140,12 @@ def build_runner(
     features: ResolvedFeatures,
     device: Device,
     model: Any,
-    max_model_len: int,
     tracer: Tracer,
     kernels: KernelBackend,
 ) -> ModelRunner:
     """The model runner of ``model`` (with the resolved proposer): the one factory that
-    ``EngineCore`` and every tensor-parallel worker use.
+    ``EngineCore`` and every tensor-parallel worker use. ``config``'s scheduler part has
+    ``max_model_len`` resolved (:meth:`EngineConfig.with_max_model_len`).
 
     A CUDA-graph capture that failed is reported into ``features`` here, before
     :func:`record_start` writes the decisions: under auto the runner stays eager and the
@@ -155,18 +153,13 @@ def build_runner(
     runner = ModelRunner(
         model,
         device,
-        RunnerConfig(
-            max_num_reqs=config.max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            block_size=config.block_size,
-            num_blocks=config.num_kv_blocks,
-            seed=config.seed,
-            cuda_graphs=features.cuda_graphs,
-        ),
+        config.scheduler,
+        config.cache,
         tracer,
         proposer=build_proposer(config, features, model, device, kernels),
         kernels=kernels,
+        seed=config.source.seed,
+        cuda_graphs=features.cuda_graphs,
     )
     failure = runner.graphs.failure
     if failure is not None:
@@ -211,17 +204,19 @@ def record_start(
         )
 
 
-def scheduler_config_for(config: EngineConfig, model_config: ModelConfig) -> SchedulerConfig:
-    """Scheduler limits; ``max_model_len`` defaults to what the model and the KV pool allow."""
-    kv_capacity = config.num_kv_blocks * config.block_size
-    max_model_len = config.max_model_len or min(model_config.max_position_embeddings, kv_capacity)
-    if config.max_model_len is None and kv_capacity < model_config.max_position_embeddings:
+def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
+    """``max_model_len``, defaulting to what the model and the KV pool allow; the engine passes
+    ``config.with_max_model_len(this)`` on. Raises :class:`ConfigError` when it cannot fit."""
+    cache, asked = config.cache, config.scheduler.max_model_len
+    kv_capacity = cache.num_kv_blocks * cache.block_size
+    max_model_len = asked or min(model_config.max_position_embeddings, kv_capacity)
+    if asked is None and kv_capacity < model_config.max_position_embeddings:
         _log.warning(
             "the KV pool (%d blocks x %d slots = %d tokens) is smaller than the model's "
             "max_position_embeddings=%d: max_model_len is %d; a request whose prompt + max_tokens "
             "exceeds it is refused (raise --num-kv-blocks for longer requests)",
-            config.num_kv_blocks,
-            config.block_size,
+            cache.num_kv_blocks,
+            cache.block_size,
             kv_capacity,
             model_config.max_position_embeddings,
             max_model_len,
@@ -233,23 +228,10 @@ def scheduler_config_for(config: EngineConfig, model_config: ModelConfig) -> Sch
         )
     if max_model_len > kv_capacity:
         raise ConfigError(
-            f"max_model_len={max_model_len} does not fit the KV pool of {config.num_kv_blocks} "
-            f"blocks x {config.block_size} slots; raise num_kv_blocks"
+            f"max_model_len={max_model_len} does not fit the KV pool of {cache.num_kv_blocks} "
+            f"blocks x {cache.block_size} slots; raise num_kv_blocks"
         )
-    try:
-        return SchedulerConfig(
-            max_model_len=max_model_len,
-            num_gpu_blocks=config.num_kv_blocks,
-            block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            enable_prefix_caching=config.enable_prefix_caching,
-            num_spec_tokens=config.num_spec_tokens,
-            debug=config.debug_invariants,
-        )
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    return max_model_len
 
 
 def estimate_state_bytes(
@@ -263,24 +245,24 @@ def estimate_state_bytes(
     the penalty books (int32 + bool per vocab entry), on the device. ``host_blocks``: the
     scheduler's block pool on the host. Draft/EAGLE state and activations are not counted.
     """
-    dtype_bytes = DTYPES[config.dtype].itemsize
-    kv_heads = math.ceil(model_config.num_key_value_heads / config.tensor_parallel_size)
+    dtype_bytes = DTYPES[config.source.dtype].itemsize
+    kv_heads = math.ceil(model_config.num_key_value_heads / config.parallel.tensor_parallel_size)
     kv = (
         model_config.num_hidden_layers
         * 2
-        * config.num_kv_blocks
-        * config.block_size
+        * config.cache.num_kv_blocks
+        * config.cache.block_size
         * kv_heads
         * model_config.head_dim
         * dtype_bytes
     )
-    rows = config.max_num_seqs + 1
-    blocks_per_req = math.ceil(max_model_len / config.block_size)
+    rows = config.scheduler.max_num_seqs + 1
+    blocks_per_req = math.ceil(max_model_len / config.cache.block_size)
     per_row = max_model_len * 8 + blocks_per_req * 4 + model_config.vocab_size * 5
     return {
         "kv_cache": kv,
         "request_state": rows * per_row,
-        "host_blocks": config.num_kv_blocks * _HOST_BYTES_PER_BLOCK,
+        "host_blocks": config.cache.num_kv_blocks * _HOST_BYTES_PER_BLOCK,
     }
 
 
@@ -325,9 +307,9 @@ def check_state_fits(
         raise ConfigError(
             f"the engine's state does not fit: at least {wanted / gib:.2f} GiB needed on {where} "
             f"but {available / gib:.2f} GiB is free (KV cache {need['kv_cache'] / gib:.2f} GiB = "
-            f"{config.num_kv_blocks} blocks x {config.block_size} slots x "
+            f"{config.cache.num_kv_blocks} blocks x {config.cache.block_size} slots x "
             f"{model_config.num_hidden_layers} layers; request state "
-            f"{need['request_state'] / gib:.2f} GiB = {config.max_num_seqs} seqs x max_model_len "
+            f"{need['request_state'] / gib:.2f} GiB = {config.scheduler.max_num_seqs} seqs x max_model_len "
             f"{max_model_len}; block pool {need['host_blocks'] / gib:.2f} GiB on the host); lower "
             "--num-kv-blocks, --max-num-seqs or --max-model-len"
         )

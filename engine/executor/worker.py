@@ -130,7 +130,7 @@ def worker_main(index: int, spec: WorkerSpec) -> None:
     try:
         group = init_tp_group(
             rank,
-            config.tensor_parallel_size,
+            config.parallel.tensor_parallel_size,
             spec.init_method,
             cuda_index_for_rank(config, rank),
             spec.timeout_s,
@@ -154,8 +154,9 @@ def _run_rank(
         build_runner,
         check_state_fits,
         record_start,
-        scheduler_config_for,
+        resolve_max_model_len,
     )
+    from engine.scheduler.scheduler import check_limits
 
     threading.current_thread().name = ENGINE_THREAD  # this rank's CPU slices: its engine track
     features = resolve_features(config)
@@ -164,9 +165,11 @@ def _run_rank(
         device = ctx.build_device(config)
         try:
             model, model_config = ctx.build_model(config, device, kernels)
-            max_model_len = scheduler_config_for(config, model_config).max_model_len
+            max_model_len = resolve_max_model_len(config, model_config)
+            resolved = config.with_max_model_len(max_model_len)
+            check_limits(resolved.scheduler, resolved.cache, resolved.spec.num_spec_tokens)
             check_state_fits(config, model_config, max_model_len, device)
-            runner = build_runner(config, features, device, model, max_model_len, tracer, kernels)
+            runner = build_runner(resolved, features, device, model, tracer, kernels)
             try:
                 runner = ctx.attach(runner, tracer)
                 record_start(tracer, config, features, max_model_len)

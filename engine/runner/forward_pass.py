@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from engine.config import CacheConfig, SchedulerConfig
 from engine.device import Device
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.backend import KernelBackend
@@ -22,13 +23,20 @@ from engine.runner.spec_decode import StepTensors
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 
-__all__ = ["ForwardPass"]
+__all__ = ["ForwardPass", "max_num_tokens"]
+
+
+def max_num_tokens(limits: SchedulerConfig) -> int:
+    """Token buffers also hold a decode batch padded to a graph size (<= max_num_seqs)."""
+    return max(limits.max_num_batched_tokens, limits.max_num_seqs)
 
 
 class ForwardPass:
     """Model + KV caches + graph-stable input buffers for one runner.
 
     Args:
+        limits: the engine config's scheduler part (``max_model_len`` resolved): buffer sizes.
+        cache: the engine config's KV cache part: the paged KV caches.
         states: the runner's state table (read on the device by input prep).
         step_inputs: the runner's staged packed batch (``[1, capacity]`` int32 on the device).
         graphs: the resolved CUDA-graph runner; captured here at construction.
@@ -39,7 +47,8 @@ class ForwardPass:
         self,
         model: Any,
         device: Device,
-        config: Any,  # RunnerConfig
+        limits: SchedulerConfig,
+        cache: CacheConfig,
         states: RequestStates,
         step_inputs: StagedWriteTensor,
         graphs: CudaGraphRunner,
@@ -48,11 +57,12 @@ class ForwardPass:
         self.model = model
         self.kernels = kernels
         self.device = device
-        self.config = config
+        self.limits = limits  # the engine config's scheduler part, max_model_len resolved
+        self.cache = cache
         self.states = states
         self.step_inputs = step_inputs
         self.graphs = graphs
-        self.kv_caches = model.allocate_kv_caches(config.num_blocks, config.block_size)
+        self.kv_caches = model.allocate_kv_caches(cache.num_kv_blocks, cache.block_size)
         self._alloc_buffers()
         if self.graphs.enabled:
             self._capture_graphs()
@@ -67,8 +77,9 @@ class ForwardPass:
             self.graphs.disable(f"capture failed: {type(exc).__name__}: {first_line}")
 
     def _alloc_buffers(self) -> None:
-        dev, c = self.device.torch_device, self.config
-        t, r = c.max_num_tokens, c.max_num_reqs
+        dev = self.device.torch_device
+        t, r = max_num_tokens(self.limits), self.limits.max_num_seqs
+        max_blocks_per_req = self.cache.blocks_for(self.limits.resolved_max_model_len)
         # Persistent: CUDA graphs replay against these addresses.
         self.input_ids = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
         self.positions = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
@@ -76,7 +87,7 @@ class ForwardPass:
         self.seq_lens = torch.zeros(r, dtype=torch.int32, device=dev)  # [R]
         self.logits_indices = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
         # attn_block_table: [R, max_blocks] int32, rows gathered through idx_mapping
-        self.attn_block_table = torch.zeros(r, c.max_blocks_per_req, dtype=torch.int32, device=dev)
+        self.attn_block_table = torch.zeros(r, max_blocks_per_req, dtype=torch.int32, device=dev)
 
     def step_tensors(self, batch: InputBatch) -> StepTensors:
         return StepTensors(
@@ -115,7 +126,7 @@ class ForwardPass:
             slot_mapping=self.slot_mapping,
             seq_lens=self.seq_lens,
             logits_indices=self.logits_indices,
-            block_size=self.config.block_size,
+            block_size=self.cache.block_size,
             num_reqs=batch.num_reqs,
             num_tokens=batch.num_tokens,
             num_logits=batch.num_logits,
@@ -150,7 +161,7 @@ class ForwardPass:
 
     def _forward_padded_graph(self, size: int) -> torch.Tensor:
         """The captured body: a uniform decode batch of ``size`` against persistent buffers."""
-        md = self.attn_metadata(size, size, 1, self.config.max_model_len)
+        md = self.attn_metadata(size, size, 1, self.limits.resolved_max_model_len)
         return self.model(self.input_ids[:size], self.positions[:size], md, self.kv_caches)
 
     def _fill_graph_inputs(self, size: int) -> None:
