@@ -19,9 +19,9 @@ from engine.kernels.backend import KernelBackend
 from engine.kernels.input_prep import InputPrepArgs
 from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.input_batch import InputBatch
-from engine.runner.spec_decode import StepTensors
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
+from engine.spec.decoder import StepTensors
 
 __all__ = ["ForwardPass", "max_num_tokens"]
 

@@ -13,7 +13,7 @@ The sampled token is committed to ``last_sampled`` on the device, where step N+1
 reads it; the host only learns it from the d2h copy, in :meth:`AsyncOutput.get`.
 
 With a proposer (speculative decoding) the compute stream runs ``verify`` instead of ``sample``
-when the step has drafts, then ``draft``: see :mod:`engine.runner.spec_decode`.
+when the step has drafts, then ``draft``: see :mod:`engine.spec.decoder`.
 
 Structured output (docs/design.md §2.9): a grammar bitmask ``[num_logits, ceil(V / 32)]`` int32 is
 uploaded on the h2d stream and applied to the logits before ``sample``/``verify``. When the mask is
@@ -37,13 +37,13 @@ from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSa
 from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.forward_pass import ForwardPass, max_num_tokens
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
-from engine.runner.sampling_inputs import gather_sampling_metadata
-from engine.runner.spec_decode import SpecDecoder
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 from engine.runner.step_in_flight import StepInFlight
 from engine.sample.sampler import Sampler, SamplerOutput
+from engine.sample.sampling_inputs import gather_sampling_metadata
 from engine.scheduler.outputs import SchedulerOutput
+from engine.spec.decoder import SpecDecoder
 from engine.spec.proposer import Proposer
 from engine.structured.device_bitmask import DeviceBitmask
 from instrument.device_timeline import DeviceTimeline
