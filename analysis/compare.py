@@ -8,13 +8,18 @@ from typing import Any
 from analysis.loading.derive import OUTPUT_DIGEST_KEY
 from analysis.metrics_registry import COMPARED
 from analysis.report import Report
+from instrument.schema import MEASURED_CONFIG_ARGS
 
-__all__ = ["Comparison", "compare_reports", "VOLATILE_KEYS"]
+__all__ = ["Comparison", "compare_reports", "DERIVED_KEYS", "VOLATILE_KEYS"]
 
 # Config/metadata keys that differ between any two runs and say nothing about the contract.
-VOLATILE_KEYS = frozenset(
-    {"pid", "wall_time_ns", "trace_path", "output_path", "seed_offset", "run_id"}
+VOLATILE_KEYS = (
+    frozenset({"pid", "wall_time_ns", "trace_path", "output_path", "seed_offset", "run_id"})
+    | MEASURED_CONFIG_ARGS
 )
+# Config keys that follow from other keys and the feature decisions (the captured CUDA-graph
+# shapes, docs/design.md §2.6): toggling the one variable under test changes them too.
+DERIVED_KEYS = frozenset({"cuda_graph_sizes", "mixed_graph_buckets"})
 
 
 @dataclass
@@ -60,7 +65,7 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
     otherwise only the keys in ``vary`` may differ.
     """
     ca, cb = a.frames.config, b.frames.config
-    keys = sorted((set(ca) | set(cb)) - VOLATILE_KEYS - {OUTPUT_DIGEST_KEY})
+    keys = sorted((set(ca) | set(cb)) - VOLATILE_KEYS - DERIVED_KEYS - {OUTPUT_DIGEST_KEY})
     diffs = {k: (ca.get(k), cb.get(k)) for k in keys if ca.get(k) != cb.get(k)}
     notes: list[str] = []
     if not ca and not cb:

@@ -29,15 +29,18 @@ def graph_replay_host_us(llm: LLM, iters: int = 50) -> float | None:
     """Host time of ``graph.replay()`` (cudaGraphLaunch) for the largest captured decode graph."""
     import torch
 
+    from engine.runner.cuda_graphs import GraphShape
+
     graphs = llm.engine.runner.graphs if hasattr(llm.engine, "runner") else None
     if graphs is None or not graphs.enabled:
         return None
     size = max(graphs.sizes)
+    shape = GraphShape(size, size, True)
     times = []
     for _ in range(iters):
         torch.cuda.synchronize()
         start = time.perf_counter_ns()
-        graphs.replay(size)
+        graphs.replay(shape)
         times.append(time.perf_counter_ns() - start)
     torch.cuda.synchronize()
     return sorted(times)[len(times) // 2] / 1e3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -88,14 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trace-warmup",
         action="store_true",
-        help="also trace the warm-up steps (left out by default)",
+        help="also trace the workload's first --trace-warmup-steps steps (left out by default; "
+        "the engine's own warm-up, --warmup, is never traced)",
     )
     p.add_argument(
         "--trace-warmup-steps",
         type=int,
         default=2,
         metavar="K",
-        help="how many first steps are warm-up (default 2)",
+        help="how many first steps of the workload count as warm-up in the trace (default 2)",
     )
     p.add_argument(
         "--trace-writer",
@@ -251,6 +253,24 @@ def print_summary(
     print(f"TPOT ms           {_fmt_pcts(lat.tpot_ms)}")
     print(f"end-to-end ms     {_fmt_pcts(lat.e2e_ms)}")
     print(f"output digest     {outputs_digest(outputs)}")
+    warmup = llm.engine.warmup
+    if warmup.num_steps:
+        print(
+            f"warm-up           {warmup.seconds:.2f} s  ({warmup.num_steps} dummy steps before the run, not in the run's time)"
+        )
+    else:
+        print("warm-up           off")
+    if llm.engine.compiles.counted:
+        late = llm.engine.compiles_in_run
+        names = ", ".join(sorted(set(late))[:4]) + (" ..." if len(set(late)) > 4 else "")
+        print(
+            f"Triton compiles   {llm.engine.compiles_at_start} at start-up, {len(late)} during the "
+            f"run{': ' + names if late else ''}"
+        )
+    kv = llm.engine.kv
+    print(
+        f"KV cache          {kv.num_blocks} blocks x {kv.block_size} = {kv.num_tokens} tokens  ({kv.source})"
+    )
     print("feature decisions:")
     for d in llm.engine.features.decisions:
         requested = d.requested
@@ -260,6 +280,31 @@ def print_summary(
     if trace:
         print(
             f"trace             {trace}   (stepscope analyze {trace}; or open in ui.perfetto.dev)"
+        )
+
+
+def _print_capacity(llm: LLM, tokens_per_request: float, tracer: Tracer | None) -> None:
+    """The KV pool and the concurrency it allows at this workload's lengths (start of the run;
+    also into ``trace_metadata``)."""
+    engine = llm.engine
+    print(engine.kv.describe(engine.max_model_len))
+    if tokens_per_request <= 0:
+        return
+    tokens = math.ceil(tokens_per_request)
+    concurrency = engine.kv.concurrency(tokens)
+    print(
+        f"  maximum concurrency at this workload's mean {tokens} tokens per "
+        f"request (prompt + max_tokens): {concurrency:.2f}x (--max-num-seqs "
+        f"{engine.config.scheduler.max_num_seqs})"
+    )
+    if engine.warmup.num_steps:
+        print(f"warm-up: {engine.warmup.num_steps} dummy steps in {engine.warmup.seconds:.2f} s")
+    if tracer is not None:
+        tracer.metadata(
+            **{
+                Arg.WORKLOAD_TOKENS_PER_REQUEST.value: round(tokens_per_request, 2),
+                Arg.KV_MAX_CONCURRENCY_WORKLOAD.value: round(concurrency, 3),
+            }
         )
 
 
@@ -320,9 +365,11 @@ def _run(
     detector = SyncDetector(tracer) if (tracer and args.detect_syncs) else None
     try:
         llm = LLM(config, tracer=tracer, trace_requests=args.trace_requests)
+        tokens_per_request = llm.mean_request_tokens(workload)
     except ConfigError as err:
         print(f"stepscope run: error: {err}", file=sys.stderr)
         return 2
+    _print_capacity(llm, tokens_per_request, tracer)
     writer = None
     try:
         writer = OutputWriter(args.output) if args.output else None
@@ -350,6 +397,8 @@ def _run(
             writer.close()
     if tracer is not None:
         note = {Arg.INTERRUPTED.value: interrupt.name} if interrupt.requested else {}
+        if llm.engine.compiles.counted:
+            tracer.metadata(**{Arg.TRITON_COMPILES_RUN.value: len(llm.engine.compiles_in_run)})
         tracer.metadata(
             **{Arg.OUTPUT_DIGEST.value: outputs_digest(outputs)},
             num_requests=len(outputs),

@@ -47,6 +47,7 @@ __all__ = [
     "SchedulerConfig",
     "SpecConfig",
     "TracingConfig",
+    "mixed_graph_max_tokens",
     "resolve_features",
     "SPEC_METHODS",
     "DTYPES",
@@ -182,7 +183,7 @@ class ParallelConfig:
 class SchedulerConfig:
     """The scheduler's limits. ``max_model_len = None`` asks for what the model and the KV pool
     allow; the engine passes the scheduler and the runner this part with it resolved
-    (:meth:`EngineConfig.with_max_model_len`). ``long_prefill_token_threshold = 0`` turns the
+    (:meth:`EngineConfig.resolved`). ``long_prefill_token_threshold = 0`` turns the
     per-request prefill cap off. ``debug_invariants`` checks the scheduler invariants after every
     ``schedule`` / ``update_from_output`` (slow; tests)."""
 
@@ -222,29 +223,54 @@ class SchedulerConfig:
     def resolved_max_model_len(self) -> int:
         """``max_model_len``, which the engine has resolved before it passes this part on."""
         if self.max_model_len is None:
-            raise ConfigError("max_model_len is not resolved (EngineConfig.with_max_model_len)")
+            raise ConfigError("max_model_len is not resolved (EngineConfig.resolved)")
         return self.max_model_len
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache: one pool of ``num_kv_blocks`` blocks of ``block_size`` slots, shared by
-    the scheduler's block pool, the runner's KV cache and the proposers' draft caches."""
+    the scheduler's block pool, the runner's KV cache and the proposers' draft caches.
+    ``num_kv_blocks = None`` asks for the pool start-up sizes (``engine.memory_profile``); the
+    engine passes this part on with it resolved (:meth:`EngineConfig.resolved`)."""
 
     block_size: int = _flag(16, help="KV cache block size in tokens (a power of two)")
-    num_kv_blocks: int = _flag(1024, help="KV cache blocks")
+    num_kv_blocks: int | None = _flag(
+        None,
+        type=int,
+        help="KV cache blocks (default: on CUDA, what --gpu-memory-utilization leaves after "
+        "weights, runner buffers, CUDA graphs and a profiling step; 1024 on the CPU)",
+    )
+    gpu_memory_utilization: float = _flag(
+        0.9,
+        help="fraction of the device's total memory the engine may use, other processes' "
+        "memory included (vLLM's meaning); sizes the KV cache unless --num-kv-blocks is given",
+    )
     enable_prefix_caching: bool = _flag(
         True, kind="store_false", flag="--no-prefix-caching", help="turn off prefix caching"
     )
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "block_size", "num_kv_blocks")
+        _at_least_one(self, "block_size")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
+
+    @property
+    def resolved_num_kv_blocks(self) -> int:
+        """``num_kv_blocks``, which the engine has resolved before it passes this part on."""
+        if self.num_kv_blocks is None:
+            raise ConfigError("num_kv_blocks is not resolved (EngineConfig.resolved)")
+        return self.num_kv_blocks
 
 
 @dataclass(frozen=True)
@@ -258,11 +284,25 @@ class FeatureRequests:
     cuda_graphs: bool | None = _flag(
         None, kind="tristate", help="CUDA graphs for uniform decode batches (auto: on CUDA)"
     )
+    mixed_graph_max_tokens: int | None = _flag(
+        None,
+        type=int,
+        metavar="N",
+        help="CUDA graphs for mixed/prefill steps over padded token buckets up to N tokens "
+        "(16, 32, .., 256, then multiples of 256; larger steps run eagerly); default: "
+        "--max-num-batched-tokens when CUDA graphs and Triton are on; 0: mixed steps run eagerly",
+    )
     triton_kernels: bool | None = _flag(
         None, kind="tristate", flag="--triton", help="Triton kernels (auto: on CUDA)"
     )
     pinned_memory: bool | None = _flag(
         None, kind="tristate", help="pinned host staging buffers (auto: on CUDA)"
+    )
+    warmup: bool | None = _flag(
+        None,
+        kind="tristate",
+        help="before the workload, run dummy steps that compile every kernel specialization a "
+        "run can reach (auto: on CUDA; the CPU has nothing to compile)",
     )
     deferred_sampling: bool | None = None  # no flag: follows async scheduling under auto
 
@@ -321,6 +361,15 @@ class EngineConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
+    def __post_init__(self) -> None:
+        """What spans parts (each part checked its own fields)."""
+        top = self.requested.mixed_graph_max_tokens
+        if top is not None and not 0 <= top <= self.scheduler.max_num_batched_tokens:
+            raise ConfigError(
+                "mixed_graph_max_tokens must be in [0, max_num_batched_tokens="
+                f"{self.scheduler.max_num_batched_tokens}], got {top}"
+            )
+
     def parts(self) -> Iterator[Any]:
         """The parts, in tree order."""
         for f in fields(self):
@@ -342,10 +391,15 @@ class EngineConfig:
             by_part[_OWNER[key]][key] = value
         return cls(**{name: _PART_TYPES[name](**kw) for name, kw in by_part.items()})
 
-    def with_max_model_len(self, max_model_len: int) -> EngineConfig:
-        """This config with the scheduler's ``max_model_len`` resolved (what the scheduler,
-        the runner and the proposers are given)."""
-        return replace(self, scheduler=replace(self.scheduler, max_model_len=max_model_len))
+    def resolved(self, max_model_len: int, num_kv_blocks: int) -> EngineConfig:
+        """This config with what start-up resolves filled in: the scheduler's ``max_model_len``
+        and the cache's ``num_kv_blocks`` (what the scheduler, the runner and the proposers are
+        given)."""
+        return replace(
+            self,
+            scheduler=replace(self.scheduler, max_model_len=max_model_len),
+            cache=replace(self.cache, num_kv_blocks=num_kv_blocks),
+        )
 
     def flat(self) -> dict[str, Any]:
         """The config as flat scalars, for the trace's ``engine_config`` instant (the keys are the
@@ -417,6 +471,10 @@ class ResolvedFeatures:
         return bool(self._get("triton_kernels"))
 
     @property
+    def mixed_cuda_graphs(self) -> bool:
+        return bool(self._get("mixed_cuda_graphs"))
+
+    @property
     def pinned_memory(self) -> bool:
         return bool(self._get("pinned_memory"))
 
@@ -427,6 +485,10 @@ class ResolvedFeatures:
     @property
     def trace_kernels(self) -> bool:
         return bool(self._get("trace_kernels"))
+
+    @property
+    def warmup(self) -> bool:
+        return bool(self._get("warmup"))
 
     @property
     def spec_method(self) -> str | None:
@@ -530,7 +592,62 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         )
     )
     decisions.append(_trace_kernels_decision(config, on_cuda))
+    decisions.append(_mixed_graphs_decision(config, decisions))
+    decisions.append(_warmup_decision(config.requested.warmup, on_cuda))
     return ResolvedFeatures(tuple(decisions))
+
+
+def mixed_graph_max_tokens(config: EngineConfig) -> int:
+    """The largest mixed-step token bucket asked for (default: ``max_num_batched_tokens``)."""
+    if config.requested.mixed_graph_max_tokens is None:
+        return config.scheduler.max_num_batched_tokens
+    return config.requested.mixed_graph_max_tokens
+
+
+def _mixed_graphs_decision(
+    config: EngineConfig, decisions: list[FeatureDecision]
+) -> FeatureDecision:
+    """``mixed_cuda_graphs`` (docs/design.md §2.6): requested by ``mixed_graph_max_tokens``
+    (None = auto, 0 = off, N > 0 = on); needs decode graphs, the Triton kernels (the varlen
+    attention grid depends only on the padded shape; the torch reference sizes its work by host
+    bounds) and no proposer (verify and draft steps are not covered)."""
+    resolved = {d.feature: d.resolved for d in decisions}
+    max_tokens = config.requested.mixed_graph_max_tokens
+    requested = None if max_tokens is None else max_tokens > 0
+    why_not = ""
+    if not resolved["cuda_graphs"]:
+        why_not = "cuda_graphs is off (mixed-step graphs are captured with the decode graphs)"
+    elif not resolved["triton_kernels"]:
+        why_not = "triton_kernels is off (the torch attention reference is not capturable)"
+    elif resolved["spec_method"] != "none":
+        why_not = "speculative decoding: verify and draft steps run eagerly (not covered)"
+    top = mixed_graph_max_tokens(config)
+    return _decide(
+        "mixed_cuda_graphs",
+        requested,
+        not why_not,
+        why_not,
+        f"mixed/prefill steps of <= {top} tokens replay CUDA graphs over padded token buckets "
+        "(engine_config mixed_graph_buckets); larger steps run eagerly",
+    )
+
+
+def _warmup_decision(requested: bool | None, on_cuda: bool) -> FeatureDecision:
+    """Warm-up (engine/warmup.py) is always possible; auto runs it where kernels compile."""
+    if requested is not None:
+        return FeatureDecision(
+            "warmup", requested, requested, f"{'on' if requested else 'off'} as requested"
+        )
+    if on_cuda:
+        return FeatureDecision(
+            "warmup",
+            None,
+            True,
+            "auto: dummy steps compile every kernel specialization before the workload",
+        )
+    return FeatureDecision(
+        "warmup", None, False, "auto: off, CPU device: torch kernels have nothing to compile"
+    )
 
 
 def _trace_kernels_decision(config: EngineConfig, on_cuda: bool) -> FeatureDecision:

@@ -38,6 +38,9 @@ from engine.engine_parts import (
     resolve_max_model_len,
 )
 from engine.executor.rank_context import RankContext
+from engine.kernels.compile_counter import CompileCounter
+from engine.kv_sizing import KvCapacity
+from engine.memory_profile import size_kv_cache
 from engine.request import Request, RequestStatus
 from engine.request_timeline import RequestTimeline
 from engine.runner.async_output import AsyncOutput, PendingSample
@@ -51,6 +54,7 @@ from engine.scheduler.request_output import (
 )
 from engine.scheduler.scheduler import Scheduler
 from engine.structured.manager import StructuredOutputManager
+from engine.warmup import WarmupReport, warm_up
 from instrument.kernel_window import KernelWindow
 from instrument.schema import ENGINE_THREAD, Arg, Counter, CpuSlice, WaitKind
 from instrument.sync_detect import cold_region, hot_region
@@ -93,6 +97,10 @@ class EngineCore:
         threading.current_thread().name = ENGINE_THREAD
         self.features: ResolvedFeatures = resolve_features(config)
         self.kernels = build_kernels(self.features)  # chosen once, for every part below
+        # Triton specializations compiled: at start-up (graphs, warm-up) and, after, in the run.
+        self.compiles = CompileCounter()
+        if self.features.triton_kernels:
+            self.compiles.install()
         # Tensor parallel: every rank builds its device and model shard through its context.
         if tp is None and config.parallel.tensor_parallel_size > 1:
             from engine.executor.tp_driver import TPDriver
@@ -105,11 +113,18 @@ class EngineCore:
         else:
             self.device = tp.build_device(config)
             self.model, self.model_config = tp.build_model(config, self.device, self.kernels)
-        self.max_model_len = resolve_max_model_len(config, self.model_config)
-        # The parts below get the config with max_model_len resolved; ``self.config`` stays as
-        # asked (the trace's engine_config records both).
-        resolved = config.with_max_model_len(self.max_model_len)
-        check_state_fits(config, self.model_config, self.max_model_len, self.device)
+        # The KV pool: --num-kv-blocks, the CPU default, or sized from device memory.
+        self.kv: KvCapacity = size_kv_cache(
+            config, self.features, self.device, self.model, self.model_config, self.kernels,
+            None if tp is None else tp.group,
+        )  # fmt: skip
+        self.max_model_len = resolve_max_model_len(config, self.model_config, self.kv)
+        # The parts below get the config with what start-up resolved (max_model_len, the KV
+        # pool); ``self.config`` stays as asked (the trace's engine_config records both).
+        resolved = config.resolved(self.max_model_len, self.kv.num_blocks)
+        check_state_fits(
+            config, self.model_config, self.max_model_len, self.device, self.kv.num_blocks
+        )
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
         self.scheduler: Scheduler = scheduler_cls(
             resolved.scheduler,
@@ -124,6 +139,9 @@ class EngineCore:
         self.runner: ModelRunner = build_runner(
             resolved, self.features, self.device, self.model, self.tracer, self.kernels
         )
+        # Before the first request: compile every kernel specialization (engine/warmup.py).
+        self.warmup: WarmupReport = warm_up(self.runner, resolved, self.features, self.tracer)
+        self.compiles_at_start = self.compiles.count
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)
         self.kernel_window = self._build_kernel_window()
@@ -133,7 +151,12 @@ class EngineCore:
         )
         # A PendingSample is a structured step whose sampling waits for the step before it.
         self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample]] = deque()
-        record_start(self.tracer, config, self.features, self.max_model_len)
+        record_start(
+            self.tracer, config, self.features, self.max_model_len, self.kv,
+            (self.warmup.seconds, self.warmup.num_steps), self.compiles_at_start,
+            self.runner.graphs.describe(),
+        )  # fmt: skip
+        _log.info("%s", self.kv.describe(self.max_model_len))
 
     def _build_kernel_window(self) -> KernelWindow | None:
         """The ``--trace-kernels`` window (only with a CUDA device and an enabled tracer)."""
@@ -332,19 +355,20 @@ class EngineCore:
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         with self.tracer.span(CpuSlice.UPDATE_FROM_OUTPUT.value, step=so.step) as span:
             outputs = self._advance_grammars(self.scheduler.update_from_output(so, out))
-            num_accepted = num_drafts = num_finished = 0
-            for o in outputs:
-                num_accepted += o.num_accepted
-                num_drafts += o.num_draft_tokens
-                num_finished += o.finished
             self.requests.committed(outputs)
-            span.set_args(
-                **{
-                    Arg.NUM_ACCEPTED.value: num_accepted,
-                    Arg.NUM_REJECTED.value: num_drafts - num_accepted,
-                    Arg.NUM_FINISHED.value: num_finished,
-                }
-            )
+            if self.tracer.enabled:  # the span's args: a pass over the outputs only when traced
+                num_accepted = num_drafts = num_finished = 0
+                for o in outputs:
+                    num_accepted += o.num_accepted
+                    num_drafts += o.num_draft_tokens
+                    num_finished += o.finished
+                span.set_args(
+                    **{
+                        Arg.NUM_ACCEPTED.value: num_accepted,
+                        Arg.NUM_REJECTED.value: num_drafts - num_accepted,
+                        Arg.NUM_FINISHED.value: num_finished,
+                    }
+                )
         self._sample_counters()
         if self.kernel_window is not None:
             self.kernel_window.after_update(so.step)
@@ -403,7 +427,14 @@ class EngineCore:
         if problems:
             raise AssertionError("engine not idle: " + "; ".join(problems))
 
+    @property
+    def compiles_in_run(self) -> list[str]:
+        """Triton kernels specialised after start-up (JIT work inside the run: warm-up missed
+        them); empty when Triton kernels are off or under its interpreter."""
+        return self.compiles.names[self.compiles_at_start :]
+
     def close(self) -> None:
+        self.compiles.uninstall()
         try:
             self.drain()
             if self.kernel_window is not None:

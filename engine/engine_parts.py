@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from engine.config import ConfigError, EngineConfig, ResolvedFeatures
+from engine.config import ConfigError, EngineConfig, ResolvedFeatures, mixed_graph_max_tokens
 from engine.device import CpuDevice, CudaDevice, Device
 from engine.kernels.backend import KernelBackend, create_kernel_backend
+from engine.kv_sizing import CPU_DEFAULT_NUM_BLOCKS, KvCapacity
 from engine.model.config import ModelConfig
 from engine.model.layer_context import LayerContext
 from engine.model.loader import (
@@ -29,7 +30,7 @@ from engine.model.loader import (
 )
 from engine.runner.model_runner import ModelRunner
 from engine.spec.proposer import Proposer, ProposerContext, create_proposer
-from instrument.schema import REQUESTED_AUTO, Arg, Instant
+from instrument.schema import REQUESTED_AUTO, Arg, ConfigArg, Instant
 from instrument.tracer import Tracer
 
 __all__ = [
@@ -41,9 +42,11 @@ __all__ = [
     "build_runner",
     "check_state_fits",
     "estimate_state_bytes",
+    "fixed_kv_capacity",
     "load_model_config",
     "record_start",
     "resolve_max_model_len",
+    "startup_args",
 ]
 
 _log = logging.getLogger("stepscope.engine")
@@ -144,12 +147,13 @@ def build_runner(
     kernels: KernelBackend,
 ) -> ModelRunner:
     """The model runner of ``model`` (with the resolved proposer): the one factory that
-    ``EngineCore`` and every tensor-parallel worker use. ``config``'s scheduler part has
-    ``max_model_len`` resolved (:meth:`EngineConfig.with_max_model_len`).
+    ``EngineCore`` and every tensor-parallel worker use. ``config`` has what start-up resolves
+    filled in (:meth:`EngineConfig.resolved`: ``max_model_len``, the KV pool's blocks).
 
     A CUDA-graph capture that failed is reported into ``features`` here, before
     :func:`record_start` writes the decisions: under auto the runner stays eager and the
-    decision says why; an explicit ``cuda_graphs=True`` is a :class:`ConfigError`."""
+    decision says why; an explicit ``cuda_graphs=True`` is a :class:`ConfigError`. A failed
+    decode capture turns ``mixed_cuda_graphs`` off too; a failed mixed capture only that."""
     runner = ModelRunner(
         model,
         device,
@@ -160,28 +164,49 @@ def build_runner(
         kernels=kernels,
         seed=config.source.seed,
         cuda_graphs=features.cuda_graphs,
+        mixed_graph_max_tokens=(
+            mixed_graph_max_tokens(config) if features.mixed_cuda_graphs else 0
+        ),
     )
-    failure = runner.graphs.failure
-    if failure is not None:
+    graphs = runner.graphs
+    fallen: list[tuple[str, str, str]] = []  # (feature, reason, what runs eagerly)
+    if graphs.failure is not None:
+        fallen.append(("cuda_graphs", graphs.failure, "decode steps"))
+    mixed_failure = graphs.failure if graphs.failure is not None else graphs.mixed_failure
+    if mixed_failure is not None and features.mixed_cuda_graphs:
+        fallen.append(("mixed_cuda_graphs", mixed_failure, "mixed steps"))
+    for feature, failure, what in fallen:
         try:
-            features.fall_back("cuda_graphs", failure)
+            features.fall_back(feature, failure)
         except ConfigError:
             runner.close()
             raise
-        _log.warning("cuda_graphs: %s; decode steps run eagerly", failure)
+        _log.warning("%s: %s; %s run eagerly", feature, failure, what)
     return runner
 
 
 def record_start(
-    tracer: Tracer, config: EngineConfig, features: ResolvedFeatures, max_model_len: int
+    tracer: Tracer,
+    config: EngineConfig,
+    features: ResolvedFeatures,
+    max_model_len: int,
+    kv: KvCapacity | None = None,
+    warmup: tuple[float, int] = (0.0, 0),
+    compiles_at_start: int = 0,
+    captured: dict[str, str] | None = None,
 ) -> None:
-    """The ``engine_config`` instant and one ``feature_decision`` instant per feature
-    (docs/design.md §4.6), each decision also logged."""
+    """The ``engine_config`` instant (the config, the resolved KV pool ``kv`` and the
+    ``(seconds, steps)`` of warm-up; ``schema.ConfigArg``) and one ``feature_decision`` instant
+    per feature (docs/design.md §4.6), each decision also logged. ``captured``: the runner's
+    captured CUDA graph shapes (``CudaGraphRunner.describe()``: ``cuda_graph_sizes``,
+    ``mixed_graph_buckets``), recorded in ``engine_config``."""
     tracer.instant(
         Instant.ENGINE_CONFIG.value,
         scope="process",
         **config.flat(),
-        max_model_len_resolved=max_model_len,
+        **startup_args(kv or fixed_kv_capacity(config), max_model_len, warmup),
+        **{ConfigArg.TRITON_COMPILES_STARTUP.value: compiles_at_start},
+        **(captured or {}),
     )
     for d in features.decisions:
         tracer.instant(
@@ -204,38 +229,94 @@ def record_start(
         )
 
 
-def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
-    """``max_model_len``, defaulting to what the model and the KV pool allow; the engine passes
-    ``config.with_max_model_len(this)`` on. Raises :class:`ConfigError` when it cannot fit."""
-    cache, asked = config.cache, config.scheduler.max_model_len
-    kv_capacity = cache.num_kv_blocks * cache.block_size
-    max_model_len = asked or min(model_config.max_position_embeddings, kv_capacity)
-    if asked is None and kv_capacity < model_config.max_position_embeddings:
+def fixed_kv_capacity(config: EngineConfig) -> KvCapacity:
+    """The KV pool when no device memory is measured: ``--num-kv-blocks`` when given, else the
+    CPU default (on CUDA under auto, ``engine.memory_profile.size_kv_cache`` measures instead)."""
+    cache = config.cache
+    if cache.num_kv_blocks is not None:
+        return KvCapacity(cache.num_kv_blocks, cache.block_size, "num_kv_blocks")
+    return KvCapacity(CPU_DEFAULT_NUM_BLOCKS, cache.block_size, "cpu default")
+
+
+def _num_blocks(config: EngineConfig, num_blocks: int | None) -> int:
+    return num_blocks if num_blocks is not None else fixed_kv_capacity(config).num_blocks
+
+
+def startup_args(
+    kv: KvCapacity, max_model_len: int, warmup: tuple[float, int]
+) -> dict[str, object]:
+    """What start-up resolved, as ``engine_config`` args (names from ``schema.ConfigArg``)."""
+    c = ConfigArg
+    args: dict[str, object] = {
+        c.MAX_MODEL_LEN_RESOLVED.value: max_model_len,
+        c.KV_NUM_BLOCKS.value: kv.num_blocks,
+        c.KV_NUM_TOKENS.value: kv.num_tokens,
+        c.KV_SOURCE.value: kv.source,
+        c.KV_MAX_CONCURRENCY.value: round(kv.concurrency(max_model_len), 3),
+        c.WARMUP_S.value: round(warmup[0], 3),
+        c.WARMUP_STEPS.value: warmup[1],
+    }
+    b = kv.budget
+    if b is not None:
+        args.update(
+            {
+                c.KV_BYTES_PER_BLOCK.value: b.bytes_per_block,
+                c.KV_TOTAL_BYTES.value: b.total_bytes,
+                c.KV_FREE_BYTES.value: b.free_bytes,
+                c.KV_WEIGHTS_BYTES.value: b.weights_bytes,
+                c.KV_RUNNER_BYTES.value: b.runner_bytes,
+                c.KV_GRAPH_BYTES.value: b.graph_bytes,
+                c.KV_PEAK_ACTIVATION_BYTES.value: b.peak_activation_bytes,
+            }
+        )
+    return args
+
+
+def resolve_max_model_len(
+    config: EngineConfig, model_config: ModelConfig, kv: KvCapacity | None = None
+) -> int:
+    """``max_model_len`` for the KV pool ``kv`` (default :func:`fixed_kv_capacity`); the engine
+    passes ``config.resolved(this, kv.num_blocks)`` on.
+
+    It defaults to the model's ``max_position_embeddings``; a fixed pool smaller than that lowers
+    the default to the pool (with a warning), a pool sized from device memory must hold one such
+    request (else a start-up error with the numbers)."""
+    kv = kv or fixed_kv_capacity(config)
+    asked, block_size = config.scheduler.max_model_len, config.cache.block_size
+    kv_capacity = kv.num_tokens
+    sized = kv.budget is not None
+    limit = model_config.max_position_embeddings
+    max_model_len = asked or (limit if sized else min(limit, kv_capacity))
+    if asked is None and kv_capacity < limit and not sized:
         _log.warning(
             "the KV pool (%d blocks x %d slots = %d tokens) is smaller than the model's "
             "max_position_embeddings=%d: max_model_len is %d; a request whose prompt + max_tokens "
             "exceeds it is refused (raise --num-kv-blocks for longer requests)",
-            cache.num_kv_blocks,
-            cache.block_size,
+            kv.num_blocks,
+            block_size,
             kv_capacity,
-            model_config.max_position_embeddings,
+            limit,
             max_model_len,
         )
-    if max_model_len > model_config.max_position_embeddings:
+    if max_model_len > limit:
         raise ConfigError(
-            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
-            f"{model_config.max_position_embeddings}"
+            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}"
         )
+    if sized:
+        kv.check_fits(max_model_len)
     if max_model_len > kv_capacity:
         raise ConfigError(
-            f"max_model_len={max_model_len} does not fit the KV pool of {cache.num_kv_blocks} "
-            f"blocks x {cache.block_size} slots; raise num_kv_blocks"
+            f"max_model_len={max_model_len} does not fit the KV pool of {kv.num_blocks} "
+            f"blocks x {block_size} slots; raise num_kv_blocks"
         )
     return max_model_len
 
 
 def estimate_state_bytes(
-    config: EngineConfig, model_config: ModelConfig, max_model_len: int
+    config: EngineConfig,
+    model_config: ModelConfig,
+    max_model_len: int,
+    num_blocks: int | None = None,
 ) -> dict[str, int]:
     """A lower bound on the bytes the KV pool and the request state table will take.
 
@@ -246,11 +327,12 @@ def estimate_state_bytes(
     scheduler's block pool on the host. Draft/EAGLE state and activations are not counted.
     """
     dtype_bytes = DTYPES[config.source.dtype].itemsize
+    num_blocks = _num_blocks(config, num_blocks)
     kv_heads = math.ceil(model_config.num_key_value_heads / config.parallel.tensor_parallel_size)
     kv = (
         model_config.num_hidden_layers
         * 2
-        * config.cache.num_kv_blocks
+        * num_blocks
         * config.cache.block_size
         * kv_heads
         * model_config.head_dim
@@ -262,7 +344,7 @@ def estimate_state_bytes(
     return {
         "kv_cache": kv,
         "request_state": rows * per_row,
-        "host_blocks": config.cache.num_kv_blocks * _HOST_BYTES_PER_BLOCK,
+        "host_blocks": num_blocks * _HOST_BYTES_PER_BLOCK,
     }
 
 
@@ -282,11 +364,16 @@ def _host_available_bytes() -> int | None:
 
 
 def check_state_fits(
-    config: EngineConfig, model_config: ModelConfig, max_model_len: int, device: Device
+    config: EngineConfig,
+    model_config: ModelConfig,
+    max_model_len: int,
+    device: Device,
+    num_blocks: int | None = None,
 ) -> None:
     """Refuse at start-up, with the numbers, sizes whose state cannot fit in free memory
     (instead of a MemoryError or an allocator error deep in the runner)."""
-    need = estimate_state_bytes(config, model_config, max_model_len)
+    num_blocks = _num_blocks(config, num_blocks)
+    need = estimate_state_bytes(config, model_config, max_model_len, num_blocks)
     on_device = need["kv_cache"] + need["request_state"]
     host = _host_available_bytes()
     if device.is_cuda:
@@ -307,7 +394,7 @@ def check_state_fits(
         raise ConfigError(
             f"the engine's state does not fit: at least {wanted / gib:.2f} GiB needed on {where} "
             f"but {available / gib:.2f} GiB is free (KV cache {need['kv_cache'] / gib:.2f} GiB = "
-            f"{config.cache.num_kv_blocks} blocks x {config.cache.block_size} slots x "
+            f"{num_blocks} blocks x {config.cache.block_size} slots x "
             f"{model_config.num_hidden_layers} layers; request state "
             f"{need['request_state'] / gib:.2f} GiB = {config.scheduler.max_num_seqs} seqs x max_model_len "
             f"{max_model_len}; block pool {need['host_blocks'] / gib:.2f} GiB on the host); lower "

@@ -235,6 +235,18 @@ class LLM:
             )
         return prompts
 
+    def mean_request_tokens(self, workload: Sequence[WorkloadRequest]) -> float:
+        """The workload's mean prompt + ``max_tokens`` per request (text prompts tokenized), the
+        length at which :meth:`EngineCore.kv` states its concurrency for this run."""
+        if not workload:
+            return 0.0
+        total = 0
+        for w in workload:
+            ids = w.prompt_token_ids
+            prompt_len = len(ids) if ids is not None else len(self._encode(w.prompt or ""))
+            total += prompt_len + w.params.max_tokens
+        return total / len(workload)
+
     def _finish_text(self, result: CompletionOutput, params: SamplingParams) -> None:
         """Detokenize a finished request as vLLM does: special tokens skipped
         (``skip_special_tokens``), the stop string or stop token left out of the text unless
@@ -338,11 +350,12 @@ class _Run:
                 self.collect([out])
 
     def collect(self, outputs: list[RequestOutput]) -> None:
+        live, results = self.live, self.results  # once per request per step: locals
         for o in outputs:
-            if o.req_id not in self.live:  # finished already: nothing more is its
+            if o.req_id not in live:  # finished already: nothing more is its
                 continue
-            res = self.results[o.req_id]
-            res.output_token_ids.extend(o.new_token_ids)
+            res = results[o.req_id]
+            res.output_token_ids += o.new_token_ids
             if o.new_logprobs:
                 res.logprobs = (res.logprobs or []) + o.new_logprobs
             if not o.finished:

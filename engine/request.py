@@ -88,6 +88,12 @@ class Request:
         self.eos_token_id = eos_token_id
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None  # the stop token id or stop string, if any
+        # Stop conditions beyond EOS and the length caps (stop ids or strings, min_tokens): a
+        # committed token that is not EOS and reaches no length cap cannot end a request
+        # without them, so the scheduler's per-token stop check is skipped (check_stop).
+        self.has_extra_stop_conditions = bool(
+            sampling_params.stop or sampling_params.stop_token_ids or sampling_params.min_tokens
+        )
 
         # The five books (the fifth, KV block ids, lives in KVCacheManager).
         self.output_token_ids: list[int] = []

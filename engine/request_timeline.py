@@ -92,11 +92,20 @@ class RequestTimeline:
         """One update's outputs: ``tokens`` for each (one timestamp: they came back together),
         then ``finished`` for those that finished."""
         t = now_ns()
-        for o in outputs:
-            self.tokens(o.req_id, len(o.new_token_ids), t)
-        for o in outputs:
+        timings = self.timings
+        finished = []
+        for o in outputs:  # ``tokens`` inlined: once per request per step
+            timing = timings.get(o.req_id)
+            num_tokens = len(o.new_token_ids)
+            if timing is not None and num_tokens:
+                if timing.first_token_ns is None:
+                    timing.first_token_ns = t
+                timing.last_token_ns = t
+                timing.num_output_tokens += num_tokens
             if o.finished:
-                self.finished(o.req_id)
+                finished.append(o.req_id)
+        for req_id in finished:
+            self.finished(req_id)
 
     def finished(self, req_id: str) -> None:
         timing = self.timings.get(req_id)

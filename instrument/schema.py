@@ -40,6 +40,8 @@ __all__ = [
     "WaitKind",
     "Arg",
     "CaptureArg",
+    "ConfigArg",
+    "MEASURED_CONFIG_ARGS",
     "ParallelSlice",
     "rank_trace_path",
     "parse_rank_trace_path",
@@ -191,6 +193,65 @@ class Arg(str, Enum):
     # its CUPTI activity kind (``kernel``, ``memcpy``, ``memset``).
     STAGE = "stage"
     ACTIVITY = "activity"
+    # trace_metadata of ``stepscope run``: the workload's mean prompt + max_tokens per request and
+    # how many such requests the KV pool holds at once (an upper bound, docs/design.md §2.13).
+    WORKLOAD_TOKENS_PER_REQUEST = "workload_tokens_per_request"
+    KV_MAX_CONCURRENCY_WORKLOAD = "kv_max_concurrency_workload"
+    # trace_metadata of ``stepscope run``: Triton specializations first met inside the run (after
+    # warm-up): JIT compiles the run paid (docs/design.md §2.14).
+    TRITON_COMPILES_RUN = "triton_compiles_run"
+
+
+class ConfigArg(str, Enum):
+    """``engine_config`` args the engine adds to the flattened config: what start-up resolved.
+
+    KV pool (docs/design.md §2.13): ``kv_num_blocks`` x ``block_size`` = ``kv_num_tokens``;
+    ``kv_blocks_source`` is ``num_kv_blocks`` (the flag), ``cpu default`` or
+    ``gpu_memory_utilization`` (sized from device memory, with the ``kv_*_bytes`` terms of the
+    budget, this rank's; the pool is the minimum over ranks). ``kv_max_concurrency``: requests of
+    ``max_model_len_resolved`` tokens the pool holds at once. Warm-up (docs/design.md §2.14):
+    ``warmup_s`` seconds and ``warmup_steps`` dummy steps before the workload (0 and 0 when off);
+    none of its steps is in the trace.
+    """
+
+    MAX_MODEL_LEN_RESOLVED = "max_model_len_resolved"
+    KV_NUM_BLOCKS = "kv_num_blocks"
+    KV_NUM_TOKENS = "kv_num_tokens"
+    KV_SOURCE = "kv_blocks_source"
+    KV_MAX_CONCURRENCY = "kv_max_concurrency"
+    KV_BYTES_PER_BLOCK = "kv_bytes_per_block"
+    KV_TOTAL_BYTES = "kv_total_bytes"  # the device's total memory
+    KV_FREE_BYTES = "kv_free_bytes"  # free with the weights loaded, before the runner
+    KV_WEIGHTS_BYTES = "kv_weights_bytes"
+    KV_RUNNER_BYTES = "kv_runner_bytes"
+    KV_GRAPH_BYTES = "kv_graph_bytes"
+    KV_PEAK_ACTIVATION_BYTES = "kv_peak_activation_bytes"
+    WARMUP_S = "warmup_s"
+    WARMUP_STEPS = "warmup_steps"
+    # Triton kernel specializations this process compiled (or loaded from its disk cache) during
+    # start-up (graph capture and warm-up); 0 with Triton kernels off or interpreted.
+    TRITON_COMPILES_STARTUP = "triton_compiles_startup"
+
+
+# ``engine_config`` args measured at start-up rather than asked for: they differ between two runs
+# of the same configuration (free memory, compile times), so an A/B contract check ignores them
+# (the request behind them, ``num_kv_blocks`` / ``gpu_memory_utilization`` / ``warmup``, stays).
+MEASURED_CONFIG_ARGS = frozenset(
+    a.value
+    for a in (
+        ConfigArg.KV_NUM_BLOCKS,
+        ConfigArg.KV_NUM_TOKENS,
+        ConfigArg.KV_MAX_CONCURRENCY,
+        ConfigArg.KV_TOTAL_BYTES,
+        ConfigArg.KV_FREE_BYTES,
+        ConfigArg.KV_WEIGHTS_BYTES,
+        ConfigArg.KV_RUNNER_BYTES,
+        ConfigArg.KV_GRAPH_BYTES,
+        ConfigArg.KV_PEAK_ACTIVATION_BYTES,
+        ConfigArg.WARMUP_S,
+        ConfigArg.TRITON_COMPILES_STARTUP,
+    )
+)
 
 
 class CaptureArg(str, Enum):

@@ -17,7 +17,8 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Literal, TypeVar
 
@@ -331,6 +332,17 @@ class Tracer:
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval_s):
             self._flush_once()
+
+    @contextmanager
+    def muted(self) -> Iterator[None]:
+        """Record nothing inside (start-up work such as the engine's warm-up, which is not part
+        of any step); recording resumes after, unless the tracer was closed meanwhile."""
+        was = self.enabled
+        self.enabled = False
+        try:
+            yield
+        finally:
+            self.enabled = was and not self._closed
 
     def close(self, blocking: bool = True) -> None:
         """Flush, record dropped counts, close the file. Idempotent.

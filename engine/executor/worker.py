@@ -156,7 +156,9 @@ def _run_rank(
         record_start,
         resolve_max_model_len,
     )
+    from engine.memory_profile import size_kv_cache
     from engine.scheduler.scheduler import check_limits
+    from engine.warmup import warm_up
 
     threading.current_thread().name = ENGINE_THREAD  # this rank's CPU slices: its engine track
     features = resolve_features(config)
@@ -165,14 +167,20 @@ def _run_rank(
         device = ctx.build_device(config)
         try:
             model, model_config = ctx.build_model(config, device, kernels)
-            max_model_len = resolve_max_model_len(config, model_config)
-            resolved = config.with_max_model_len(max_model_len)
+            # The same sizing as rank 0 (a collective: every rank gets the minimum pool).
+            kv = size_kv_cache(config, features, device, model, model_config, kernels, ctx.group)
+            max_model_len = resolve_max_model_len(config, model_config, kv)
+            resolved = config.resolved(max_model_len, kv.num_blocks)
             check_limits(resolved.scheduler, resolved.cache, resolved.spec.num_spec_tokens)
-            check_state_fits(config, model_config, max_model_len, device)
+            check_state_fits(config, model_config, max_model_len, device, kv.num_blocks)
             runner = build_runner(resolved, features, device, model, tracer, kernels)
             try:
+                warmup = warm_up(runner, resolved, features, tracer)
                 runner = ctx.attach(runner, tracer)
-                record_start(tracer, config, features, max_model_len)
+                record_start(
+                    tracer, config, features, max_model_len, kv,
+                    (warmup.seconds, warmup.num_steps), 0, runner.graphs.describe(),
+                )  # fmt: skip
                 WorkerLoop(runner, ctx.group, tracer, fail_step).run()
             finally:
                 runner.close()

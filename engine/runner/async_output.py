@@ -99,14 +99,15 @@ class AsyncOutput:
             # No speculation: one logits row, so one token, per request; there is nothing to
             # accept and no slicing by accepted counts to do.
             tokens = [[t] if r else [] for t, r in zip(sampled, returns_tokens, strict=True)]
-            accepted = [0] * batch.num_reqs
+            num_accepted = [0] * batch.num_reqs
         else:
             tokens, accepted = self._spec_tokens(batch, host, sampled)
+            num_accepted = [a if r else 0 for a, r in zip(accepted, returns_tokens, strict=True)]
         return ModelRunnerOutput(
             step=self.step,
             req_ids=list(batch.req_ids),
             sampled_token_ids=tokens,
-            num_accepted=[a if r else 0 for a, r in zip(accepted, returns_tokens, strict=True)],
+            num_accepted=num_accepted,
             logprobs=self._logprobs(batch, host, tokens),
         )
 

@@ -17,7 +17,7 @@ from engine.device import Device
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.backend import KernelBackend
 from engine.kernels.input_prep import InputPrepArgs
-from engine.runner.cuda_graphs import CudaGraphRunner
+from engine.runner.cuda_graphs import CudaGraphRunner, GraphShape
 from engine.runner.input_batch import InputBatch
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
@@ -62,7 +62,7 @@ class ForwardPass:
         self.states = states
         self.step_inputs = step_inputs
         self.graphs = graphs
-        self.kv_caches = model.allocate_kv_caches(cache.num_kv_blocks, cache.block_size)
+        self.kv_caches = model.allocate_kv_caches(cache.resolved_num_kv_blocks, cache.block_size)
         self._alloc_buffers()
         if self.graphs.enabled:
             self._capture_graphs()
@@ -71,7 +71,7 @@ class ForwardPass:
         """Capture at start-up; a failure leaves the runner eager with ``graphs.failure`` set,
         which the engine reports to its feature decisions (``ResolvedFeatures.fall_back``)."""
         try:
-            self.graphs.capture(self.device, self._forward_padded_graph, self._fill_graph_inputs)
+            self.graphs.capture(self.device, self.forward_padded, self._fill_graph_inputs)
         except Exception as exc:  # noqa: BLE001 -- any capture failure decides the feature
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             self.graphs.disable(f"capture failed: {type(exc).__name__}: {first_line}")
@@ -153,26 +153,36 @@ class ForwardPass:
     # stepscope: hot
     def forward(self, batch: InputBatch) -> torch.Tensor:
         """Device: hidden states ``[num_padded_tokens, hidden]`` (graph replay when captured)."""
-        if self.graphs.has(batch.num_padded_reqs) and batch.is_uniform_decode:
-            return self.graphs.replay(batch.num_padded_reqs)
-        bp, tp = batch.num_padded_reqs, batch.num_padded_tokens
+        tp, bp = batch.num_padded_tokens, batch.num_padded_reqs
+        shape = GraphShape(tp, bp, batch.is_uniform_decode)
+        if self.graphs.has(shape):
+            return self.graphs.replay(shape)
         md = self.attn_metadata(bp, tp, batch.max_query_len, batch.max_seq_len)
         return self.model(self.input_ids[:tp], self.positions[:tp], md, self.kv_caches)
 
-    def _forward_padded_graph(self, size: int) -> torch.Tensor:
-        """The captured body: a uniform decode batch of ``size`` against persistent buffers."""
-        md = self.attn_metadata(size, size, 1, self.limits.resolved_max_model_len)
-        return self.model(self.input_ids[:size], self.positions[:size], md, self.kv_caches)
+    def forward_padded(self, shape: GraphShape) -> torch.Tensor:
+        """The captured body: a batch padded to ``shape`` against the persistent buffers.
 
-    def _fill_graph_inputs(self, size: int) -> None:
-        """A harmless decode batch of ``size`` for warm-up and capture (writes no KV)."""
-        self.input_ids[:size].zero_()
-        self.positions[:size].zero_()
-        self.slot_mapping[:size].fill_(-1)
-        self.seq_lens[:size].fill_(1)
-        self.attn_block_table[:size].zero_()
-        qsl = self.step_inputs.gpu[0, size : 2 * size + 1]
-        torch.arange(size + 1, dtype=torch.int32, device=qsl.device, out=qsl)
+        Everything it reads lives at fixed addresses (``input_ids``, ``positions``,
+        ``slot_mapping``, ``seq_lens``, the gathered block table, ``query_start_loc`` inside
+        the staged packed batch) and the host ints are bounds any batch of the shape meets
+        (``max_query_len`` of the shape, ``max_seq_len = max_model_len``), so one capture
+        serves every step padded to it. On the CPU it runs eagerly (the tests' padded path).
+        """
+        t, r = shape.num_tokens, shape.num_reqs
+        md = self.attn_metadata(r, t, shape.max_query_len, self.limits.resolved_max_model_len)
+        return self.model(self.input_ids[:t], self.positions[:t], md, self.kv_caches)
+
+    def _fill_graph_inputs(self, shape: GraphShape) -> None:
+        """A harmless batch of ``shape`` for warm-up and capture: no request owns a token (all
+        are padding), so nothing writes KV and attention reads nothing."""
+        t, r = shape.num_tokens, shape.num_reqs
+        self.input_ids[:t].zero_()
+        self.positions[:t].zero_()
+        self.slot_mapping[:t].fill_(-1)
+        self.seq_lens[:r].zero_()
+        self.attn_block_table[:r].zero_()
+        self.step_inputs.gpu[0, r : 2 * r + 1].zero_()  # query_start_loc: every request empty
 
     # stepscope: hot
     def logits(self, batch: InputBatch, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,6 @@ this step's block-table diffs are applied (proposers keep their chain KV inside 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate, chain
 
 import numpy as np
 
@@ -77,84 +76,107 @@ def packed_capacity(max_num_reqs: int, max_num_tokens: int) -> int:
 
 # stepscope: hot
 def build_input_batch(
-    out: SchedulerOutput, states: RequestStates, padded_reqs: int | None = None
+    out: SchedulerOutput,
+    states: RequestStates,
+    padded_reqs: int | None = None,
+    padded_tokens: int | None = None,
 ) -> tuple[InputBatch, np.ndarray]:
     """Order requests as the scheduler listed them; advance the state mirrors; pack the inputs.
 
-    ``padded_reqs`` (CUDA graphs, uniform decode only) pads requests and tokens to that count.
+    ``padded_reqs`` (a CUDA graph's shape) pads requests to that count; ``padded_tokens`` pads
+    tokens to that count (default: one padding token per padded request, the decode shape).
+    Per-request work is NumPy over the batch's rows (looked up once per change of the batch);
+    the lists of :class:`InputBatch` are converted once at the end.
     """
     req_ids = list(out.num_scheduled_tokens)
-    row_of = states.row_of
-    rows = [row_of[r] for r in req_ids]
-    query_lens = list(out.num_scheduled_tokens.values())
+    b = len(req_ids)
+    rows = states.rows_of(req_ids)  # [b] int64
+    query_lens = np.fromiter(out.num_scheduled_tokens.values(), np.int64, b)  # [b]
     spec_tokens = out.scheduled_spec_decode_tokens
-    b, t = len(req_ids), sum(query_lens)
-    if spec_tokens:
-        num_logits = [1 + len(spec_tokens.get(r, ())) for r in req_ids]
-    else:  # no drafts this step: one logits row per request
-        num_logits = [1] * b
-    # Per-request work stays in Python lists: each mirror is converted once (a few hundred ints),
-    # cheaper than a numpy scalar read per request or a string of small numpy calls.
-    num_computed = states.num_computed_cpu.tolist()
-    prefill_len = states.prefill_len_cpu.tolist()
-    seq_lens = [num_computed[row] + q for row, q in zip(rows, query_lens, strict=True)]
-    max_seq_len = max(seq_lens, default=0)
-    if max_seq_len > states.max_model_len:
-        row, seq_len = next(
-            (r, n) for r, n in zip(rows, seq_lens, strict=True) if n > states.max_model_len
-        )
-        raise ValueError(f"row {row} would reach {seq_len} > max_model_len tokens")
-    returns = [seq_len >= prefill_len[row] for row, seq_len in zip(rows, seq_lens, strict=True)]
-    states.advance(rows, query_lens)
+    t = int(query_lens.sum())
     bp = b if padded_reqs is None else padded_reqs
-    max_query_len = max(query_lens, default=0)
+    if bp < b or (padded_tokens is not None and padded_tokens < t):
+        raise ValueError(f"a batch of {b} requests / {t} tokens does not fit its padded shape")
+    if spec_tokens:
+        num_logits = np.fromiter((1 + len(spec_tokens.get(r, ())) for r in req_ids), np.int64, b)
+    else:  # no drafts this step: one logits row per request
+        num_logits = np.ones(b, np.int64)
+    seq_lens = states.num_computed_cpu[rows] + query_lens  # [b]
+    max_seq_len = int(seq_lens.max()) if b else 0
+    if max_seq_len > states.max_model_len:
+        index = int(np.argmax(seq_lens > states.max_model_len))
+        raise ValueError(
+            f"row {int(rows[index])} would reach {int(seq_lens[index])} > max_model_len tokens"
+        )
+    returns = seq_lens >= states.prefill_len_cpu[rows]  # [b] bool
+    states.advance(rows, query_lens)
+    max_query_len = int(query_lens.max()) if b else 0
+    total_logits = int(num_logits.sum())
     flags = states.sampling_flags(rows)
     batch = InputBatch(
         step=out.step,
         req_ids=req_ids,
-        rows=rows,
-        query_lens=query_lens,
-        num_logits_per_req=num_logits,
-        returns_tokens=returns,
+        rows=rows.tolist(),
+        query_lens=query_lens.tolist(),
+        num_logits_per_req=num_logits.tolist(),
+        returns_tokens=returns.tolist(),
         num_reqs=b,
         num_tokens=t,
-        num_logits=sum(num_logits),
+        num_logits=total_logits,
         num_padded_reqs=bp,
-        num_padded_tokens=t + (bp - b),
+        num_padded_tokens=t + (bp - b) if padded_tokens is None else padded_tokens,
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
-        is_uniform_decode=b > 0 and max_query_len == 1 and min(query_lens) == 1,
+        is_uniform_decode=b > 0 and max_query_len == 1 and t == b,
         any_penalties=flags.any_penalties,
         all_greedy=flags.all_greedy,
         no_top_k_top_p_min_p=flags.no_top_k_top_p_min_p,
         max_num_logprobs=flags.max_num_logprobs,
-        num_drafts=sum(num_logits) - b,
-        max_logits_per_req=max(num_logits, default=1),
+        num_drafts=total_logits - b,
+        max_logits_per_req=int(num_logits.max()) if b else 1,
     )
-    num_blocks_of_row = states.num_blocks_cpu.tolist()
-    num_blocks = [num_blocks_of_row[row] for row in rows]
-    return batch, _pack(batch, states.trash_row, num_blocks)
+    packed = _pack(
+        rows, query_lens, num_logits, returns, states.num_blocks_cpu[rows], bp, states.trash_row
+    )
+    return batch, packed
 
 
-def _pack(batch: InputBatch, trash_row: int, num_blocks: list[int]) -> np.ndarray:
-    """The packed int32 layout of the module docstring, built as Python lists and converted in
-    one call (one conversion is cheaper than a numpy call per section)."""
-    rows, pad = batch.rows, batch.num_padded_reqs - batch.num_reqs
-    idx_mapping = rows + [trash_row] * pad
+def _pack(
+    rows: np.ndarray,  # [b] int64
+    query_lens: np.ndarray,  # [b]
+    num_logits: np.ndarray,  # [b]
+    returns: np.ndarray,  # [b] bool
+    num_blocks: np.ndarray,  # [b]
+    num_padded_reqs: int,
+    trash_row: int,
+) -> np.ndarray:
+    """The packed int32 layout of the module docstring (sections written into one array)."""
+    b, bp = rows.shape[0], num_padded_reqs
+    n = int(num_logits.sum())
+    packed = np.empty(2 * bp + 1 + (b + 1) + 2 * n + b, np.int32)
+    sections = {}
+    start = 0
+    for name, size in (("idx", bp), ("qsl", bp + 1), ("cu", b + 1), ("logit", n),
+                       ("commit", n), ("blocks", b)):  # fmt: skip
+        sections[name] = packed[start : start + size]
+        start += size
+    idx = sections["idx"]
+    idx[:b] = rows
+    idx[b:] = trash_row
     # Padded requests own no query token (the model's convention); padding tokens get slot -1.
-    qsl = list(accumulate(batch.query_lens + [0] * pad, initial=0))
-    cu_logits = list(accumulate(batch.num_logits_per_req, initial=0))
-    commit = [r if ok else trash_row for r, ok in zip(rows, batch.returns_tokens, strict=True)]
-    if batch.num_drafts == 0:  # one logits row per request: nothing to repeat
-        logit_rows, commit_rows = rows, commit
+    qsl = sections["qsl"]
+    qsl[0] = 0
+    np.cumsum(query_lens, out=qsl[1 : b + 1])
+    qsl[b + 1 :] = qsl[b]
+    cu = sections["cu"]
+    cu[0] = 0
+    np.cumsum(num_logits, out=cu[1:])
+    commit = np.where(returns, rows, trash_row)  # [b]
+    if n == b:  # one logits row per request: nothing to repeat
+        sections["logit"][:] = rows
+        sections["commit"][:] = commit
     else:
-        logit_rows = _repeat(rows, batch.num_logits_per_req)
-        commit_rows = _repeat(commit, batch.num_logits_per_req)
-    sections = (idx_mapping, qsl, cu_logits, logit_rows, commit_rows, num_blocks)
-    size = sum(len(section) for section in sections)
-    return np.fromiter(chain.from_iterable(sections), np.int32, size)
-
-
-def _repeat(values: list[int], counts: list[int]) -> list[int]:
-    """``values[i]`` repeated ``counts[i]`` times, in order (``np.repeat`` on lists)."""
-    return [value for value, count in zip(values, counts, strict=True) for _ in range(count)]
+        sections["logit"][:] = np.repeat(rows, num_logits)
+        sections["commit"][:] = np.repeat(commit, num_logits)
+    sections["blocks"][:] = num_blocks
+    return packed

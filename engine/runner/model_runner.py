@@ -68,10 +68,22 @@ class ModelRunner:
         *,
         seed: int = 0,
         cuda_graphs: bool = False,
+        mixed_graph_max_tokens: int = 0,
     ) -> None:
         """``limits`` / ``cache``: the engine config's scheduler part (``max_model_len``
         resolved) and KV cache part, as they are; ``seed``: the engine seed (unseeded requests'
-        sampling); ``cuda_graphs``: the resolved decision (``ResolvedFeatures``, decided once)."""
+        sampling); ``cuda_graphs``: the resolved decision (``ResolvedFeatures``, decided once);
+        ``mixed_graph_max_tokens``: under the resolved ``mixed_cuda_graphs``, the largest token
+        bucket of mixed-step graphs (0: mixed steps run eagerly; needs ``cuda_graphs``)."""
+        if not 0 <= mixed_graph_max_tokens <= max_num_tokens(limits):
+            raise ValueError(
+                f"mixed_graph_max_tokens must be in [0, {max_num_tokens(limits)}], "
+                f"got {mixed_graph_max_tokens}"
+            )
+        if mixed_graph_max_tokens and not cuda_graphs:
+            raise ValueError("mixed_graph_max_tokens > 0 needs cuda_graphs=True")
+        if mixed_graph_max_tokens and proposer is not None:
+            raise ValueError("mixed-step CUDA graphs do not cover speculative decoding")
         kernels = kernels or TorchKernels()  # the engine passes the one backend it chose
         self.model = model
         self.device = device
@@ -100,7 +112,12 @@ class ModelRunner:
         self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
         num_rows = max_num_reqs * (1 + (0 if self.spec is None else self.spec.num_spec_tokens))
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
-        graphs = CudaGraphRunner(cuda_graphs, max_batch=max_num_reqs)
+        graphs = CudaGraphRunner(
+            cuda_graphs,
+            max_batch=max_num_reqs,
+            mixed_max_tokens=mixed_graph_max_tokens,
+            replay_eagerly=not device.is_cuda,  # the CPU runs the padded path as a function
+        )
         self.fwd = ForwardPass(
             model, device, limits, cache, self.states, self.step_inputs, graphs, kernels
         )
@@ -108,6 +125,20 @@ class ModelRunner:
     @property
     def graphs(self) -> CudaGraphRunner:
         return self.fwd.graphs
+
+    def free_requests(self, req_ids: set[str]) -> None:
+        """Free the state rows of requests that will not run again, outside any step (the
+        engine's warm-up ends with this; the scheduler's finished ids travel with a step)."""
+        self.states.remove(req_ids)
+
+    def kv_bytes_per_block(self) -> int:
+        """Device bytes one KV block costs: the target's caches plus a proposer's own, which
+        mirror the target's blocks (its per-row lookahead blocks are a fixed extra)."""
+        caches = list(self.fwd.kv_caches)
+        if self.spec is not None:
+            caches += self.spec.proposer.kv_caches()
+        # each cache: [2, num_blocks, block_size, heads, head_dim]
+        return sum(c.nbytes // c.shape[1] for c in caches)
 
     # stepscope: hot
     def execute_model(
@@ -165,9 +196,18 @@ class ModelRunner:
             for new in out.scheduled_new_reqs:
                 self.states.add(new)
             self.states.update_cached(out.scheduled_cached_reqs)
-            uniform = all(q == 1 for q in out.num_scheduled_tokens.values())
-            padded = self.fwd.graphs.padded_size(len(out.num_scheduled_tokens), uniform)
-            batch, packed = build_input_batch(out, self.states, padded)
+            num_tokens = out.num_scheduled_tokens
+            # Every scheduled request runs >= 1 token: one each iff the total is the count.
+            uniform = out.total_num_scheduled_tokens == len(num_tokens)
+            shape = self.fwd.graphs.shape_for(
+                len(num_tokens), out.total_num_scheduled_tokens, uniform
+            )
+            if shape is None:
+                batch, packed = build_input_batch(out, self.states)
+            else:
+                batch, packed = build_input_batch(
+                    out, self.states, shape.num_reqs, shape.num_tokens
+                )
             if batch.num_reqs == 0:
                 return None
             self.step_inputs.stage(0, 0, packed)

@@ -132,16 +132,34 @@ class RequestStates:
         self._base_seed = seed
         self._num_unseeded = 0
         self._penalty_rows_to_init: list[int] = []
+        # The rows of the last batch looked up (a steady decode step runs the same requests in
+        # the same order as the one before): (req_ids, rows); dropped when any row changes.
+        self._rows_cache: tuple[list[str], np.ndarray] | None = None
 
     @property
     def num_free_rows(self) -> int:
         return len(self._free_rows)
+
+    def rows_of(self, req_ids: list[str]) -> np.ndarray:
+        """The state rows of ``req_ids`` (each must hold one), int64 ``[len(req_ids)]``; read-only.
+
+        Looked up once per change of the batch: the same requests in the same order as the last
+        call (a steady decode step) reuse its rows."""
+        cached = self._rows_cache
+        if cached is not None and cached[0] == req_ids:
+            return cached[1]
+        row_of = self.row_of
+        rows = np.fromiter((row_of[r] for r in req_ids), np.int64, len(req_ids))
+        rows.flags.writeable = False
+        self._rows_cache = (list(req_ids), rows)
+        return rows
 
     def remove(self, req_ids: Iterable[str]) -> None:
         """Free the rows of finished (or preempted) requests; unknown ids are ignored."""
         for req_id in req_ids:
             row = self.row_of.pop(req_id, None)
             if row is not None:
+                self._rows_cache = None
                 self.params[row] = None
                 self._set_sampling_flags(row, None)
                 self._free_rows.append(row)
@@ -157,6 +175,7 @@ class RequestStates:
             raise ValueError(f"{len(tokens)} tokens exceed max_model_len={self.max_model_len}")
         row = self._free_rows.pop()
         self.row_of[new.req_id] = row
+        self._rows_cache = None
         self.token_ids.stage(row, 0, tokens)
         self.prefill_len.stage(row, 0, [len(tokens)])
         self.num_computed.stage(row, 0, [new.num_computed_tokens])
@@ -170,31 +189,30 @@ class RequestStates:
 
     def update_cached(self, cached: CachedRequestData) -> None:
         """Append new blocks; stage a frontier only where the scheduler disagrees with the mirror."""
-        row_of = self.row_of
-        rows = [row_of[req_id] for req_id in cached.req_ids]
-        # zip stops at the shorter list, as a missing entry means "no change".
-        for row, block_ids in zip(rows, cached.new_block_ids, strict=False):
-            if block_ids:
-                self._append_blocks(row, block_ids)
-        # The mirror as a list (one conversion) is cheaper to compare per row than numpy scalars;
-        # a staged frontier is written to both, so the list never goes stale.
-        num_computed = self.num_computed_cpu.tolist()
-        for row, frontier in zip(rows, cached.num_computed_tokens, strict=False):
-            if frontier != num_computed[row]:
-                if not self.device_owns_frontier:
-                    self.num_computed.stage(row, 0, [frontier])
-                self.num_computed_cpu[row] = num_computed[row] = frontier
+        rows = self.rows_of(cached.req_ids)
+        # A missing entry (a shorter list) means "no change", as an empty one does.
+        for index, block_ids in enumerate(cached.new_block_ids[: rows.shape[0]]):
+            if block_ids:  # one request in block_size per decode step
+                self._append_blocks(int(rows[index]), block_ids)
+        # Only the rows whose frontier disagrees with the mirror (none in a steady decode step).
+        frontiers = np.asarray(cached.num_computed_tokens, np.int64)  # [n]
+        rows = rows[: frontiers.shape[0]]
+        changed = np.flatnonzero(self.num_computed_cpu[rows] != frontiers)
+        for row, frontier in zip(rows[changed].tolist(), frontiers[changed].tolist(), strict=True):
+            if not self.device_owns_frontier:
+                self.num_computed.stage(row, 0, [frontier])
+            self.num_computed_cpu[row] = frontier
 
-    def advance(self, rows: list[int], num_tokens: list[int]) -> None:
+    def advance(self, rows: np.ndarray, num_tokens: np.ndarray) -> None:
         """Mirror the input-prep kernel's ``num_computed[rows] += num_tokens`` (distinct rows)."""
         self.num_computed_cpu[rows] += num_tokens
 
-    def sampling_flags(self, rows: list[int]) -> SamplingFlags:
+    def sampling_flags(self, rows: np.ndarray | list[int]) -> SamplingFlags:
         """The sampler's batch-wide switches for these rows (rows holding requests)."""
-        if self._num_rows_beyond_greedy == 0 or not rows:
+        if self._num_rows_beyond_greedy == 0 or len(rows) == 0:
             # No live row asks for more than plain greedy sampling, so no row of the batch does.
             return _PLAIN_GREEDY
-        index = np.array(rows, np.int64)  # [b]
+        index = np.asarray(rows, np.int64)  # [b]
         most_logprobs = int(self._num_logprobs_cpu[index].max())
         return SamplingFlags(
             any_penalties=bool(self._penalised_cpu[index].any()),

@@ -32,6 +32,7 @@ def check_limits(config: SchedulerConfig, cache: CacheConfig, num_spec_tokens: i
     ``max_model_len`` that one decode step, one step's budget and the KV pool can hold.
     Raises :class:`ConfigError` (a ValueError) naming the problem."""
     max_model_len = config.resolved_max_model_len
+    num_blocks = cache.resolved_num_kv_blocks
     if num_spec_tokens < 0:
         raise ConfigError(f"num_spec_tokens must be >= 0, got {num_spec_tokens}")
     if config.max_num_batched_tokens < 1 + num_spec_tokens:
@@ -44,9 +45,9 @@ def check_limits(config: SchedulerConfig, cache: CacheConfig, num_spec_tokens: i
             f"without chunked prefill max_num_batched_tokens ({config.max_num_batched_tokens})"
             f" must be >= max_model_len ({max_model_len}) so every prompt fits one step"
         )
-    if cache.num_kv_blocks * cache.block_size < max_model_len:
+    if num_blocks * cache.block_size < max_model_len:
         raise ConfigError(
-            f"{cache.num_kv_blocks} blocks of {cache.block_size} slots cannot hold one request"
+            f"{num_blocks} blocks of {cache.block_size} slots cannot hold one request"
             f" of max_model_len={max_model_len}"
         )
 
@@ -73,7 +74,7 @@ class Scheduler:
         self.max_model_len = config.resolved_max_model_len
         self.num_spec_tokens = num_spec_tokens
         self.kv_cache_manager = KVCacheManager(
-            cache.num_kv_blocks, cache.block_size, cache.enable_prefix_caching
+            cache.resolved_num_kv_blocks, cache.block_size, cache.enable_prefix_caching
         )
         self._stop_string_checker = stop_string_checker
         self._queues = RequestQueues()
@@ -161,9 +162,34 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         running = self._queues.running
+        block_size = self.cache.block_size
+        max_model_len = self.max_model_len
+        add_decode = plan.add_decode
         index = 0
         while index < len(running) and plan.token_budget > 0:
             request = running[index]
+            # The steady decode step: one pending token, no drafts, room for an output, and a
+            # frontier inside its last block (every computed token has a KV slot, so the next
+            # position's block is already held). Planned without the general path's calls.
+            num_computed = request.num_computed_tokens
+            if num_computed % block_size and not request.spec_token_ids:
+                num_output = len(request.output_token_ids)
+                num_placeholders = request.num_output_placeholders
+                num_tokens = request.num_prompt_tokens + num_output + num_placeholders
+                if (
+                    num_tokens - num_computed == 1
+                    and num_output + num_placeholders < request.sampling_params.max_tokens
+                    and num_tokens < max_model_len
+                ):
+                    add_decode(request, num_computed)
+                    # The books advance now (``_after_schedule`` for one sampled token): no later
+                    # decision of this step reads them (victims come from the end of running).
+                    request.num_computed_tokens = num_computed + 1
+                    request.num_output_placeholders = num_placeholders + 1
+                    request.num_steps_in_flight += 1
+                    plan.num_decode_slots += 1
+                    index += 1
+                    continue
             num_new, spec_tokens, num_pending = self._num_new_tokens(request, plan.token_budget)
             if num_new <= 0:  # every token it may still produce is already in flight
                 index += 1
@@ -274,25 +300,30 @@ class Scheduler:
         self._num_prefix_hit_tokens += num_hit
 
     def _after_schedule(self, plan: StepPlan) -> InFlightStep:
-        """Advance each scheduled request's frontier and note what the step will sample."""
-        record = InFlightStep(step=plan.step)
+        """Advance the frontier of each request planned by ``plan.add`` and note what the step
+        will sample (``add_decode``'s requests were advanced as they were planned)."""
+        record = InFlightStep(step=plan.step, num_sampled_slots=plan.num_sampled_slots)
         num_sampled_slots = record.num_sampled_slots
+        num_scheduled_tokens = plan.num_scheduled_tokens
         spec_tokens = plan.spec_tokens
         num_spec_tokens = self.num_spec_tokens
-        for request, num_new in zip(plan.requests, plan.num_scheduled_tokens.values(), strict=True):
-            request.num_computed_tokens += num_new
+        total_slots = plan.num_decode_slots
+        for request in plan.requests:
+            num_computed = request.num_computed_tokens + num_scheduled_tokens[request.req_id]
+            request.num_computed_tokens = num_computed
             request.num_steps_in_flight += 1
             num_placeholders = request.num_output_placeholders
             num_known = request.num_prompt_tokens + len(request.output_token_ids)
-            if request.num_computed_tokens >= num_known + num_placeholders:  # it samples
+            if num_computed >= num_known + num_placeholders:  # it samples
                 num_slots = 1 + len(spec_tokens.get(request.req_id, ())) if spec_tokens else 1
-                # the device proposes the next drafts right after sampling
-                request.spec_token_ids = [-1] * num_spec_tokens
+                if num_spec_tokens:  # the device proposes the next drafts right after sampling
+                    request.spec_token_ids = [-1] * num_spec_tokens
             else:
                 num_slots = 0
             num_sampled_slots[request.req_id] = num_slots
             request.num_output_placeholders = num_placeholders + num_slots
-        self._num_placeholders += sum(num_sampled_slots.values())
+            total_slots += num_slots
+        self._num_placeholders += total_slots
         return record
 
     # -- update --------------------------------------------------------------------------------
@@ -316,12 +347,21 @@ class Scheduler:
         all_sampled, all_logprobs = runner_output.sampled_token_ids, runner_output.logprobs
         requests = self._tracked(record.num_sampled_slots)
         rows = self._output_rows(record, runner_output)
+        # No drafts and no logprobs in the step: a running request with one sampled slot that got
+        # its one token is committed by the short path (the steady decode step).
+        plain_step = not spec_tokens and not all_logprobs
+        running = RequestStatus.RUNNING
         for request, num_slots, row in zip(
             requests, record.num_sampled_slots.values(), rows, strict=True
         ):
-            req_id = request.req_id
             request.num_steps_in_flight -= 1
             sampled = all_sampled[row] if row is not None else []
+            if plain_step and num_slots == 1 and len(sampled) == 1 and request.status is running:
+                outputs.append(self._commit_token(request, sampled[0]))
+                if request.num_steps_in_flight == 0:
+                    self._release_if_idle(request)
+                continue
+            req_id = request.req_id
             logprobs = all_logprobs[row] if all_logprobs and row is not None else None
             num_drafts = len(spec_tokens.get(req_id, ())) if spec_tokens else 0
             output = self._commit(request, num_drafts, num_slots, sampled, logprobs)
@@ -395,6 +435,40 @@ class Scheduler:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             new_logprobs=self._own_logprobs(request, logprobs, len(new_token_ids)),
         )
+
+    def _commit_token(self, request: Request, token_id: int) -> RequestOutput:
+        """``_commit`` of a running request's one sampled token, no drafts, no logprobs.
+
+        The stop check runs only where the token could end the request (EOS, a length cap, or a
+        request with other stop conditions).
+        """
+        request.num_output_placeholders -= 1
+        self._num_placeholders -= 1
+        output_token_ids = request.output_token_ids
+        output_token_ids.append(token_id)
+        num_output = len(output_token_ids)
+        max_model_len = self.max_model_len
+        if (
+            request.has_extra_stop_conditions
+            or token_id == request.eos_token_id
+            or num_output >= request.sampling_params.max_tokens
+            or request.num_prompt_tokens + num_output >= max_model_len
+        ):
+            check_stop(request, max_model_len, self._stop_string_checker)
+        self.kv_cache_manager.cache_full_blocks(
+            request, request.num_computed_tokens - request.num_output_placeholders
+        )
+        status = request.status
+        if status is RequestStatus.RUNNING:
+            return RequestOutput(
+                request.req_id, [token_id], False, None, None, 0, 0,
+                max(request.num_cached_tokens, 0),
+            )  # fmt: skip
+        self._finish(request)
+        return RequestOutput(
+            request.req_id, [token_id], True, status.finish_reason, request.stop_reason, 0, 0,
+            max(request.num_cached_tokens, 0),
+        )  # fmt: skip
 
     @staticmethod
     def _own_logprobs(

@@ -34,11 +34,16 @@ class StepPlan:
     cached_new_block_ids: list[list[int]] = field(default_factory=list)
     cached_num_computed: list[int] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    # The scheduled requests themselves, in ``num_scheduled_tokens`` order (no lookup by id).
+    # The requests planned by ``add`` (not ``add_decode``), in order: ``Scheduler`` advances
+    # their books once planning is over.
     requests: list[Request] = field(default_factory=list)
+    # Per scheduled request in ``num_scheduled_tokens`` order: the sampled slots it adds (see
+    # ``InFlightStep``); 0 for ``add``'s requests until their books are advanced.
+    num_sampled_slots: dict[str, int] = field(default_factory=dict)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_prefill_reqs: int = 0
     num_decode_reqs: int = 0
+    num_decode_slots: int = 0  # sampled slots of ``add_decode``'s requests (one each)
     # Blocks of preempted or finished requests that return once their steps in flight settle
     # (less those already promised); a request short of blocks waits for them instead of
     # preempting another victim.
@@ -55,6 +60,7 @@ class StepPlan:
         it already); one or none makes the request a decode, more a prefill.
         """
         self.num_scheduled_tokens[request.req_id] = num_new_tokens
+        self.num_sampled_slots[request.req_id] = 0
         self.requests.append(request)
         self.token_budget -= num_new_tokens
         if spec_tokens:
@@ -63,6 +69,20 @@ class StepPlan:
             self.num_decode_reqs += 1
         else:
             self.num_prefill_reqs += 1
+
+    def add_decode(self, request: Request, num_computed_tokens: int) -> None:
+        """``add`` + ``add_cached`` of a running request that advances one token, samples one
+        (no drafts) and needs no new block: the steady decode step, once per request per step.
+        Its books are advanced by the scheduler at once (``num_computed_tokens`` is the value
+        before)."""
+        req_id = request.req_id
+        self.num_scheduled_tokens[req_id] = 1
+        self.num_sampled_slots[req_id] = 1
+        self.token_budget -= 1
+        self.num_decode_reqs += 1
+        self.cached_req_ids.append(req_id)
+        self.cached_new_block_ids.append([])
+        self.cached_num_computed.append(num_computed_tokens)
 
     def add_cached(self, request: Request, new_block_ids: list[int]) -> None:
         self.cached_req_ids.append(request.req_id)

@@ -38,21 +38,24 @@ class DraftModelProposer(Proposer):
         self.num_spec_tokens = num_spec_tokens
         self.kv = kv
         self.kernels = kernels
-        self.kv_caches = model.allocate_kv_caches(kv.num_blocks, kv.block_size)
+        self._kv_caches = model.allocate_kv_caches(kv.num_blocks, kv.block_size)
+
+    def kv_caches(self) -> list[torch.Tensor]:
+        return self._kv_caches
 
     # stepscope: hot
     def propose(self, inputs: ProposeInputs) -> DraftOutput:
         md = inputs.attn_metadata
         tp = md.num_tokens
         # query pass: the draft's KV for this step's tokens (its hidden states are not needed)
-        self.model(inputs.input_ids[:tp], inputs.positions[:tp], md, self.kv_caches)
+        self.model(inputs.input_ids[:tp], inputs.positions[:tp], md, self._kv_caches)
         table = self.kv.chain_block_table(inputs)
         token = inputs.bonus_ids  # [B]
         ids, probs = [], []
         for j in range(self.num_spec_tokens):
             chain_pos = self.kv.chain_positions(inputs, j)  # token at P + j predicts P + j + 1
             chain_md = self.kv.chain_metadata(inputs, table, chain_pos)
-            hidden = self.model(token, chain_pos, chain_md, self.kv_caches)  # [B, hidden]
+            hidden = self.model(token, chain_pos, chain_md, self._kv_caches)  # [B, hidden]
             logits = self.model.compute_logits(hidden)  # [B, V]
             token, q = sample_drafts(
                 logits,
@@ -80,7 +83,9 @@ def build_draft_proposer(ctx: ProposerContext) -> DraftModelProposer:
             " the draft model must share the target's tokenizer"
         )
     k = ctx.spec.num_spec_tokens
-    kv = LookaheadKV(ctx.cache.num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k)
+    kv = LookaheadKV(
+        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k
+    )
     return DraftModelProposer(model, k, kv, ctx.layers.kernels)
 
 

@@ -163,6 +163,9 @@ class HeadProposer(Proposer):
         shape = (2, kv.num_blocks, kv.block_size, c.num_key_value_heads, c.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
 
+    def kv_caches(self) -> list[torch.Tensor]:
+        return [self.kv_cache]
+
     # stepscope: hot
     def propose(self, inputs: ProposeInputs) -> DraftOutput:
         md = inputs.attn_metadata
@@ -211,5 +214,7 @@ def build_head_proposer(
     head = head_cls(config, ctx.layers)
     load_head_weights(head, folder, architecture)
     k = ctx.spec.num_spec_tokens
-    kv = LookaheadKV(ctx.cache.num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k)
+    kv = LookaheadKV(
+        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k
+    )
     return HeadProposer(head, ctx.target, k, kv, ctx.layers.kernels)

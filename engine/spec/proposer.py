@@ -90,6 +90,11 @@ class Proposer(ABC):
         """True when drafts are drawn from a distribution the verify must divide by."""
         return True
 
+    def kv_caches(self) -> list[torch.Tensor]:
+        """The proposer's own paged KV caches ``[2, blocks, block_size, heads, head_dim]``
+        (mirroring the target's blocks; none for a proposer without attention)."""
+        return []
+
 
 # stepscope: hot
 def sample_drafts(

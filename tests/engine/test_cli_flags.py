@@ -23,6 +23,8 @@ FLAGS_BEFORE = {
     "--num-spec-tokens", "--spec-sync-accepted", "--seed", "--tensor-parallel-size",
     "--no-progress", "--help",
 }  # fmt: skip
+# Added since (issue 17): the KV pool sized from device memory, warm-up before the workload.
+FLAGS_ADDED = {"--gpu-memory-utilization", "--warmup"}
 BASE = ["--model-config", "cfg.json", "--random-weights", "--workload", "w.jsonl"]
 
 
@@ -31,13 +33,13 @@ def _flags() -> set[str]:
 
 
 def test_every_flag_kept_and_every_flagged_field_has_one():
-    assert _flags() == FLAGS_BEFORE
+    assert _flags() == FLAGS_BEFORE | FLAGS_ADDED | {"--mixed-graph-max-tokens"}
     parser = build_parser()
     dests = {a.dest for a in parser._actions}
     every = [f for part in EngineConfig.part_types().values() for f in dataclasses.fields(part)]
     flagged = {f.name for f in every if CLI in f.metadata}
     assert flagged <= dests
-    assert len(flagged) == 23  # every field of the parts but four with no flag
+    assert len(flagged) == 26  # every field of the parts but four with no flag
     assert {f.name for f in every} - flagged == {
         "deferred_sampling",
         "debug_invariants",
@@ -60,6 +62,11 @@ def test_defaults_live_in_the_config():
         (["--no-prefix-caching"], "enable_prefix_caching", False),
         (["--no-chunked-prefill"], "enable_chunked_prefill", False),
         (["--max-model-len", "64"], "max_model_len", 64),
+        (["--num-kv-blocks", "300"], "num_kv_blocks", 300),
+        ([], "num_kv_blocks", None),
+        (["--gpu-memory-utilization", "0.5"], "gpu_memory_utilization", 0.5),
+        (["--warmup", "off"], "warmup", False),
+        ([], "warmup", None),
         (["--dtype", "bfloat16"], "dtype", "bfloat16"),
         (["--spec-method", "ngram", "--num-spec-tokens", "3"], "num_spec_tokens", 3),
         (["--tensor-parallel-size", "2"], "tensor_parallel_size", 2),

@@ -83,14 +83,14 @@ def test_flat_config_is_scalar():
 
 
 # The keys of the trace's engine_config instant before the config became a tree (the trace
-# contract: extend, never rename).
+# contract: extend, never rename), with those added since (KV sizing, warm-up, mixed graphs).
 ENGINE_CONFIG_KEYS = {
     "model", "model_config", "random_weights", "tokenizer", "seed", "dtype", "device",
     "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
     "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling", "cuda_graphs",
     "triton_kernels", "pinned_memory", "deferred_sampling", "spec_method", "spec_model",
     "num_spec_tokens", "spec_sync_accepted", "debug_invariants", "tensor_parallel_size",
-    "trace_kernel_steps",
+    "trace_kernel_steps", "gpu_memory_utilization", "mixed_graph_max_tokens", "warmup",
 }  # fmt: skip
 
 
@@ -106,9 +106,10 @@ def test_tree_of_frozen_parts_keeps_the_trace_keys():
     # flat() and from_flat() are inverse (the tuple field is written "a,b" in the trace)
     flat = config.flat()
     assert EngineConfig.from_flat(**flat) == config
-    resolved = config.with_max_model_len(48)
+    resolved = config.resolved(48, 96)
     assert resolved.scheduler.max_model_len == 48 and config.scheduler.max_model_len is None
-    assert resolved.cache is config.cache  # the other parts are passed on as they are
+    assert resolved.cache.num_kv_blocks == 96 and config.cache.num_kv_blocks is None
+    assert resolved.spec is config.spec  # the other parts are passed on as they are
 
 
 def test_unknown_flat_field_is_refused():

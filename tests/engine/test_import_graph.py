@@ -21,13 +21,14 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine"
 # ``core`` is the first node that owns both.
 LAYERS: list[set[str]] = [
     {"kernels", "config", "device", "fields"},  # import nothing of the engine
-    {"distributed", "sampling_params"},  # TP collectives + parallel linears; request parameters
+    {"distributed", "sampling_params", "kv_sizing"},  # + the KV pool arithmetic
     {"request", "workload"},
     {"model", "scheduler"},
-    {"sample", "structured", "request_timeline"},
+    {"sample", "structured", "request_timeline", "warmup"},  # warmup: dummy scheduler outputs
     {"spec"},
     {"runner"},
     {"engine_parts"},  # the factories EngineCore and every TP worker build through
+    {"memory_profile"},  # a probe runner built through engine_parts, measured
     {"executor"},  # the tensor-parallel ranks
     {"core"},
     {"llm", "interrupt", "output_writer"},  # the run driver and the CLI's helpers

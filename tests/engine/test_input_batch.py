@@ -155,3 +155,28 @@ def test_too_long_a_sequence_is_refused(device: CpuDevice) -> None:
     states.add(new_req("a", list(range(60)), [1]))
     with pytest.raises(ValueError, match="max_model_len"):
         build_input_batch(step_output(0, tokens={"a": 65}), states)
+
+
+def test_token_bucket_pads_tokens_and_requests(device: CpuDevice) -> None:
+    """A mixed-step graph's shape (docs/design.md §2.6): tokens padded to the bucket, requests to
+    its request count; padded requests own no token (their query_start_loc entries repeat the
+    total) and map to the trash row. A shape the batch does not fit is refused before any
+    mirror moves."""
+    states = _states(device)
+    states.add(new_req("a", list(range(2, 9)), [1, 2]))
+    states.add(new_req("b", [3, 4, 5], [3]))
+    out = step_output(0, tokens={"a": 7, "b": 3})
+    with pytest.raises(ValueError, match="does not fit its padded shape"):
+        build_input_batch(out, states, 4, 8)
+    with pytest.raises(ValueError, match="does not fit its padded shape"):
+        build_input_batch(out, states, 1, 16)
+    assert int(states.num_computed_cpu[states.row_of["a"]]) == 0  # nothing advanced
+    batch, packed = build_input_batch(out, states, 4, 16)
+    assert (batch.num_tokens, batch.num_padded_tokens) == (10, 16)
+    assert (batch.num_reqs, batch.num_padded_reqs) == (2, 4)
+    start, end = batch.offsets["query_start_loc"]
+    np.testing.assert_array_equal(packed[start:end], [0, 7, 10, 10, 10])
+    start, end = batch.offsets["idx_mapping"]
+    trash = states.trash_row
+    np.testing.assert_array_equal(packed[start:end], [states.row_of["a"], states.row_of["b"],
+                                                      trash, trash])  # fmt: skip
