@@ -3,6 +3,8 @@
 Every key of :class:`analysis.headline.Headline` has exactly one :class:`Metric` here
 (docs/design.md §5.11); the verdicts, ``stepscope analyze`` / ``compare`` and the dashboard's
 cards read labels, units, definitions and good/warn/bad thresholds from it, never a copy.
+``RANK_METRICS`` does the same for the rank-set headline (``analysis.ranks.report``, §5.13),
+whose keys are built from it in its order.
 ``COMPARED`` lists the numbers ``stepscope compare`` takes deltas of (§5.12): headline keys and
 a few of ``Report.extra``'s, each with the path to its value in ``Report.to_dict()``.
 """
@@ -21,6 +23,8 @@ __all__ = [
     "Compared",
     "METRICS",
     "METRIC_BY_KEY",
+    "RANK_METRICS",
+    "RANK_METRIC_BY_KEY",
     "COMPARED",
     "metric",
     "fmt_pct",
@@ -373,6 +377,65 @@ METRICS: tuple[Metric, ...] = (
     ),
 )
 METRIC_BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}
+
+# The rank-set headline (docs/design.md §5.13): one entry per key, in the headline's order.
+# "By rank" entries hold {rank: value}; their thresholds are those of the single-trace entry.
+RANK_METRICS: tuple[Metric, ...] = (
+    _M("world_size", "ranks", "count", "Tensor-parallel world size of the rank set.", "§5.13"),
+    _M(
+        "same_host",
+        "one host",
+        "text",
+        "True when every rank ran on one host: clocks are shared and not shifted; otherwise "
+        "ranks are shifted by their clock_offset_ns onto rank 0's clock.",
+        "§5.13",
+    ),
+    _M(
+        "window",
+        "window",
+        "record",
+        "Rank 0's measured window (rule, first_step, last_step, ...), used for every rank table.",
+        "§5.2",
+    ),
+    _M(
+        "overlap",
+        "overlap by rank",
+        "record",
+        "By rank: each rank's own schedule/forward overlap (§5.3) over its own trace.",
+        "§5.3",
+    ),
+    _M(
+        "bubble_ratio",
+        "bubble ratio by rank",
+        "record",
+        "By rank: each rank's own bubble ratio (§5.4) over its own trace.",
+        "§5.4",
+    ),
+    _M(
+        "all_reduce_wait_us",
+        "all-reduce wait by rank",
+        "record",
+        "By rank: Σ host-timed collectives inside its compute slices + Σ arrival wait (latest "
+        "forward start of the step − this rank's), over rank 0's window, in µs.",
+        "§5.13",
+    ),
+    _M(
+        "straggler_share",
+        "straggler share by rank",
+        "record",
+        "By rank: steps whose forward ends last on this rank / steps with a forward on every "
+        "rank (NaN → null without such steps).",
+        "§5.13",
+    ),
+    _M(
+        "end_spread_us",
+        "forward end spread",
+        "record",
+        "Percentiles (µs) over steps of the last minus the first rank's forward end.",
+        "§5.13",
+    ),
+)
+RANK_METRIC_BY_KEY: dict[str, Metric] = {m.key: m for m in RANK_METRICS}
 
 
 def metric(key: str) -> Metric:

@@ -41,11 +41,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from engine.config import CacheConfig, SchedulerConfig  # noqa: E402
 from engine.device import CpuDevice, CudaDevice, Device  # noqa: E402
 from engine.engine_parts import DTYPES, load_model_config  # noqa: E402
 from engine.kernels.backend import create_kernel_backend  # noqa: E402
 from engine.model.loader import build_random_model  # noqa: E402
-from engine.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
+from engine.runner.model_runner import ModelRunner  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.scheduler.outputs import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 
@@ -246,17 +247,21 @@ def _build(args: argparse.Namespace) -> tuple[Device, Any, Any, Any]:
 def _make_mode(
     name: str, args: argparse.Namespace, device: Device, model: Any, kernels: Any, work: Workload
 ) -> Mode:
-    config = RunnerConfig(
-        max_num_reqs=max(args.max_num_seqs, args.decode_reqs + len(work.prompt_lens) + 1),
+    limits = SchedulerConfig(
+        max_num_seqs=max(args.max_num_seqs, args.decode_reqs + len(work.prompt_lens) + 1),
         max_model_len=work.max_model_len,
         max_num_batched_tokens=args.tokens,
-        block_size=BLOCK_SIZE,
-        num_blocks=work.num_blocks,
+    )
+    t0 = time.perf_counter()
+    runner = ModelRunner(
+        model,
+        device,
+        limits,
+        CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=work.num_blocks),
+        kernels=kernels,
         cuda_graphs=True,  # decode graphs on in both modes, as the engine runs them
         mixed_graph_max_tokens=args.tokens if name == "graph" else 0,
     )
-    t0 = time.perf_counter()
-    runner = ModelRunner(model, device, config, kernels=kernels)
     graphs = runner.graphs
     print(f"[{name}] runner built in {time.perf_counter() - t0:.1f} s: decode sizes "
           f"{len(graphs.sizes)}, mixed buckets {graphs.buckets}, failure={graphs.failure}, "

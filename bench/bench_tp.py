@@ -55,7 +55,7 @@ QWEN3_8B = {
 
 def run(tp: int, args: argparse.Namespace, model_config: str, trace_dir: str) -> dict:
     """One engine run; returns throughput and the (merged) analysis headline."""
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_config=model_config, random_weights=True, seed=0, dtype="bfloat16",
         device="cuda", tensor_parallel_size=tp, max_num_seqs=max(args.batch, 8),
         max_num_batched_tokens=max(4096, args.batch), num_kv_blocks=args.num_kv_blocks,

@@ -134,13 +134,19 @@ _SOURCE_FLAGS = ("model", "model_config", "random_weights", "tokenizer")
 
 
 def _config_flag_fields() -> list[dataclasses.Field[Any]]:
-    """The ``EngineConfig`` fields that have a flag (their ``field(metadata=...)``), in order."""
-    return [f for f in dataclasses.fields(EngineConfig) if CLI in f.metadata]
+    """The fields of ``EngineConfig``'s parts that have a flag (their ``field(metadata=...)``),
+    in tree order (part by part)."""
+    return [
+        f
+        for part in EngineConfig.part_types().values()
+        for f in dataclasses.fields(part)
+        if CLI in f.metadata
+    ]
 
 
 def _add_config_flags(p: argparse.ArgumentParser, which: Callable[[str], bool]) -> None:
     """Add the flags of the config fields ``which`` selects, generated from each field's
-    metadata, so that each default lives once, in ``EngineConfig``."""
+    metadata, so that each default lives once, in ``EngineConfig``'s parts."""
     groups: dict[str, Any] = {}
     for f in _config_flag_fields():
         if not which(f.name):
@@ -171,9 +177,10 @@ def _add_config_flags(p: argparse.ArgumentParser, which: Callable[[str], bool]) 
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """The ``EngineConfig`` of the parsed flags (every flagged field, by its ``dest``)."""
+    """The ``EngineConfig`` of the parsed flags (every flagged field, by its ``dest``), parsed
+    once into the tree of parts."""
     values = {f.name: getattr(args, f.name) for f in _config_flag_fields()}
-    return EngineConfig(**values, trace_kernel_steps=_kernel_steps(args))
+    return EngineConfig.from_flat(**values, trace_kernel_steps=_kernel_steps(args))
 
 
 def _kernel_steps(args: argparse.Namespace) -> tuple[int, int] | None:
@@ -288,7 +295,7 @@ def _print_capacity(llm: LLM, tokens_per_request: float, tracer: Tracer | None) 
     print(
         f"  maximum concurrency at this workload's mean {tokens} tokens per "
         f"request (prompt + max_tokens): {concurrency:.2f}x (--max-num-seqs "
-        f"{engine.config.max_num_seqs})"
+        f"{engine.config.scheduler.max_num_seqs})"
     )
     if engine.warmup.num_steps:
         print(f"warm-up: {engine.warmup.num_steps} dummy steps in {engine.warmup.seconds:.2f} s")
@@ -325,7 +332,9 @@ def run_main(argv: list[str]) -> int:
 
     tracer = None
     trace = args.trace
-    if trace and config.tensor_parallel_size > 1:  # one trace per rank; this process is rank 0
+    if (
+        trace and config.parallel.tensor_parallel_size > 1
+    ):  # one trace per rank; this process is rank 0
         trace = rank_trace_path(trace, 0)
     if trace:
         os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)

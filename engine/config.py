@@ -1,25 +1,52 @@
 """Engine configuration and the start-up resolution of every performance feature.
 
-``EngineConfig`` holds what the user asked for, frozen. :func:`resolve_features` turns each
-request (True / False / None = auto) into a :class:`FeatureDecision` once, at start-up: an explicit
-True that cannot be honoured raises :class:`ConfigError` with the reason; ``None`` resolves with a
-reason that is logged, printed in the run summary and written to the trace. The user's request is
-never overwritten: the resolved values live in :class:`ResolvedFeatures`.
+``EngineConfig`` holds what the user asked for: a frozen tree of parts (docs/design.md §2.1),
+each part validated on construction and passed as it is to what it configures:
+
+=============== ===================== ===========================================================
+tree field      part                  read by
+=============== ===================== ===========================================================
+``source``      :class:`ModelSource`  the model factories (checkpoint / shape, dtype, seed)
+``parallel``    :class:`ParallelConfig`  the device factory and the tensor-parallel ranks
+``scheduler``   :class:`SchedulerConfig` the scheduler and the runner (its sizes)
+``cache``       :class:`CacheConfig`  the scheduler's block pool, the runner's KV cache, proposers
+``requested``   :class:`FeatureRequests` :func:`resolve_features` only
+``spec``        :class:`SpecConfig`   the proposer factory, the scheduler (lookahead slots)
+``tracing``     :class:`TracingConfig` the core (kernel windows)
+=============== ===================== ===========================================================
+
+Each field's ``stepscope run`` flag is described in its ``field(metadata={CLI: ...})`` (engine.cli
+generates the flags from it), so each default lives here only. Field names are unique across the
+parts; they are the keys of :meth:`EngineConfig.flat` (the trace's ``engine_config`` instant) and
+of :meth:`EngineConfig.from_flat` (``LLM(**fields)``).
+
+:func:`resolve_features` turns each request (True / False / None = auto) into a
+:class:`FeatureDecision` once, at start-up: an explicit True that cannot be honoured raises
+:class:`ConfigError` with the reason; ``None`` resolves with a reason that is logged, printed in
+the run summary and written to the trace. The user's request is never overwritten: the resolved
+values live in :class:`ResolvedFeatures`, the one owner of decisions.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 __all__ = [
     "CLI",
+    "CacheConfig",
     "ConfigError",
     "EngineConfig",
     "FeatureDecision",
+    "FeatureRequests",
+    "ModelSource",
+    "ParallelConfig",
     "ResolvedFeatures",
+    "SchedulerConfig",
+    "SpecConfig",
+    "TracingConfig",
     "mixed_graph_max_tokens",
     "resolve_features",
     "SPEC_METHODS",
@@ -29,6 +56,9 @@ __all__ = [
 SPEC_METHODS = ("draft", "eagle", "mtp", "ngram")
 # The key of a field's metadata that describes its command-line flag (engine.cli reads it).
 CLI = "cli"
+# A field with ``metadata={TRACED: False}`` stays out of the trace's ``engine_config`` (a field
+# added after traces existed that no flag sets: A/B against older traces sees no new key).
+TRACED = "traced"
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -80,9 +110,15 @@ class FeatureDecision:
         return self.requested is True and self.resolved is False and not self.reason
 
 
+def _at_least_one(part: object, *names: str) -> None:
+    for name in names:
+        if getattr(part, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(part, name)}")
+
+
 @dataclass(frozen=True)
-class EngineConfig:
-    """What the user asked for. Validated on construction; never mutated."""
+class ModelSource:
+    """Which weights (a checkpoint folder, or a shape with seeded random weights), in what dtype."""
 
     model: str | None = _flag(
         None,
@@ -102,12 +138,102 @@ class EngineConfig:
     )
     seed: int = _flag(0, help="the seed of random weights and of sampling")
     dtype: str = _flag("float32", choices=DTYPES, help="model dtype")
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.model_config is None):
+            raise ConfigError("give exactly one of model (a checkpoint folder) or model_config")
+        if self.model_config is not None and not self.random_weights:
+            raise ConfigError("model_config needs random_weights=True (it has no weights)")
+        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
+            raise ConfigError(f"tokenizer {self.tokenizer!r} is not a folder")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Where the engine runs: the device, and the ranks of tensor parallelism
+    (engine.executor: one process per rank, rank 0 here)."""
+
     device: str = _flag("cpu", help="cpu, cuda or cuda:N")
+    tensor_parallel_size: int = _flag(
+        1,
+        metavar="N",
+        help="tensor parallelism over N ranks (N processes; NCCL on CUDA, gloo on the CPU); "
+        "--trace X.pftrace then writes X.rank<i>.pftrace per rank",
+    )
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def cuda_index(self) -> int:
+        """The configured GPU's index (``cuda`` = 0); meaningful on CUDA only."""
+        return int(self.device.split(":")[1]) if ":" in self.device else 0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's limits. ``max_model_len = None`` asks for what the model and the KV pool
+    allow; the engine passes the scheduler and the runner this part with it resolved
+    (:meth:`EngineConfig.resolved`). ``long_prefill_token_threshold = 0`` turns the
+    per-request prefill cap off. ``debug_invariants`` checks the scheduler invariants after every
+    ``schedule`` / ``update_from_output`` (slow; tests)."""
+
     max_num_seqs: int = _flag(64, help="most requests scheduled in one step")
     max_num_batched_tokens: int = _flag(2048, help="most tokens scheduled in one step")
     max_model_len: int | None = _flag(
         None, type=int, help="longest prompt + output (default: what the model and KV pool allow)"
     )
+    enable_chunked_prefill: bool = _flag(
+        True, kind="store_false", flag="--no-chunked-prefill", help="turn off chunked prefill"
+    )
+    debug_invariants: bool = False  # no flag: the scheduler's invariant checks (tests)
+    long_prefill_token_threshold: int = field(default=0, metadata={TRACED: False})  # no flag
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "max_num_seqs", "max_num_batched_tokens")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
+            if self.max_model_len > self.max_num_batched_tokens:
+                raise ConfigError(
+                    "without chunked prefill, max_model_len "
+                    f"({self.max_model_len}) must fit max_num_batched_tokens "
+                    f"({self.max_num_batched_tokens})"
+                )
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(
+                "long_prefill_token_threshold must be >= 0 (0 = off), got "
+                f"{self.long_prefill_token_threshold}"
+            )
+        if self.long_prefill_token_threshold > 0 and not self.enable_chunked_prefill:
+            raise ConfigError(
+                "long_prefill_token_threshold chunks prompts: it needs chunked prefill"
+            )
+
+    @property
+    def resolved_max_model_len(self) -> int:
+        """``max_model_len``, which the engine has resolved before it passes this part on."""
+        if self.max_model_len is None:
+            raise ConfigError("max_model_len is not resolved (EngineConfig.resolved)")
+        return self.max_model_len
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: one pool of ``num_kv_blocks`` blocks of ``block_size`` slots, shared by
+    the scheduler's block pool, the runner's KV cache and the proposers' draft caches.
+    ``num_kv_blocks = None`` asks for the pool start-up sizes (``engine.memory_profile``); the
+    engine passes this part on with it resolved (:meth:`EngineConfig.resolved`)."""
+
     block_size: int = _flag(16, help="KV cache block size in tokens (a power of two)")
     num_kv_blocks: int | None = _flag(
         None,
@@ -123,10 +249,35 @@ class EngineConfig:
     enable_prefix_caching: bool = _flag(
         True, kind="store_false", flag="--no-prefix-caching", help="turn off prefix caching"
     )
-    enable_chunked_prefill: bool = _flag(
-        True, kind="store_false", flag="--no-chunked-prefill", help="turn off chunked prefill"
-    )
-    # Performance features: True / False / None (auto).
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "block_size")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def resolved_num_kv_blocks(self) -> int:
+        """``num_kv_blocks``, which the engine has resolved before it passes this part on."""
+        if self.num_kv_blocks is None:
+            raise ConfigError("num_kv_blocks is not resolved (EngineConfig.resolved)")
+        return self.num_kv_blocks
+
+
+@dataclass(frozen=True)
+class FeatureRequests:
+    """Performance features as asked: True / False / None (auto). Read only by
+    :func:`resolve_features`; everything else reads :class:`ResolvedFeatures`."""
+
     async_scheduling: bool | None = _flag(
         None, kind="tristate", flag="--async", help="async scheduling (batch queue of depth 2)"
     )
@@ -154,6 +305,12 @@ class EngineConfig:
         "run can reach (auto: on CUDA; the CPU has nothing to compile)",
     )
     deferred_sampling: bool | None = None  # no flag: follows async scheduling under auto
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding as asked. ``num_spec_tokens`` is 0 without a method."""
+
     spec_method: str | None = _flag(None, choices=SPEC_METHODS, help="speculative decoding")
     spec_model: str | None = _flag(None, help="draft model / EAGLE head / MTP folder")
     num_spec_tokens: int = _flag(0, help="proposed tokens per step (with --spec-method)")
@@ -162,41 +319,8 @@ class EngineConfig:
         kind="store_true",
         help="the CPU waits for accepted counts before preparing the next step",
     )
-    debug_invariants: bool = False  # no flag: the scheduler's invariant checks (tests)
-    # Ranks of tensor parallelism (engine.executor): one process per rank, rank 0 here.
-    tensor_parallel_size: int = _flag(
-        1,
-        metavar="N",
-        help="tensor parallelism over N ranks (N processes; NCCL on CUDA, gloo on the CPU); "
-        "--trace X.pftrace then writes X.rank<i>.pftrace per rank",
-    )
-    # --trace-kernels A:B: CUPTI kernel activity of steps [A, B) (instrument.kernel_window; the
-    # flag is engine.cli's, which checks it against --trace).
-    trace_kernel_steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        if (self.model is None) == (self.model_config is None):
-            raise ConfigError("give exactly one of model (a checkpoint folder) or model_config")
-        if self.model_config is not None and not self.random_weights:
-            raise ConfigError("model_config needs random_weights=True (it has no weights)")
-        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
-            raise ConfigError(f"tokenizer {self.tokenizer!r} is not a folder")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-        if self.block_size & (self.block_size - 1):
-            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.spec_method is not None and self.spec_method not in SPEC_METHODS:
             raise ConfigError(
                 f"spec_method must be one of {SPEC_METHODS} or None, got {self.spec_method!r}"
@@ -207,37 +331,101 @@ class EngineConfig:
             raise ConfigError("num_spec_tokens given without a spec_method")
         if self.spec_method in ("draft", "eagle") and self.spec_model is None:
             raise ConfigError(f"spec_method={self.spec_method!r} needs spec_model (a folder)")
-        if not self.enable_chunked_prefill and self.max_model_len is not None:
-            if self.max_model_len > self.max_num_batched_tokens:
-                raise ConfigError(
-                    "without chunked prefill, max_model_len "
-                    f"({self.max_model_len}) must fit max_num_batched_tokens "
-                    f"({self.max_num_batched_tokens})"
-                )
-        if self.mixed_graph_max_tokens is not None and not (
-            0 <= self.mixed_graph_max_tokens <= self.max_num_batched_tokens
-        ):
-            raise ConfigError(
-                "mixed_graph_max_tokens must be in [0, max_num_batched_tokens="
-                f"{self.max_num_batched_tokens}], got {self.mixed_graph_max_tokens}"
-            )
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """What the engine itself records beyond the tracer's own settings."""
+
+    # --trace-kernels A:B: CUPTI kernel activity of steps [A, B) (instrument.kernel_window; the
+    # flag is engine.cli's, which checks it against --trace).
+    trace_kernel_steps: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
         if self.trace_kernel_steps is not None:
             first, end = self.trace_kernel_steps
             if first < 0 or end <= first:
                 raise ConfigError(f"trace_kernel_steps [{first}, {end}) is empty or negative")
 
-    @property
-    def is_cuda(self) -> bool:
-        return self.device.startswith("cuda")
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the user asked for: the frozen tree of parts, each passed as it is to what it
+    configures (module docstring). Build it from flat field names with :meth:`from_flat`."""
+
+    source: ModelSource
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    requested: FeatureRequests = field(default_factory=FeatureRequests)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+
+    def __post_init__(self) -> None:
+        """What spans parts (each part checked its own fields)."""
+        top = self.requested.mixed_graph_max_tokens
+        if top is not None and not 0 <= top <= self.scheduler.max_num_batched_tokens:
+            raise ConfigError(
+                "mixed_graph_max_tokens must be in [0, max_num_batched_tokens="
+                f"{self.scheduler.max_num_batched_tokens}], got {top}"
+            )
+
+    def parts(self) -> Iterator[Any]:
+        """The parts, in tree order."""
+        for f in fields(self):
+            yield getattr(self, f.name)
+
+    @classmethod
+    def part_types(cls) -> dict[str, type]:
+        """Tree field name -> part class, in tree order."""
+        return {f.name: _PART_TYPES[f.name] for f in fields(cls)}
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> EngineConfig:
+        """The config of flat field names (``model=``, ``max_num_seqs=``, ...): each value goes to
+        the part that owns the field; an unknown name is a TypeError."""
+        by_part: dict[str, dict[str, Any]] = {name: {} for name in _PART_TYPES}
+        for key, value in values.items():
+            if key not in _OWNER:
+                raise TypeError(f"unknown engine config field {key!r}")
+            by_part[_OWNER[key]][key] = value
+        return cls(**{name: _PART_TYPES[name](**kw) for name, kw in by_part.items()})
+
+    def resolved(self, max_model_len: int, num_kv_blocks: int) -> EngineConfig:
+        """This config with what start-up resolves filled in: the scheduler's ``max_model_len``
+        and the cache's ``num_kv_blocks`` (what the scheduler, the runner and the proposers are
+        given)."""
+        return replace(
+            self,
+            scheduler=replace(self.scheduler, max_model_len=max_model_len),
+            cache=replace(self.cache, num_kv_blocks=num_kv_blocks),
+        )
 
     def flat(self) -> dict[str, Any]:
-        """The config as flat scalars, for the trace's ``engine_config`` instant."""
+        """The config as flat scalars, for the trace's ``engine_config`` instant (the keys are the
+        field names: the trace contract, docs/design.md §4.6)."""
         out: dict[str, Any] = {}
-        for key, value in asdict(self).items():
-            out[key] = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        for part in self.parts():
+            for f in fields(part):
+                if not f.metadata.get(TRACED, True):
+                    continue
+                value = getattr(part, f.name)
+                out[f.name] = ",".join(map(str, value)) if isinstance(value, tuple) else value
         return out
+
+
+_PART_TYPES: dict[str, type] = {
+    "source": ModelSource,
+    "parallel": ParallelConfig,
+    "scheduler": SchedulerConfig,
+    "cache": CacheConfig,
+    "requested": FeatureRequests,
+    "spec": SpecConfig,
+    "tracing": TracingConfig,
+}
+# Flat field name -> the tree field of the part that owns it (names are unique across parts).
+_OWNER: dict[str, str] = {f.name: part for part, t in _PART_TYPES.items() for f in fields(t)}
+assert len(_OWNER) == sum(len(fields(t)) for t in _PART_TYPES.values()), "duplicate field name"
 
 
 @dataclass
@@ -337,9 +525,9 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         import torch
 
         cuda_available = torch.cuda.is_available()
-    if config.is_cuda and not cuda_available:
-        raise ConfigError(f"device={config.device!r} but torch sees no CUDA device")
-    on_cuda = config.is_cuda
+    if config.parallel.is_cuda and not cuda_available:
+        raise ConfigError(f"device={config.parallel.device!r} but torch sees no CUDA device")
+    on_cuda = config.parallel.is_cuda
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if not _triton_importable():
         triton_why = "triton is not installed"
@@ -349,17 +537,17 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
     triton_possible = _triton_importable() and (on_cuda or interpret)
     triton_decision = _decide(
         "triton_kernels",
-        config.triton_kernels,
+        config.requested.triton_kernels,
         triton_possible,
         triton_why,
         "Triton kernels for attention, input prep and sampling",
     )
-    if config.triton_kernels is None and not on_cuda and triton_decision.resolved:
+    if config.requested.triton_kernels is None and not on_cuda and triton_decision.resolved:
         triton_decision = FeatureDecision("triton_kernels", None, False, f"auto: off, {triton_why}")
     decisions = [
         _decide(
             "async_scheduling",
-            config.async_scheduling,
+            config.requested.async_scheduling,
             True,
             "",
             "batch queue of depth 2 schedules step N+1 while step N runs"
@@ -367,7 +555,7 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         ),
         _decide(
             "cuda_graphs",
-            config.cuda_graphs,
+            config.requested.cuda_graphs,
             on_cuda,
             "no CUDA device (graphs capture CUDA work only)",
             "decode batches padded to capture sizes replay CUDA graphs",
@@ -375,7 +563,7 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         triton_decision,
         _decide(
             "pinned_memory",
-            config.pinned_memory,
+            config.requested.pinned_memory,
             on_cuda,
             "no CUDA device: host memory need not be pinned",
             "pinned staging buffers make host-to-device copies asynchronous",
@@ -385,35 +573,35 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
     decisions.append(
         _decide(
             "deferred_sampling",
-            config.deferred_sampling,
+            config.requested.deferred_sampling,
             async_on,
             "async scheduling is off: sampling is never ahead of the grammar",
             "structured requests run forward N+1 early and sample once t_N is accepted",
         )
     )
-    method = config.spec_method
+    method = config.spec.spec_method
     decisions.append(
         FeatureDecision(
             "spec_method",
             method,
             method or "none",
-            f"speculative decoding with {method}, {config.num_spec_tokens} tokens per step"
-            + (", CPU waits for accepted counts" if config.spec_sync_accepted else "")
+            f"speculative decoding with {method}, {config.spec.num_spec_tokens} tokens per step"
+            + (", CPU waits for accepted counts" if config.spec.spec_sync_accepted else "")
             if method
             else "no speculative decoding requested",
         )
     )
     decisions.append(_trace_kernels_decision(config, on_cuda))
     decisions.append(_mixed_graphs_decision(config, decisions))
-    decisions.append(_warmup_decision(config.warmup, on_cuda))
+    decisions.append(_warmup_decision(config.requested.warmup, on_cuda))
     return ResolvedFeatures(tuple(decisions))
 
 
 def mixed_graph_max_tokens(config: EngineConfig) -> int:
     """The largest mixed-step token bucket asked for (default: ``max_num_batched_tokens``)."""
-    if config.mixed_graph_max_tokens is None:
-        return config.max_num_batched_tokens
-    return config.mixed_graph_max_tokens
+    if config.requested.mixed_graph_max_tokens is None:
+        return config.scheduler.max_num_batched_tokens
+    return config.requested.mixed_graph_max_tokens
 
 
 def _mixed_graphs_decision(
@@ -424,7 +612,7 @@ def _mixed_graphs_decision(
     attention grid depends only on the padded shape; the torch reference sizes its work by host
     bounds) and no proposer (verify and draft steps are not covered)."""
     resolved = {d.feature: d.resolved for d in decisions}
-    max_tokens = config.mixed_graph_max_tokens
+    max_tokens = config.requested.mixed_graph_max_tokens
     requested = None if max_tokens is None else max_tokens > 0
     why_not = ""
     if not resolved["cuda_graphs"]:
@@ -464,16 +652,16 @@ def _warmup_decision(requested: bool | None, on_cuda: bool) -> FeatureDecision:
 
 def _trace_kernels_decision(config: EngineConfig, on_cuda: bool) -> FeatureDecision:
     """``--trace-kernels A:B``: never on unless asked; asked on the CPU is a start-up error."""
-    steps = config.trace_kernel_steps
+    steps = config.tracing.trace_kernel_steps
     if steps is None:
         return FeatureDecision("trace_kernels", False, False, "off unless --trace-kernels A:B")
     if not on_cuda:
         raise ConfigError(
             "trace_kernels=True cannot be honoured: kernel windows record CUPTI kernel activity, "
-            f"which needs a CUDA device (device={config.device!r}); the stage slices of the "
+            f"which needs a CUDA device (device={config.parallel.device!r}); the stage slices of the "
             "CPU device are its whole device timeline"
         )
-    if config.tensor_parallel_size > 1:
+    if config.parallel.tensor_parallel_size > 1:
         raise ConfigError(
             "trace_kernels=True cannot be honoured with tensor_parallel_size > 1 (one profiler "
             "per process; kernel windows are single-rank for now)"

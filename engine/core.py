@@ -35,7 +35,7 @@ from engine.engine_parts import (
     build_runner,
     check_state_fits,
     record_start,
-    scheduler_config_for,
+    resolve_max_model_len,
 )
 from engine.executor.rank_context import RankContext
 from engine.kernels.compile_counter import CompileCounter
@@ -102,7 +102,7 @@ class EngineCore:
         if self.features.triton_kernels:
             self.compiles.install()
         # Tensor parallel: every rank builds its device and model shard through its context.
-        if tp is None and config.tensor_parallel_size > 1:
+        if tp is None and config.parallel.tensor_parallel_size > 1:
             from engine.executor.tp_driver import TPDriver
 
             tp = TPDriver.start(config, self.tracer)
@@ -118,23 +118,29 @@ class EngineCore:
             config, self.features, self.device, self.model, self.model_config, self.kernels,
             None if tp is None else tp.group,
         )  # fmt: skip
-        sched_config = scheduler_config_for(config, self.model_config, self.kv)
-        self.max_model_len = sched_config.max_model_len
+        self.max_model_len = resolve_max_model_len(config, self.model_config, self.kv)
+        # The parts below get the config with what start-up resolved (max_model_len, the KV
+        # pool); ``self.config`` stays as asked (the trace's engine_config records both).
+        resolved = config.resolved(self.max_model_len, self.kv.num_blocks)
         check_state_fits(
             config, self.model_config, self.max_model_len, self.device, self.kv.num_blocks
         )
         scheduler_cls = AsyncScheduler if self.features.async_scheduling else Scheduler
-        self.scheduler: Scheduler = scheduler_cls(sched_config, stop_string_checker)
-        # The older way: the CPU waits for step N's accepted counts before preparing N+1.
-        self.sync_accepted = self.features.spec_method is not None and config.spec_sync_accepted
-        self.runner: ModelRunner = build_runner(
-            config, self.features, self.device, self.model, self.max_model_len, self.tracer,
-            self.kernels, self.kv.num_blocks,
-        )  # fmt: skip
-        # Before the first request: compile every kernel specialization (engine/warmup.py).
-        self.warmup: WarmupReport = warm_up(
-            self.runner, config, self.features, self.kv.num_blocks, self.max_model_len, self.tracer
+        self.scheduler: Scheduler = scheduler_cls(
+            resolved.scheduler,
+            resolved.cache,
+            stop_string_checker,
+            num_spec_tokens=resolved.spec.num_spec_tokens,
         )
+        # The older way: the CPU waits for step N's accepted counts before preparing N+1.
+        self.sync_accepted = (
+            self.features.spec_method is not None and config.spec.spec_sync_accepted
+        )
+        self.runner: ModelRunner = build_runner(
+            resolved, self.features, self.device, self.model, self.tracer, self.kernels
+        )
+        # Before the first request: compile every kernel specialization (engine/warmup.py).
+        self.warmup: WarmupReport = warm_up(self.runner, resolved, self.features, self.tracer)
         self.compiles_at_start = self.compiles.count
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)
@@ -154,7 +160,7 @@ class EngineCore:
 
     def _build_kernel_window(self) -> KernelWindow | None:
         """The ``--trace-kernels`` window (only with a CUDA device and an enabled tracer)."""
-        steps = self.config.trace_kernel_steps
+        steps = self.config.tracing.trace_kernel_steps
         if steps is None or not self.features.trace_kernels or not self.tracer.enabled:
             return None
         device, timeline = self.device, self.runner.timeline
@@ -186,7 +192,11 @@ class EngineCore:
         """The model config's EOS ids; a random-weights shape run with a separate ``tokenizer``
         uses that tokenizer's EOS (the shape's own EOS belongs to a tokenizer it does not have)."""
         tok_eos = getattr(self._tokenizer, "eos_token_id", None)
-        if self.config.random_weights and self.config.tokenizer and tok_eos is not None:
+        if (
+            self.config.source.random_weights
+            and self.config.source.tokenizer
+            and tok_eos is not None
+        ):
             return (int(tok_eos),)
         return tuple(self.model_config.eos_token_ids)
 

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,14 +21,14 @@ from engine.device import CpuDevice, CudaDevice, Device
 from engine.kernels.backend import KernelBackend, create_kernel_backend
 from engine.kv_sizing import CPU_DEFAULT_NUM_BLOCKS, KvCapacity
 from engine.model.config import ModelConfig
+from engine.model.layer_context import LayerContext
 from engine.model.loader import (
     build_random_model,
     load_model,
     qwen3_0_6b_config,
     qwen3_8b_config,
 )
-from engine.runner.model_runner import ModelRunner, RunnerConfig
-from engine.scheduler.scheduler_config import SchedulerConfig
+from engine.runner.model_runner import ModelRunner
 from engine.spec.proposer import Proposer, ProposerContext, create_proposer
 from instrument.schema import REQUESTED_AUTO, Arg, ConfigArg, Instant
 from instrument.tracer import Tracer
@@ -44,7 +45,7 @@ __all__ = [
     "fixed_kv_capacity",
     "load_model_config",
     "record_start",
-    "scheduler_config_for",
+    "resolve_max_model_len",
     "startup_args",
 ]
 
@@ -62,9 +63,8 @@ NAMED_CONFIGS = {"qwen3-0.6b": qwen3_0_6b_config, "qwen3-8b": qwen3_8b_config}
 
 
 def build_device(config: EngineConfig) -> Device:
-    if config.is_cuda:
-        index = int(config.device.split(":")[1]) if ":" in config.device else 0
-        return CudaDevice(index)
+    if config.parallel.is_cuda:
+        return CudaDevice(config.parallel.cuda_index)
     return CpuDevice()
 
 
@@ -99,15 +99,16 @@ def build_kernels(features: ResolvedFeatures) -> KernelBackend:
 def build_model(
     config: EngineConfig, device: Device, kernels: KernelBackend
 ) -> tuple[Any, ModelConfig]:
-    dtype = DTYPES[config.dtype]
-    if config.model is not None:
-        if not os.path.isdir(config.model):
-            raise ConfigError(f"model folder not found: {config.model}")
-        return load_model(config.model, dtype, device.torch_device, kernels=kernels)
-    assert config.model_config is not None
-    model_config = load_model_config(config.model_config)
+    source = config.source
+    dtype = DTYPES[source.dtype]
+    if source.model is not None:
+        if not os.path.isdir(source.model):
+            raise ConfigError(f"model folder not found: {source.model}")
+        return load_model(source.model, dtype, device.torch_device, kernels=kernels)
+    assert source.model_config is not None
+    model_config = load_model_config(source.model_config)
     model = build_random_model(
-        model_config, dtype, device.torch_device, config.seed, kernels=kernels
+        model_config, dtype, device.torch_device, source.seed, kernels=kernels
     )
     return model, model_config
 
@@ -118,26 +119,21 @@ def build_proposer(
     model: Any,
     device: Device,
     kernels: KernelBackend,
-    num_blocks: int | None = None,
 ) -> Proposer | None:
-    """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None; its KV
-    mirrors ``num_blocks`` target blocks (default: :func:`fixed_kv_capacity`'s)."""
+    """The resolved spec method's proposer (MTP defaults to ``<model>/mtp``), or None.
+    ``config``'s scheduler part has ``max_model_len`` resolved."""
     method = features.spec_method
     if method is None:
         return None
-    spec_model = config.spec_model
-    if method == "mtp" and spec_model is None and config.model is not None:
-        spec_model = os.path.join(config.model, "mtp")
+    spec = config.spec
+    if method == "mtp" and spec.spec_model is None and config.source.model is not None:
+        spec = replace(spec, spec_model=os.path.join(config.source.model, "mtp"))
     ctx = ProposerContext(
         target=model,
-        spec_model=spec_model,
-        num_spec_tokens=config.num_spec_tokens,
-        num_blocks=_num_blocks(config, num_blocks),
-        block_size=config.block_size,
-        max_num_reqs=config.max_num_seqs,
-        dtype=DTYPES[config.dtype],
-        device=device.torch_device,
-        kernels=kernels,
+        spec=spec,
+        cache=config.cache,
+        limits=config.scheduler,
+        layers=LayerContext(DTYPES[config.source.dtype], device.torch_device, kernels),
     )
     return create_proposer(method, ctx)
 
@@ -147,14 +143,12 @@ def build_runner(
     features: ResolvedFeatures,
     device: Device,
     model: Any,
-    max_model_len: int,
     tracer: Tracer,
     kernels: KernelBackend,
-    num_blocks: int | None = None,
 ) -> ModelRunner:
     """The model runner of ``model`` (with the resolved proposer): the one factory that
-    ``EngineCore`` and every tensor-parallel worker use. ``num_blocks``: the resolved KV pool
-    (``KvCapacity.num_blocks``; default :func:`fixed_kv_capacity`'s).
+    ``EngineCore`` and every tensor-parallel worker use. ``config`` has what start-up resolves
+    filled in (:meth:`EngineConfig.resolved`: ``max_model_len``, the KV pool's blocks).
 
     A CUDA-graph capture that failed is reported into ``features`` here, before
     :func:`record_start` writes the decisions: under auto the runner stays eager and the
@@ -163,21 +157,16 @@ def build_runner(
     runner = ModelRunner(
         model,
         device,
-        RunnerConfig(
-            max_num_reqs=config.max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            block_size=config.block_size,
-            num_blocks=_num_blocks(config, num_blocks),
-            seed=config.seed,
-            cuda_graphs=features.cuda_graphs,
-            mixed_graph_max_tokens=(
-                mixed_graph_max_tokens(config) if features.mixed_cuda_graphs else 0
-            ),
-        ),
+        config.scheduler,
+        config.cache,
         tracer,
-        proposer=build_proposer(config, features, model, device, kernels, num_blocks),
+        proposer=build_proposer(config, features, model, device, kernels),
         kernels=kernels,
+        seed=config.source.seed,
+        cuda_graphs=features.cuda_graphs,
+        mixed_graph_max_tokens=(
+            mixed_graph_max_tokens(config) if features.mixed_cuda_graphs else 0
+        ),
     )
     graphs = runner.graphs
     fallen: list[tuple[str, str, str]] = []  # (feature, reason, what runs eagerly)
@@ -243,9 +232,10 @@ def record_start(
 def fixed_kv_capacity(config: EngineConfig) -> KvCapacity:
     """The KV pool when no device memory is measured: ``--num-kv-blocks`` when given, else the
     CPU default (on CUDA under auto, ``engine.memory_profile.size_kv_cache`` measures instead)."""
-    if config.num_kv_blocks is not None:
-        return KvCapacity(config.num_kv_blocks, config.block_size, "num_kv_blocks")
-    return KvCapacity(CPU_DEFAULT_NUM_BLOCKS, config.block_size, "cpu default")
+    cache = config.cache
+    if cache.num_kv_blocks is not None:
+        return KvCapacity(cache.num_kv_blocks, cache.block_size, "num_kv_blocks")
+    return KvCapacity(CPU_DEFAULT_NUM_BLOCKS, cache.block_size, "cpu default")
 
 
 def _num_blocks(config: EngineConfig, num_blocks: int | None) -> int:
@@ -282,26 +272,28 @@ def startup_args(
     return args
 
 
-def scheduler_config_for(
+def resolve_max_model_len(
     config: EngineConfig, model_config: ModelConfig, kv: KvCapacity | None = None
-) -> SchedulerConfig:
-    """Scheduler limits for the KV pool ``kv`` (default :func:`fixed_kv_capacity`).
+) -> int:
+    """``max_model_len`` for the KV pool ``kv`` (default :func:`fixed_kv_capacity`); the engine
+    passes ``config.resolved(this, kv.num_blocks)`` on.
 
-    ``max_model_len`` defaults to the model's ``max_position_embeddings``; a fixed pool smaller
-    than that lowers the default to the pool (with a warning), a pool sized from device memory
-    must hold one such request (else a start-up error with the numbers)."""
+    It defaults to the model's ``max_position_embeddings``; a fixed pool smaller than that lowers
+    the default to the pool (with a warning), a pool sized from device memory must hold one such
+    request (else a start-up error with the numbers)."""
     kv = kv or fixed_kv_capacity(config)
+    asked, block_size = config.scheduler.max_model_len, config.cache.block_size
     kv_capacity = kv.num_tokens
     sized = kv.budget is not None
     limit = model_config.max_position_embeddings
-    max_model_len = config.max_model_len or (limit if sized else min(limit, kv_capacity))
-    if config.max_model_len is None and kv_capacity < limit and not sized:
+    max_model_len = asked or (limit if sized else min(limit, kv_capacity))
+    if asked is None and kv_capacity < limit and not sized:
         _log.warning(
             "the KV pool (%d blocks x %d slots = %d tokens) is smaller than the model's "
             "max_position_embeddings=%d: max_model_len is %d; a request whose prompt + max_tokens "
             "exceeds it is refused (raise --num-kv-blocks for longer requests)",
             kv.num_blocks,
-            config.block_size,
+            block_size,
             kv_capacity,
             limit,
             max_model_len,
@@ -315,22 +307,9 @@ def scheduler_config_for(
     if max_model_len > kv_capacity:
         raise ConfigError(
             f"max_model_len={max_model_len} does not fit the KV pool of {kv.num_blocks} "
-            f"blocks x {config.block_size} slots; raise num_kv_blocks"
+            f"blocks x {block_size} slots; raise num_kv_blocks"
         )
-    try:
-        return SchedulerConfig(
-            max_model_len=max_model_len,
-            num_gpu_blocks=kv.num_blocks,
-            block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            enable_prefix_caching=config.enable_prefix_caching,
-            num_spec_tokens=config.num_spec_tokens,
-            debug=config.debug_invariants,
-        )
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    return max_model_len
 
 
 def estimate_state_bytes(
@@ -347,20 +326,20 @@ def estimate_state_bytes(
     the penalty books (int32 + bool per vocab entry), on the device. ``host_blocks``: the
     scheduler's block pool on the host. Draft/EAGLE state and activations are not counted.
     """
-    dtype_bytes = DTYPES[config.dtype].itemsize
+    dtype_bytes = DTYPES[config.source.dtype].itemsize
     num_blocks = _num_blocks(config, num_blocks)
-    kv_heads = math.ceil(model_config.num_key_value_heads / config.tensor_parallel_size)
+    kv_heads = math.ceil(model_config.num_key_value_heads / config.parallel.tensor_parallel_size)
     kv = (
         model_config.num_hidden_layers
         * 2
         * num_blocks
-        * config.block_size
+        * config.cache.block_size
         * kv_heads
         * model_config.head_dim
         * dtype_bytes
     )
-    rows = config.max_num_seqs + 1
-    blocks_per_req = math.ceil(max_model_len / config.block_size)
+    rows = config.scheduler.max_num_seqs + 1
+    blocks_per_req = math.ceil(max_model_len / config.cache.block_size)
     per_row = max_model_len * 8 + blocks_per_req * 4 + model_config.vocab_size * 5
     return {
         "kv_cache": kv,
@@ -415,9 +394,9 @@ def check_state_fits(
         raise ConfigError(
             f"the engine's state does not fit: at least {wanted / gib:.2f} GiB needed on {where} "
             f"but {available / gib:.2f} GiB is free (KV cache {need['kv_cache'] / gib:.2f} GiB = "
-            f"{num_blocks} blocks x {config.block_size} slots x "
+            f"{num_blocks} blocks x {config.cache.block_size} slots x "
             f"{model_config.num_hidden_layers} layers; request state "
-            f"{need['request_state'] / gib:.2f} GiB = {config.max_num_seqs} seqs x max_model_len "
+            f"{need['request_state'] / gib:.2f} GiB = {config.scheduler.max_num_seqs} seqs x max_model_len "
             f"{max_model_len}; block pool {need['host_blocks'] / gib:.2f} GiB on the host); lower "
             "--num-kv-blocks, --max-num-seqs or --max-model-len"
         )

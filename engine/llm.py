@@ -83,8 +83,9 @@ class _StopStrings:
 class LLM:
     """Offline generation on an :class:`EngineCore`.
 
-    Pass an :class:`EngineConfig`, or its fields as keyword arguments. Keyword arguments are :class:`EngineConfig` fields (``model=``, ``dtype=``,
-    ``async_scheduling=``, ...).
+    Pass an :class:`EngineConfig`, or its fields as keyword arguments: the flat field names of
+    its parts (``model=``, ``dtype=``, ``async_scheduling=``, ..., see
+    :meth:`EngineConfig.from_flat`).
     """
 
     def __init__(
@@ -97,7 +98,7 @@ class LLM:
     ) -> None:
         if config is not None and engine_kwargs:
             raise ValueError("give an EngineConfig or its fields as keywords, not both")
-        self.config = config if config is not None else EngineConfig(**engine_kwargs)
+        self.config = config if config is not None else EngineConfig.from_flat(**engine_kwargs)
         self.tokenizer = self._load_tokenizer()
         checker = _StopStrings(self.tokenizer) if self.tokenizer is not None else None
         # tp: a started ``engine.executor.tp_driver.TPDriver`` (for its options); None with
@@ -111,18 +112,20 @@ class LLM:
         """The ``tokenizer`` folder's (an error if it has none) or else the model folder's."""
         from engine.model.loader import load_tokenizer
 
-        if self.config.tokenizer is not None:
+        source = self.config.source
+
+        if source.tokenizer is not None:
             try:
-                return load_tokenizer(self.config.tokenizer)
+                return load_tokenizer(source.tokenizer)
             except (OSError, ValueError) as err:
-                raise ConfigError(f"tokenizer {self.config.tokenizer!r}: {err}") from None
-        if self.config.model is None:
+                raise ConfigError(f"tokenizer {source.tokenizer!r}: {err}") from None
+        if source.model is None:
             return None
         names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-        if not any(os.path.exists(os.path.join(self.config.model, n)) for n in names):
+        if not any(os.path.exists(os.path.join(source.model, n)) for n in names):
             return None  # a checkpoint without tokenizer files: token ids only
         try:
-            return load_tokenizer(self.config.model)
+            return load_tokenizer(source.model)
         except (OSError, ValueError):
             return None  # a checkpoint without tokenizer files: token ids only
 

@@ -50,16 +50,18 @@ def size_kv_cache(
 ) -> KvCapacity:
     """The KV pool: ``--num-kv-blocks``, the CPU default, or measured (CUDA, auto); with a
     tensor-parallel ``group`` (``TPGroup``) every rank calls this and gets the minimum."""
-    if config.num_kv_blocks is not None or not device.is_cuda:
+    if config.cache.num_kv_blocks is not None or not device.is_cuda:
         kv = fixed_kv_capacity(config)
         budget = None
     else:
-        max_model_len = config.max_model_len or model_config.max_position_embeddings
+        max_model_len = config.scheduler.max_model_len or model_config.max_position_embeddings
         budget = profile_kv_budget(config, features, device, model, max_model_len, kernels)
-        cap = max_useful_blocks(config.max_num_seqs, max_model_len, config.block_size)
+        cap = max_useful_blocks(
+            config.scheduler.max_num_seqs, max_model_len, config.cache.block_size
+        )
         kv = KvCapacity(
             min(budget.num_blocks, cap),
-            config.block_size,
+            config.cache.block_size,
             "gpu_memory_utilization",
             budget,
             capped_from=budget.num_blocks if budget.num_blocks > cap else None,
@@ -95,9 +97,8 @@ def profile_kv_budget(
     weights_bytes = torch.cuda.memory_allocated(dev)  # the model (and draft heads) only, so far
     limits = _probe_limits(config, max_model_len)
     quiet = Tracer(enabled=False)
-    probe = build_runner(
-        config, features, device, model, max_model_len, quiet, kernels, limits.num_blocks
-    )
+    probe_config = config.resolved(max_model_len, limits.num_blocks)
+    probe = build_runner(probe_config, features, device, model, quiet, kernels)
     try:
         _release(dev)
         probe_free = torch.cuda.mem_get_info(dev)[0]
@@ -120,7 +121,7 @@ def profile_kv_budget(
         weights_bytes=weights_bytes,
         peak_activation_bytes=peak_bytes,
         graph_bytes=graph_bytes,
-        utilization=config.gpu_memory_utilization,
+        utilization=config.cache.gpu_memory_utilization,
         bytes_per_block=bytes_per_block,
         runner_bytes=runner_bytes,
     )
@@ -130,15 +131,16 @@ def profile_kv_budget(
 
 def _probe_limits(config: EngineConfig, max_model_len: int) -> WarmupLimits:
     """The probe's pool: enough blocks for the longest profiling request."""
-    k = config.num_spec_tokens
-    longest = min(config.max_num_batched_tokens, max_model_len - 2 - k)
-    blocks = math.ceil((longest + 2 + 2 * k) / config.block_size) + 1
+    k = config.spec.num_spec_tokens
+    budget, block_size = config.scheduler.max_num_batched_tokens, config.cache.block_size
+    longest = min(budget, max_model_len - 2 - k)
+    blocks = math.ceil((longest + 2 + 2 * k) / block_size) + 1
     return WarmupLimits(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_num_batched_tokens=budget,
         max_model_len=max_model_len,
         num_blocks=blocks,
-        block_size=config.block_size,
+        block_size=block_size,
         num_spec_tokens=k,
     )
 

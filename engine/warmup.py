@@ -271,25 +271,21 @@ class _DummySteps:
 
 
 def warm_up(
-    runner: Any,
-    config: EngineConfig,
-    features: ResolvedFeatures,
-    num_blocks: int,
-    max_model_len: int,
-    tracer: Tracer,
+    runner: Any, config: EngineConfig, features: ResolvedFeatures, tracer: Tracer
 ) -> WarmupReport:
     """The engine's warm-up of its freshly built ``runner`` (nothing when the resolved
-    ``warmup`` feature is off). Every tensor-parallel rank runs the same plan on its own runner
+    ``warmup`` feature is off); ``config`` has what start-up resolved
+    (:meth:`EngineConfig.resolved`: ``max_model_len``, the KV pool's blocks). Every tensor-parallel rank runs the same plan on its own runner
     (the forward's collectives pair up)."""
     if not features.warmup:
         return WarmupReport(0, 0.0)
     limits = WarmupLimits(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        num_blocks=num_blocks,
-        block_size=config.block_size,
-        num_spec_tokens=config.num_spec_tokens if features.spec_method else 0,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_model_len=config.scheduler.resolved_max_model_len,
+        num_blocks=config.cache.resolved_num_kv_blocks,
+        block_size=config.cache.block_size,
+        num_spec_tokens=config.spec.num_spec_tokens if features.spec_method else 0,
     )
     report = run_steps(runner, warmup_plan(limits), limits, tracer)
     _log.info("warm-up: %d steps in %.2f s", report.num_steps, report.seconds)

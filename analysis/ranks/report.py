@@ -15,6 +15,7 @@ import pandas as pd
 from analysis.intervals import intersect_measure, union
 from analysis.loading.load import DEFAULT_MAX_DECOMPRESSED_MB
 from analysis.metrics.latency import percentiles
+from analysis.metrics_registry import RANK_METRICS
 from analysis.ranks.rank_set import (
     RankSet,
     collective_table,
@@ -69,7 +70,7 @@ def analyze_ranks(
     stragglers = straggler_table(forwards)
     collectives = collective_table(ranks, forwards)
     summary = rank_summary(ranks, reports, stragglers, collectives, forwards)
-    headline = {
+    values = {
         "world_size": ranks.world_size,
         "same_host": ranks.same_host,
         "window": lead,
@@ -81,6 +82,9 @@ def analyze_ranks(
         "straggler_share": dict(zip(summary["rank"], summary["straggler_share"], strict=True)),
         "end_spread_us": percentiles(stragglers["end_spread_ns"] / 1e3),
     }
+    # The registry owns the keys and their order (docs/design.md §5.13).
+    headline = {m.key: values.pop(m.key) for m in RANK_METRICS}
+    assert not values, f"rank headline keys missing from RANK_METRICS: {sorted(values)}"
     tables = {"ranks": summary, "stragglers": stragglers, "collectives": collectives}
     return RankReport(ranks, reports, tables, headline, _verdicts(summary, stragglers))
 

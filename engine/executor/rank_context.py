@@ -33,10 +33,9 @@ class RankCpuDevice(CpuDevice):
 
 def cuda_index_for_rank(config: EngineConfig, rank: int) -> int | None:
     """GPU of ``rank``: the configured device's index plus the rank; None on the CPU."""
-    if not config.is_cuda:
+    if not config.parallel.is_cuda:
         return None
-    base = int(config.device.split(":")[1]) if ":" in config.device else 0
-    return base + rank
+    return config.parallel.cuda_index + rank
 
 
 def check_model_splits(model_config: ModelConfig, world_size: int) -> None:
@@ -85,15 +84,16 @@ class RankContext:
         weights as the single-rank model of that seed)."""
         from engine.engine_parts import DTYPES, load_model_config  # in the child: after joining
 
-        dtype = DTYPES[config.dtype]
-        if config.model is not None:
-            if not os.path.isdir(config.model):
-                raise ConfigError(f"model folder not found: {config.model}")
-            return load_model(config.model, dtype, device.torch_device, kernels, tp=self.group)
-        assert config.model_config is not None
-        model_config = load_model_config(config.model_config)
+        source = config.source
+        dtype = DTYPES[source.dtype]
+        if source.model is not None:
+            if not os.path.isdir(source.model):
+                raise ConfigError(f"model folder not found: {source.model}")
+            return load_model(source.model, dtype, device.torch_device, kernels, tp=self.group)
+        assert source.model_config is not None
+        model_config = load_model_config(source.model_config)
         model = build_random_model(
-            model_config, dtype, device.torch_device, config.seed, kernels, tp=self.group
+            model_config, dtype, device.torch_device, source.seed, kernels, tp=self.group
         )
         return model, model_config
 

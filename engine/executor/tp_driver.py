@@ -83,8 +83,10 @@ class TPDriver(RankContext):
         """Spawn ranks 1..N-1, join the group as rank 0, align clocks. Blocks until every rank
         has joined (each then builds its own shard while rank 0 builds its own)."""
         options = options or TPOptions()
-        world_size = config.tensor_parallel_size
-        check_model_splits(load_model_config(config.model or config.model_config or ""), world_size)
+        world_size = config.parallel.tensor_parallel_size
+        check_model_splits(
+            load_model_config(config.source.model or config.source.model_config or ""), world_size
+        )
         store_dir = tempfile.mkdtemp(prefix="stepscope-tp-")
         init_method = f"file://{os.path.join(store_dir, 'store')}"
         trace = tracer.path if tracer.enabled else None

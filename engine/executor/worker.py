@@ -130,7 +130,7 @@ def worker_main(index: int, spec: WorkerSpec) -> None:
     try:
         group = init_tp_group(
             rank,
-            config.tensor_parallel_size,
+            config.parallel.tensor_parallel_size,
             spec.init_method,
             cuda_index_for_rank(config, rank),
             spec.timeout_s,
@@ -154,9 +154,10 @@ def _run_rank(
         build_runner,
         check_state_fits,
         record_start,
-        scheduler_config_for,
+        resolve_max_model_len,
     )
     from engine.memory_profile import size_kv_cache
+    from engine.scheduler.scheduler import check_limits
     from engine.warmup import warm_up
 
     threading.current_thread().name = ENGINE_THREAD  # this rank's CPU slices: its engine track
@@ -168,13 +169,13 @@ def _run_rank(
             model, model_config = ctx.build_model(config, device, kernels)
             # The same sizing as rank 0 (a collective: every rank gets the minimum pool).
             kv = size_kv_cache(config, features, device, model, model_config, kernels, ctx.group)
-            max_model_len = scheduler_config_for(config, model_config, kv).max_model_len
+            max_model_len = resolve_max_model_len(config, model_config, kv)
+            resolved = config.resolved(max_model_len, kv.num_blocks)
+            check_limits(resolved.scheduler, resolved.cache, resolved.spec.num_spec_tokens)
             check_state_fits(config, model_config, max_model_len, device, kv.num_blocks)
-            runner = build_runner(
-                config, features, device, model, max_model_len, tracer, kernels, kv.num_blocks
-            )
+            runner = build_runner(resolved, features, device, model, tracer, kernels)
             try:
-                warmup = warm_up(runner, config, features, kv.num_blocks, max_model_len, tracer)
+                warmup = warm_up(runner, resolved, features, tracer)
                 runner = ctx.attach(runner, tracer)
                 record_start(
                     tracer, config, features, max_model_len, kv,

@@ -12,23 +12,31 @@ from typing import Any
 
 import torch
 
+from engine.config import CacheConfig, SchedulerConfig
 from engine.device import Device
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.backend import KernelBackend
 from engine.kernels.input_prep import InputPrepArgs
 from engine.runner.cuda_graphs import CudaGraphRunner, GraphShape
 from engine.runner.input_batch import InputBatch
-from engine.runner.spec_decode import StepTensors
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
+from engine.spec.decoder import StepTensors
 
-__all__ = ["ForwardPass"]
+__all__ = ["ForwardPass", "max_num_tokens"]
+
+
+def max_num_tokens(limits: SchedulerConfig) -> int:
+    """Token buffers also hold a decode batch padded to a graph size (<= max_num_seqs)."""
+    return max(limits.max_num_batched_tokens, limits.max_num_seqs)
 
 
 class ForwardPass:
     """Model + KV caches + graph-stable input buffers for one runner.
 
     Args:
+        limits: the engine config's scheduler part (``max_model_len`` resolved): buffer sizes.
+        cache: the engine config's KV cache part: the paged KV caches.
         states: the runner's state table (read on the device by input prep).
         step_inputs: the runner's staged packed batch (``[1, capacity]`` int32 on the device).
         graphs: the resolved CUDA-graph runner; captured here at construction.
@@ -39,7 +47,8 @@ class ForwardPass:
         self,
         model: Any,
         device: Device,
-        config: Any,  # RunnerConfig
+        limits: SchedulerConfig,
+        cache: CacheConfig,
         states: RequestStates,
         step_inputs: StagedWriteTensor,
         graphs: CudaGraphRunner,
@@ -48,11 +57,12 @@ class ForwardPass:
         self.model = model
         self.kernels = kernels
         self.device = device
-        self.config = config
+        self.limits = limits  # the engine config's scheduler part, max_model_len resolved
+        self.cache = cache
         self.states = states
         self.step_inputs = step_inputs
         self.graphs = graphs
-        self.kv_caches = model.allocate_kv_caches(config.num_blocks, config.block_size)
+        self.kv_caches = model.allocate_kv_caches(cache.resolved_num_kv_blocks, cache.block_size)
         self._alloc_buffers()
         if self.graphs.enabled:
             self._capture_graphs()
@@ -67,8 +77,9 @@ class ForwardPass:
             self.graphs.disable(f"capture failed: {type(exc).__name__}: {first_line}")
 
     def _alloc_buffers(self) -> None:
-        dev, c = self.device.torch_device, self.config
-        t, r = c.max_num_tokens, c.max_num_reqs
+        dev = self.device.torch_device
+        t, r = max_num_tokens(self.limits), self.limits.max_num_seqs
+        max_blocks_per_req = self.cache.blocks_for(self.limits.resolved_max_model_len)
         # Persistent: CUDA graphs replay against these addresses.
         self.input_ids = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
         self.positions = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
@@ -76,7 +87,7 @@ class ForwardPass:
         self.seq_lens = torch.zeros(r, dtype=torch.int32, device=dev)  # [R]
         self.logits_indices = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]
         # attn_block_table: [R, max_blocks] int32, rows gathered through idx_mapping
-        self.attn_block_table = torch.zeros(r, c.max_blocks_per_req, dtype=torch.int32, device=dev)
+        self.attn_block_table = torch.zeros(r, max_blocks_per_req, dtype=torch.int32, device=dev)
 
     def step_tensors(self, batch: InputBatch) -> StepTensors:
         return StepTensors(
@@ -115,7 +126,7 @@ class ForwardPass:
             slot_mapping=self.slot_mapping,
             seq_lens=self.seq_lens,
             logits_indices=self.logits_indices,
-            block_size=self.config.block_size,
+            block_size=self.cache.block_size,
             num_reqs=batch.num_reqs,
             num_tokens=batch.num_tokens,
             num_logits=batch.num_logits,
@@ -159,7 +170,7 @@ class ForwardPass:
         serves every step padded to it. On the CPU it runs eagerly (the tests' padded path).
         """
         t, r = shape.num_tokens, shape.num_reqs
-        md = self.attn_metadata(r, t, shape.max_query_len, self.config.max_model_len)
+        md = self.attn_metadata(r, t, shape.max_query_len, self.limits.resolved_max_model_len)
         return self.model(self.input_ids[:t], self.positions[:t], md, self.kv_caches)
 
     def _fill_graph_inputs(self, shape: GraphShape) -> None:

@@ -13,7 +13,7 @@ The sampled token is committed to ``last_sampled`` on the device, where step N+1
 reads it; the host only learns it from the d2h copy, in :meth:`AsyncOutput.get`.
 
 With a proposer (speculative decoding) the compute stream runs ``verify`` instead of ``sample``
-when the step has drafts, then ``draft``: see :mod:`engine.runner.spec_decode`.
+when the step has drafts, then ``draft``: see :mod:`engine.spec.decoder`.
 
 Structured output (docs/design.md §2.9): a grammar bitmask ``[num_logits, ceil(V / 32)]`` int32 is
 uploaded on the h2d stream and applied to the logits before ``sample``/``verify``. When the mask is
@@ -26,71 +26,31 @@ and the output copy later. With a proposer, a masked step also copies its drafts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from engine.config import CacheConfig, SchedulerConfig
 from engine.device import Device
 from engine.kernels.backend import KernelBackend, TorchKernels
 from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
 from engine.runner.cuda_graphs import CudaGraphRunner
-from engine.runner.forward_pass import ForwardPass
+from engine.runner.forward_pass import ForwardPass, max_num_tokens
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
-from engine.runner.sampling_inputs import gather_sampling_metadata
-from engine.runner.spec_decode import SpecDecoder
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 from engine.runner.step_in_flight import StepInFlight
 from engine.sample.sampler import Sampler, SamplerOutput
+from engine.sample.sampling_inputs import gather_sampling_metadata
 from engine.scheduler.outputs import SchedulerOutput
+from engine.spec.decoder import SpecDecoder
 from engine.spec.proposer import Proposer
 from engine.structured.device_bitmask import DeviceBitmask
 from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
 
-__all__ = ["ModelRunner", "RunnerConfig"]
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    """Sizes of the runner's device state; fixed for the runner's life."""
-
-    max_num_reqs: int
-    max_model_len: int
-    max_num_batched_tokens: int
-    block_size: int
-    num_blocks: int
-    seed: int = 0
-    # The resolved cuda_graphs decision (engine.config.resolve_features decides it, once).
-    cuda_graphs: bool = False
-    # The resolved mixed_cuda_graphs decision: the largest token bucket of mixed-step graphs
-    # (0: mixed steps run eagerly). Needs cuda_graphs.
-    mixed_graph_max_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_reqs", "max_model_len", "max_num_batched_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.block_size <= 0 or self.num_blocks <= 0:
-            raise ValueError("block_size and num_blocks must be > 0")
-        if not 0 <= self.mixed_graph_max_tokens <= self.max_num_tokens:
-            raise ValueError(
-                f"mixed_graph_max_tokens must be in [0, {self.max_num_tokens}], "
-                f"got {self.mixed_graph_max_tokens}"
-            )
-        if self.mixed_graph_max_tokens and not self.cuda_graphs:
-            raise ValueError("mixed_graph_max_tokens > 0 needs cuda_graphs=True")
-
-    @property
-    def max_blocks_per_req(self) -> int:
-        return -(-self.max_model_len // self.block_size)
-
-    @property
-    def max_num_tokens(self) -> int:
-        """Token buffers also hold a decode batch padded to a graph size (<= max_num_reqs)."""
-        return max(self.max_num_batched_tokens, self.max_num_reqs)
+__all__ = ["ModelRunner"]
 
 
 class ModelRunner:
@@ -100,48 +60,66 @@ class ModelRunner:
         self,
         model: Any,
         device: Device,
-        config: RunnerConfig,
+        limits: SchedulerConfig,
+        cache: CacheConfig,
         tracer: Tracer | None = None,
         proposer: Proposer | None = None,
         kernels: KernelBackend | None = None,
+        *,
+        seed: int = 0,
+        cuda_graphs: bool = False,
+        mixed_graph_max_tokens: int = 0,
     ) -> None:
+        """``limits`` / ``cache``: the engine config's scheduler part (``max_model_len``
+        resolved) and KV cache part, as they are; ``seed``: the engine seed (unseeded requests'
+        sampling); ``cuda_graphs``: the resolved decision (``ResolvedFeatures``, decided once);
+        ``mixed_graph_max_tokens``: under the resolved ``mixed_cuda_graphs``, the largest token
+        bucket of mixed-step graphs (0: mixed steps run eagerly; needs ``cuda_graphs``)."""
+        if not 0 <= mixed_graph_max_tokens <= max_num_tokens(limits):
+            raise ValueError(
+                f"mixed_graph_max_tokens must be in [0, {max_num_tokens(limits)}], "
+                f"got {mixed_graph_max_tokens}"
+            )
+        if mixed_graph_max_tokens and not cuda_graphs:
+            raise ValueError("mixed_graph_max_tokens > 0 needs cuda_graphs=True")
+        if mixed_graph_max_tokens and proposer is not None:
+            raise ValueError("mixed-step CUDA graphs do not cover speculative decoding")
         kernels = kernels or TorchKernels()  # the engine passes the one backend it chose
         self.model = model
         self.device = device
-        self.config = config
+        self.limits = limits
+        self.cache = cache
+        max_num_reqs = limits.max_num_seqs
+        max_model_len = limits.resolved_max_model_len
         self.tracer = tracer if tracer is not None else get_tracer()
         self.timeline = DeviceTimeline(self.tracer, device.index, device.timed_event_factory())
         self.vocab_size = int(model.config.vocab_size)
         self.states = RequestStates(
             device,
-            max_num_reqs=config.max_num_reqs,
-            max_model_len=config.max_model_len,
-            max_blocks_per_req=config.max_blocks_per_req,
+            max_num_reqs=max_num_reqs,
+            max_model_len=max_model_len,
+            max_blocks_per_req=cache.blocks_for(max_model_len),
             vocab_size=self.vocab_size,
-            seed=config.seed,
+            seed=seed,
             kernels=kernels,
             device_owns_frontier=proposer is not None,
         )
-        cap = packed_capacity(config.max_num_reqs, config.max_num_tokens)
+        cap = packed_capacity(max_num_reqs, max_num_tokens(limits))
         self.step_inputs = StagedWriteTensor(
             device, (1, cap), torch.int32, initial_max_values=cap, kernels=kernels
         )
         self.sampler = Sampler(kernels)
         self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
-        num_rows = config.max_num_reqs * (
-            1 + (0 if self.spec is None else self.spec.num_spec_tokens)
-        )
+        num_rows = max_num_reqs * (1 + (0 if self.spec is None else self.spec.num_spec_tokens))
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
-        if config.mixed_graph_max_tokens and self.spec is not None:
-            raise ValueError("mixed-step CUDA graphs do not cover speculative decoding")
         graphs = CudaGraphRunner(
-            config.cuda_graphs,
-            max_batch=config.max_num_reqs,
-            mixed_max_tokens=config.mixed_graph_max_tokens,
+            cuda_graphs,
+            max_batch=max_num_reqs,
+            mixed_max_tokens=mixed_graph_max_tokens,
             replay_eagerly=not device.is_cuda,  # the CPU runs the padded path as a function
         )
         self.fwd = ForwardPass(
-            model, device, config, self.states, self.step_inputs, graphs, kernels
+            model, device, limits, cache, self.states, self.step_inputs, graphs, kernels
         )
 
     @property

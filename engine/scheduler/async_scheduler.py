@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from engine.config import CacheConfig, SchedulerConfig
 from engine.scheduler.outputs import SchedulerOutput
 from engine.scheduler.request_output import StopStringChecker
 from engine.scheduler.scheduler import Scheduler
-from engine.scheduler.scheduler_config import SchedulerConfig
 
 __all__ = ["AsyncScheduler"]
 
@@ -42,12 +42,15 @@ class AsyncScheduler(Scheduler):
     def __init__(
         self,
         config: SchedulerConfig,
+        cache: CacheConfig,
         stop_string_checker: StopStringChecker | None = None,
         max_steps_in_flight: int = 2,
+        *,
+        num_spec_tokens: int = 0,
     ) -> None:
         if max_steps_in_flight < 1:
             raise ValueError(f"max_steps_in_flight must be >= 1, got {max_steps_in_flight}")
-        super().__init__(config, stop_string_checker)
+        super().__init__(config, cache, stop_string_checker, num_spec_tokens=num_spec_tokens)
         self.max_steps_in_flight = max_steps_in_flight
 
     def schedule(self) -> SchedulerOutput:

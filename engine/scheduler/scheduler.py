@@ -14,17 +14,42 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import ClassVar, cast
 
+from engine.config import CacheConfig, ConfigError, SchedulerConfig
 from engine.request import Request, RequestStatus
 from engine.scheduler.invariants import check_request_books
 from engine.scheduler.kv_cache_manager import KVCacheManager
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.scheduler.request_output import RequestOutput, SchedulerStats, StopStringChecker
 from engine.scheduler.request_queues import RequestQueues
-from engine.scheduler.scheduler_config import SchedulerConfig
 from engine.scheduler.step_plan import InFlightStep, StepPlan
 from engine.scheduler.stop_conditions import check_stop
 
-__all__ = ["Scheduler", "SchedulerConfig"]
+__all__ = ["Scheduler", "SchedulerConfig", "check_limits"]
+
+
+def check_limits(config: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int) -> None:
+    """What a scheduler needs across its parts (each part checked its own fields): a resolved
+    ``max_model_len`` that one decode step, one step's budget and the KV pool can hold.
+    Raises :class:`ConfigError` (a ValueError) naming the problem."""
+    max_model_len = config.resolved_max_model_len
+    num_blocks = cache.resolved_num_kv_blocks
+    if num_spec_tokens < 0:
+        raise ConfigError(f"num_spec_tokens must be >= 0, got {num_spec_tokens}")
+    if config.max_num_batched_tokens < 1 + num_spec_tokens:
+        raise ConfigError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens} cannot hold one decode step"
+            f" with {num_spec_tokens} spec tokens"
+        )
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"without chunked prefill max_num_batched_tokens ({config.max_num_batched_tokens})"
+            f" must be >= max_model_len ({max_model_len}) so every prompt fits one step"
+        )
+    if num_blocks * cache.block_size < max_model_len:
+        raise ConfigError(
+            f"{num_blocks} blocks of {cache.block_size} slots cannot hold one request"
+            f" of max_model_len={max_model_len}"
+        )
 
 
 class Scheduler:
@@ -33,11 +58,23 @@ class Scheduler:
     allows_overlapping_steps: ClassVar[bool] = False
 
     def __init__(
-        self, config: SchedulerConfig, stop_string_checker: StopStringChecker | None = None
+        self,
+        config: SchedulerConfig,
+        cache: CacheConfig,
+        stop_string_checker: StopStringChecker | None = None,
+        *,
+        num_spec_tokens: int = 0,
     ) -> None:
+        """``config``: the engine config's scheduler part, ``max_model_len`` resolved; ``cache``:
+        its KV cache part; ``num_spec_tokens``: lookahead slots per request (0 without
+        speculation)."""
+        check_limits(config, cache, num_spec_tokens)
         self.config = config
+        self.cache = cache
+        self.max_model_len = config.resolved_max_model_len
+        self.num_spec_tokens = num_spec_tokens
         self.kv_cache_manager = KVCacheManager(
-            config.num_gpu_blocks, config.block_size, config.enable_prefix_caching
+            cache.resolved_num_kv_blocks, cache.block_size, cache.enable_prefix_caching
         )
         self._stop_string_checker = stop_string_checker
         self._queues = RequestQueues()
@@ -56,10 +93,10 @@ class Scheduler:
         """Queue a new request; it is scheduled at the next ``schedule()`` at the earliest."""
         if self._queues.get(request.req_id) is not None:
             raise ValueError(f"request {request.req_id!r} already exists")
-        if request.num_prompt_tokens >= self.config.max_model_len:
+        if request.num_prompt_tokens >= self.max_model_len:
             raise ValueError(
                 f"request {request.req_id!r}: prompt of {request.num_prompt_tokens} tokens leaves"
-                f" no room for output within max_model_len={self.config.max_model_len}"
+                f" no room for output within max_model_len={self.max_model_len}"
             )
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise ValueError(f"request {request.req_id!r} is not fresh: {request!r}")
@@ -125,8 +162,8 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         running = self._queues.running
-        block_size = self.config.block_size
-        max_model_len = self.config.max_model_len
+        block_size = self.cache.block_size
+        max_model_len = self.max_model_len
         add_decode = plan.add_decode
         index = 0
         while index < len(running) and plan.token_budget > 0:
@@ -182,7 +219,7 @@ class Scheduler:
         num_pending = num_tokens + num_placeholders - request.num_computed_tokens
         room = min(
             request.sampling_params.max_tokens - num_output - num_placeholders,
-            self.config.max_model_len - num_tokens - num_placeholders,
+            self.max_model_len - num_tokens - num_placeholders,
         )
         if room <= 0 or num_pending <= 0:
             return 0, [], num_pending
@@ -269,7 +306,7 @@ class Scheduler:
         num_sampled_slots = record.num_sampled_slots
         num_scheduled_tokens = plan.num_scheduled_tokens
         spec_tokens = plan.spec_tokens
-        num_spec_tokens = self.config.num_spec_tokens
+        num_spec_tokens = self.num_spec_tokens
         total_slots = plan.num_decode_slots
         for request in plan.requests:
             num_computed = request.num_computed_tokens + num_scheduled_tokens[request.req_id]
@@ -375,7 +412,7 @@ class Scheduler:
         self._last_accepted += num_accepted
         if len(sampled) == 1:  # the common case: commit one token without the loop
             request.output_token_ids.append(sampled[0])
-            check_stop(request, self.config.max_model_len, self._stop_string_checker)
+            check_stop(request, self.max_model_len, self._stop_string_checker)
             new_token_ids = [sampled[0]]
         else:
             new_token_ids = self._append_tokens(request, sampled)
@@ -410,7 +447,7 @@ class Scheduler:
         output_token_ids = request.output_token_ids
         output_token_ids.append(token_id)
         num_output = len(output_token_ids)
-        max_model_len = self.config.max_model_len
+        max_model_len = self.max_model_len
         params = request.sampling_params
         if (
             request.has_extra_stop_conditions
@@ -455,7 +492,7 @@ class Scheduler:
         for token_id in sampled:
             output_token_ids.append(token_id)
             num_committed += 1
-            if check_stop(request, self.config.max_model_len, self._stop_string_checker):
+            if check_stop(request, self.max_model_len, self._stop_string_checker):
                 break
         return output_token_ids[len(output_token_ids) - num_committed :]
 
@@ -466,7 +503,7 @@ class Scheduler:
             request = self._queues.get(req_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
-            request.spec_token_ids = list(drafts[: self.config.num_spec_tokens])
+            request.spec_token_ids = list(drafts[: self.num_spec_tokens])
 
     # -- finishing and releasing ---------------------------------------------------------------
     def _finish(self, request: Request) -> None:
@@ -518,5 +555,5 @@ class Scheduler:
         self.kv_cache_manager.check_consistency()
 
     def _check_invariants_if_debug(self) -> None:
-        if self.config.debug:
+        if self.config.debug_invariants:
             self.check_invariants()

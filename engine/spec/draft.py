@@ -74,14 +74,19 @@ class DraftModelProposer(Proposer):
 def build_draft_proposer(ctx: ProposerContext) -> DraftModelProposer:
     """Load the draft checkpoint in ``ctx.spec_model``; its vocabulary must be the target's."""
     folder = ctx.require_spec_model("draft", "the draft model's folder")
-    model, config = load_model(folder, ctx.dtype, ctx.device, kernels=ctx.kernels)
+    model, config = load_model(
+        folder, ctx.layers.dtype, ctx.layers.device, kernels=ctx.layers.kernels
+    )
     if config.vocab_size != ctx.target.config.vocab_size:
         raise ConfigError(
             f"draft vocab_size {config.vocab_size} != target's {ctx.target.config.vocab_size}:"
             " the draft model must share the target's tokenizer"
         )
-    kv = LookaheadKV(ctx.num_blocks, ctx.block_size, ctx.max_num_reqs, ctx.num_spec_tokens)
-    return DraftModelProposer(model, ctx.num_spec_tokens, kv, ctx.kernels)
+    k = ctx.spec.num_spec_tokens
+    kv = LookaheadKV(
+        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k
+    )
+    return DraftModelProposer(model, k, kv, ctx.layers.kernels)
 
 
 register_proposer("draft", build_draft_proposer)

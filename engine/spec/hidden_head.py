@@ -213,5 +213,8 @@ def build_head_proposer(
     config = head_model_config(read_head_config(folder), ctx.target.config)
     head = head_cls(config, ctx.layers)
     load_head_weights(head, folder, architecture)
-    kv = LookaheadKV(ctx.num_blocks, ctx.block_size, ctx.max_num_reqs, ctx.num_spec_tokens)
-    return HeadProposer(head, ctx.target, ctx.num_spec_tokens, kv, ctx.kernels)
+    k = ctx.spec.num_spec_tokens
+    kv = LookaheadKV(
+        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k
+    )
+    return HeadProposer(head, ctx.target, k, kv, ctx.layers.kernels)

@@ -76,7 +76,7 @@ class NgramProposer(Proposer):
 
 
 def _build(ctx: ProposerContext) -> NgramProposer:
-    return NgramProposer(ctx.num_spec_tokens)
+    return NgramProposer(ctx.spec.num_spec_tokens)
 
 
 register_proposer("ngram", _build)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.config import ConfigError
+from engine.config import CacheConfig, ConfigError, SchedulerConfig, SpecConfig
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.backend import KernelBackend
 from engine.kernels.noise import NoiseStream
@@ -125,29 +125,21 @@ def sample_drafts(
 
 @dataclass(frozen=True)
 class ProposerContext:
-    """What every proposer is built from: the target, the head/draft folder, and KV sizes that
-    mirror the target's paged cache (``spec_model`` for MTP defaults to ``<target>/mtp``,
-    resolved by the caller)."""
+    """What every proposer is built from: the target, the layer context of its own layers (no
+    tensor parallelism), and the engine config's parts as they are. ``spec.spec_model`` is
+    resolved by the caller (MTP defaults to ``<target>/mtp``); ``cache`` and ``limits`` (the
+    scheduler part) size the draft KV, which mirrors the target's paged cache."""
 
     target: Any  # the target LlamaForCausalLM
-    spec_model: str | None
-    num_spec_tokens: int
-    num_blocks: int
-    block_size: int
-    max_num_reqs: int
-    dtype: torch.dtype
-    device: torch.device
-    kernels: KernelBackend  # the engine's one kernel backend
-
-    @property
-    def layers(self) -> LayerContext:
-        """What a proposer's own layers are built with (no tensor parallelism)."""
-        return LayerContext(self.dtype, self.device, self.kernels)
+    spec: SpecConfig
+    cache: CacheConfig
+    limits: SchedulerConfig
+    layers: LayerContext
 
     def require_spec_model(self, method: str, what: str) -> str:
-        if self.spec_model is None:
+        if self.spec.spec_model is None:
             raise ConfigError(f"spec_method={method!r} needs spec_model ({what})")
-        return self.spec_model
+        return self.spec.spec_model
 
 
 ProposerFactory = Callable[[ProposerContext], Proposer]

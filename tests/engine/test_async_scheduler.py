@@ -7,22 +7,27 @@ import pytest
 
 from engine.request import RequestStatus
 from engine.scheduler.async_scheduler import AsyncScheduler
-from engine.scheduler.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler.scheduler import Scheduler
 from tests.engine.test_sched_harness import (
     EOS,
     FakeDevice,
+    SchedulerParts,
     assert_drained,
     make_request,
     run_engine,
 )
 
 
-def _config(**overrides: object) -> SchedulerConfig:
+def _config(**overrides: object) -> SchedulerParts:
     base: dict[str, object] = dict(
-        max_model_len=96, num_gpu_blocks=64, block_size=4, max_num_batched_tokens=64, debug=True
+        max_model_len=96,
+        num_kv_blocks=64,
+        block_size=4,
+        max_num_batched_tokens=64,
+        debug_invariants=True,
     )
     base.update(overrides)
-    return SchedulerConfig(**base)  # type: ignore[arg-type]
+    return SchedulerParts.of(**base)  # type: ignore[arg-type]
 
 
 def _books(request) -> tuple[int, int, int, int]:
@@ -35,7 +40,7 @@ def _books(request) -> tuple[int, int, int, int]:
 
 
 def test_placeholders_and_frontier_step_by_step() -> None:
-    scheduler = AsyncScheduler(_config())
+    scheduler = _config().build(AsyncScheduler)
     device = FakeDevice(4, sync=False)
     request = make_request("a", prompt_len=6)
     scheduler.add_request(request)
@@ -59,7 +64,7 @@ def test_placeholders_and_frontier_step_by_step() -> None:
 
 
 def test_spec_placeholders_and_rejected_drafts_roll_back() -> None:
-    scheduler = AsyncScheduler(_config(num_spec_tokens=2))
+    scheduler = _config(num_spec_tokens=2).build(AsyncScheduler)
     device = FakeDevice(4, num_spec_tokens=2, sync=False)
     request = make_request("a", prompt_len=6, max_tokens=40)
     scheduler.add_request(request)
@@ -92,7 +97,7 @@ def test_spec_placeholders_and_rejected_drafts_roll_back() -> None:
 def test_eos_overrun_is_computed_but_never_returned(num_spec_tokens: int) -> None:
     results = {}
     for name, cls, depth in (("sync", Scheduler, 1), ("async", AsyncScheduler, 2)):
-        scheduler = cls(_config(num_spec_tokens=num_spec_tokens))
+        scheduler = _config(num_spec_tokens=num_spec_tokens).build(cls)
         device = FakeDevice(4, num_spec_tokens, eos_at={"a": 5}, sync=depth == 1)
         result = run_engine(scheduler, device, {0: [make_request("a", max_tokens=30)]}, depth=depth)
         assert_drained(scheduler)
@@ -110,7 +115,7 @@ def test_eos_overrun_is_computed_but_never_returned(num_spec_tokens: int) -> Non
 @pytest.mark.parametrize("num_spec_tokens", [0, 1, 3])
 @pytest.mark.parametrize("max_tokens", [1, 2, 7])
 def test_max_tokens_never_adds_a_step(num_spec_tokens: int, max_tokens: int) -> None:
-    scheduler = AsyncScheduler(_config(num_spec_tokens=num_spec_tokens))
+    scheduler = _config(num_spec_tokens=num_spec_tokens).build(AsyncScheduler)
     device = FakeDevice(4, num_spec_tokens, sync=False)
     request = make_request("a", max_tokens=max_tokens)
     result = run_engine(scheduler, device, {0: [request]}, depth=2)
@@ -122,7 +127,7 @@ def test_max_tokens_never_adds_a_step(num_spec_tokens: int, max_tokens: int) -> 
 
 
 def test_max_model_len_counts_placeholders() -> None:
-    scheduler = AsyncScheduler(_config(max_model_len=12, num_gpu_blocks=4, num_spec_tokens=2))
+    scheduler = _config(max_model_len=12, num_kv_blocks=4, num_spec_tokens=2).build(AsyncScheduler)
     device = FakeDevice(4, 2, sync=False)
     result = run_engine(scheduler, device, {0: [make_request("a", 8, max_tokens=50)]}, depth=2)
     assert len(result.tokens["a"]) == 4 and device.num_sampled["a"] == 4
@@ -130,7 +135,7 @@ def test_max_model_len_counts_placeholders() -> None:
 
 
 def test_late_arrival_joins_at_n_plus_2() -> None:
-    scheduler = AsyncScheduler(_config())
+    scheduler = _config().build(AsyncScheduler)
     device = FakeDevice(4, sync=False)
     scheduler.add_request(make_request("a"))
     out_n = scheduler.schedule()
@@ -149,7 +154,7 @@ def test_late_arrival_joins_at_n_plus_2() -> None:
 
 
 def test_abort_in_flight_drops_tokens_and_frees_blocks_after_the_last_step() -> None:
-    scheduler = AsyncScheduler(_config())
+    scheduler = _config().build(AsyncScheduler)
     device = FakeDevice(4, sync=False)
     request = make_request("a", prompt_len=10)
     scheduler.add_request(request)
@@ -172,7 +177,7 @@ def test_abort_in_flight_drops_tokens_and_frees_blocks_after_the_last_step() -> 
 
 
 def test_nothing_cached_beyond_the_confirmed_frontier() -> None:
-    scheduler = AsyncScheduler(_config(num_spec_tokens=3))
+    scheduler = _config(num_spec_tokens=3).build(AsyncScheduler)
     device = FakeDevice(4, num_spec_tokens=3, sync=False)
     owner = make_request("a", prompt_len=9, max_tokens=40)
     checks = {"n": 0}
@@ -196,10 +201,10 @@ def test_nothing_cached_beyond_the_confirmed_frontier() -> None:
 
 
 def test_preempted_in_flight_request_keeps_its_blocks_until_the_step_settles() -> None:
-    config = _config(num_gpu_blocks=6, max_model_len=24)
+    config = _config(num_kv_blocks=6, max_model_len=24)
     make = lambda: [make_request(f"r{i}", 6, max_tokens=16, arrival_time=i) for i in range(3)]  # noqa: E731
-    reference = run_engine(Scheduler(config), FakeDevice(4), {0: make()})
-    scheduler = AsyncScheduler(config)
+    reference = run_engine(config.build(), FakeDevice(4), {0: make()})
+    scheduler = config.build(AsyncScheduler)
     result = run_engine(scheduler, FakeDevice(4, sync=False), {0: make()}, depth=2)
     assert scheduler.get_stats().num_preemptions > 0
     assert result.tokens == reference.tokens
@@ -207,7 +212,7 @@ def test_preempted_in_flight_request_keeps_its_blocks_until_the_step_settles() -
 
 
 def test_async_refuses_cpu_drafts_and_a_third_step_in_flight() -> None:
-    scheduler = AsyncScheduler(_config(num_spec_tokens=1))
+    scheduler = _config(num_spec_tokens=1).build(AsyncScheduler)
     scheduler.add_request(make_request("a"))
     with pytest.raises(RuntimeError, match="on the device"):
         scheduler.update_draft_token_ids({"a": [1]})

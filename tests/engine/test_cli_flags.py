@@ -1,5 +1,6 @@
-"""``stepscope run``'s engine flags are generated from ``EngineConfig``'s field metadata: every
-flagged field has its flag, its default is the config's, and the parsed flags build the config."""
+"""``stepscope run``'s engine flags are generated from the field metadata of ``EngineConfig``'s
+parts: every flagged field has its flag, its default is the part's, and the parsed flags build the
+config tree."""
 
 from __future__ import annotations
 
@@ -35,19 +36,21 @@ def test_every_flag_kept_and_every_flagged_field_has_one():
     assert _flags() == FLAGS_BEFORE | FLAGS_ADDED | {"--mixed-graph-max-tokens"}
     parser = build_parser()
     dests = {a.dest for a in parser._actions}
-    flagged = {f.name for f in dataclasses.fields(EngineConfig) if CLI in f.metadata}
+    every = [f for part in EngineConfig.part_types().values() for f in dataclasses.fields(part)]
+    flagged = {f.name for f in every if CLI in f.metadata}
     assert flagged <= dests
-    assert len(flagged) == 26  # every EngineConfig field but three with no flag
-    assert {f.name for f in dataclasses.fields(EngineConfig)} - flagged == {
+    assert len(flagged) == 26  # every field of the parts but four with no flag
+    assert {f.name for f in every} - flagged == {
         "deferred_sampling",
         "debug_invariants",
         "trace_kernel_steps",
+        "long_prefill_token_threshold",
     }
 
 
 def test_defaults_live_in_the_config():
     config = config_from_args(build_parser().parse_args(BASE))
-    assert config == EngineConfig(model_config="cfg.json", random_weights=True)
+    assert config == EngineConfig.from_flat(model_config="cfg.json", random_weights=True)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +74,7 @@ def test_defaults_live_in_the_config():
 )
 def test_flags_set_their_field(argv, field, value):
     config = config_from_args(build_parser().parse_args(BASE + argv))
-    assert getattr(config, field) == value
+    assert config.flat()[field] == value
 
 
 def test_bad_values_are_refused():

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.config import ConfigError, EngineConfig, resolve_features
 
 
 def _cfg(**kw):
-    return EngineConfig(model_config="cfg.json", random_weights=True, **kw)
+    return EngineConfig.from_flat(model_config="cfg.json", random_weights=True, **kw)
 
 
 @pytest.mark.parametrize(
@@ -69,12 +71,47 @@ def test_invalid_config(kw, message):
 
 def test_model_source_required():
     with pytest.raises(ConfigError, match="exactly one of model"):
-        EngineConfig()
+        EngineConfig.from_flat()
     with pytest.raises(ConfigError, match="random_weights"):
-        EngineConfig(model_config="x.json")
+        EngineConfig.from_flat(model_config="x.json")
 
 
 def test_flat_config_is_scalar():
     flat = _cfg().flat()
     assert "cuda_graph_sizes" not in flat  # dead (capture sizes follow max_num_seqs): removed
     assert all(isinstance(v, (str, int, float, bool, type(None))) for v in flat.values())
+
+
+# The keys of the trace's engine_config instant before the config became a tree (the trace
+# contract: extend, never rename), with those added since (KV sizing, warm-up, mixed graphs).
+ENGINE_CONFIG_KEYS = {
+    "model", "model_config", "random_weights", "tokenizer", "seed", "dtype", "device",
+    "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
+    "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling", "cuda_graphs",
+    "triton_kernels", "pinned_memory", "deferred_sampling", "spec_method", "spec_model",
+    "num_spec_tokens", "spec_sync_accepted", "debug_invariants", "tensor_parallel_size",
+    "trace_kernel_steps", "gpu_memory_utilization", "mixed_graph_max_tokens", "warmup",
+}  # fmt: skip
+
+
+def test_tree_of_frozen_parts_keeps_the_trace_keys():
+    config = _cfg(max_num_seqs=8, block_size=4, spec_method="ngram", num_spec_tokens=2)
+    assert set(config.flat()) == ENGINE_CONFIG_KEYS
+    # each flat field went to the part that owns it, and the parts are frozen
+    assert config.scheduler.max_num_seqs == 8 and config.cache.block_size == 4
+    assert config.spec.num_spec_tokens == 2 and config.source.model_config == "cfg.json"
+    for part in config.parts():
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            part.__setattr__(dataclasses.fields(part)[0].name, None)
+    # flat() and from_flat() are inverse (the tuple field is written "a,b" in the trace)
+    flat = config.flat()
+    assert EngineConfig.from_flat(**flat) == config
+    resolved = config.resolved(48, 96)
+    assert resolved.scheduler.max_model_len == 48 and config.scheduler.max_model_len is None
+    assert resolved.cache.num_kv_blocks == 96 and config.cache.num_kv_blocks is None
+    assert resolved.spec is config.spec  # the other parts are passed on as they are
+
+
+def test_unknown_flat_field_is_refused():
+    with pytest.raises(TypeError, match="unknown engine config field 'num_gpu_blocks'"):
+        _cfg(num_gpu_blocks=4)

@@ -139,9 +139,11 @@ def test_too_little_memory_for_one_request_names_the_numbers() -> None:
 def test_gpu_memory_utilization_is_validated() -> None:
     for bad in (0.0, -0.1, 1.01):
         with pytest.raises(ConfigError, match="gpu_memory_utilization"):
-            EngineConfig(model_config="qwen3-0.6b", random_weights=True, gpu_memory_utilization=bad)
+            EngineConfig.from_flat(
+                model_config="qwen3-0.6b", random_weights=True, gpu_memory_utilization=bad
+            )
     with pytest.raises(ConfigError, match="num_kv_blocks"):
-        EngineConfig(model_config="qwen3-0.6b", random_weights=True, num_kv_blocks=0)
+        EngineConfig.from_flat(model_config="qwen3-0.6b", random_weights=True, num_kv_blocks=0)
 
 
 @pytest.mark.parametrize(
@@ -176,7 +178,7 @@ def test_trace_config_records_the_pool(tiny_model_config: str, tmp_path) -> None
 
     path = tmp_path / "t.pftrace"
     tracer = Tracer(path)
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_config=tiny_model_config, random_weights=True, num_kv_blocks=40, block_size=8
     )
     with LLM(config, tracer=tracer) as llm:

@@ -58,9 +58,9 @@ def test_tp2_ranks_size_and_warm_up_alike(tiny_config: str, tmp_path: Path) -> N
     )  # fmt: skip
     prompts = [[3, 4, 5, 6, 7], [9, 10]]
     params = SamplingParams(temperature=0.0, max_tokens=5)
-    with LLM(EngineConfig(**kw)) as one:  # type: ignore[arg-type]
+    with LLM(EngineConfig.from_flat(**kw)) as one:  # type: ignore[arg-type]
         expected = [o.output_token_ids for o in one.generate(prompts, params)]
-    config = EngineConfig(tensor_parallel_size=2, **kw)  # type: ignore[arg-type]
+    config = EngineConfig.from_flat(tensor_parallel_size=2, **kw)  # type: ignore[arg-type]
     tracer = Tracer(tmp_path / "run.rank0.pftrace")
     tp = TPDriver.start(config, tracer, TPOptions(timeout_s=TIMEOUT_S))
     with LLM(config, tracer=tracer, tp=tp) as llm:

@@ -16,10 +16,12 @@ import torch
 import engine.core
 from analysis import analyze_trace, compare_reports, load_trace
 from engine.config import (
+    CacheConfig,
     ConfigError,
     EngineConfig,
     FeatureDecision,
     ResolvedFeatures,
+    SchedulerConfig,
     resolve_features,
 )
 from engine.device import CpuDevice
@@ -28,7 +30,7 @@ from engine.kernels.backend import create_kernel_backend
 from engine.llm import LLM
 from engine.model.paged_batch import build_attention_metadata
 from engine.runner.cuda_graphs import CudaGraphRunner, GraphShape, mixed_buckets
-from engine.runner.model_runner import ModelRunner, RunnerConfig
+from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from instrument.tracer import Tracer
 from tests.engine.runner_harness import new_req, reference_greedy, step_output, tiny_model
@@ -74,13 +76,13 @@ def test_shape_for_pads_tokens_to_a_bucket_and_requests_to_the_bucket_or_max() -
         CudaGraphRunner(False, max_batch=4, mixed_max_tokens=64)
 
 
-def test_runner_config_checks_the_mixed_bound() -> None:
-    base = dict(max_num_reqs=2, max_model_len=32, max_num_batched_tokens=16, block_size=4,
-                num_blocks=8)  # fmt: skip
+def test_runner_checks_the_mixed_bound() -> None:
+    limits = SchedulerConfig(max_num_seqs=2, max_model_len=32, max_num_batched_tokens=16)
+    cache = CacheConfig(block_size=4, num_kv_blocks=8)
     with pytest.raises(ValueError, match="mixed_graph_max_tokens must be in"):
-        RunnerConfig(**base, cuda_graphs=True, mixed_graph_max_tokens=17)
+        ModelRunner(None, CpuDevice(), limits, cache, cuda_graphs=True, mixed_graph_max_tokens=17)
     with pytest.raises(ValueError, match="needs cuda_graphs=True"):
-        RunnerConfig(**base, mixed_graph_max_tokens=16)
+        ModelRunner(None, CpuDevice(), limits, cache, mixed_graph_max_tokens=16)
 
 
 # ---- runner: padded path vs eager vs full recompute ---------------------------------------------
@@ -93,17 +95,17 @@ P4 = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 60, 67]  #
 
 def _runner(model, mixed_max_tokens: int, graphs: bool = True, triton: bool = False, device=None):
     """A runner on ``device`` (default: the CPU, where the padded path runs eagerly)."""
-    config = RunnerConfig(
-        max_num_reqs=4,
-        max_model_len=48,
-        max_num_batched_tokens=32,
-        block_size=4,
-        num_blocks=64,
+    limits = SchedulerConfig(max_num_seqs=4, max_model_len=48, max_num_batched_tokens=32)
+    kernels = create_kernel_backend("triton" if triton else "torch")
+    return ModelRunner(
+        model,
+        device or CpuDevice(),
+        limits,
+        CacheConfig(block_size=4, num_kv_blocks=64),
+        kernels=kernels,
         cuda_graphs=graphs,
         mixed_graph_max_tokens=mixed_max_tokens,
     )
-    kernels = create_kernel_backend("triton" if triton else "torch")
-    return ModelRunner(model, device or CpuDevice(), config, kernels=kernels)
 
 
 def _mixed_schedule() -> list:
@@ -236,25 +238,29 @@ def _decisions(config: EngineConfig, cuda: bool) -> dict[str, FeatureDecision]:
 
 def test_decision_follows_graphs_triton_and_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     base = dict(model_config="qwen3-0.6b", random_weights=True)
-    cpu = _decisions(EngineConfig(**base), cuda=False)["mixed_cuda_graphs"]
+    cpu = _decisions(EngineConfig.from_flat(**base), cuda=False)["mixed_cuda_graphs"]
     assert (cpu.requested, cpu.resolved) == (None, False)
     assert "cuda_graphs is off" in cpu.reason
-    cuda = EngineConfig(**base, device="cuda")
+    cuda = EngineConfig.from_flat(**base, device="cuda")
     d = _decisions(cuda, cuda=True)["mixed_cuda_graphs"]
     if _decisions(cuda, cuda=True)["triton_kernels"].resolved:
         assert d.resolved is True and "<= 2048 tokens" in d.reason
-    off = _decisions(dataclasses.replace(cuda, mixed_graph_max_tokens=0), cuda=True)
+    off = _decisions(
+        EngineConfig.from_flat(**base, device="cuda", mixed_graph_max_tokens=0), cuda=True
+    )
     assert off["mixed_cuda_graphs"].reason == "off as requested"
-    torch_kernels = dataclasses.replace(cuda, triton_kernels=False)
+    torch_kernels = EngineConfig.from_flat(**base, device="cuda", triton_kernels=False)
     d = _decisions(torch_kernels, cuda=True)["mixed_cuda_graphs"]
     assert d.resolved is False and "triton_kernels is off" in d.reason
-    spec = dataclasses.replace(cuda, spec_method="ngram", num_spec_tokens=2)
+    spec = EngineConfig.from_flat(**base, device="cuda", spec_method="ngram", num_spec_tokens=2)
     if _decisions(spec, cuda=True)["triton_kernels"].resolved:
         assert "speculative decoding" in _decisions(spec, cuda=True)["mixed_cuda_graphs"].reason
     with pytest.raises(ConfigError, match="mixed_cuda_graphs=True cannot be honoured"):
-        resolve_features(EngineConfig(**base, mixed_graph_max_tokens=64), cuda_available=False)
+        resolve_features(
+            EngineConfig.from_flat(**base, mixed_graph_max_tokens=64), cuda_available=False
+        )
     with pytest.raises(ConfigError, match="mixed_graph_max_tokens must be in"):
-        EngineConfig(**base, mixed_graph_max_tokens=4096)
+        EngineConfig.from_flat(**base, mixed_graph_max_tokens=4096)
 
 
 def _force_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,7 +268,11 @@ def _force_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def resolve(config, cuda_available=None) -> ResolvedFeatures:
         features = resolve_features(
-            dataclasses.replace(config, mixed_graph_max_tokens=None), cuda_available
+            dataclasses.replace(
+                config,
+                requested=dataclasses.replace(config.requested, mixed_graph_max_tokens=None),
+            ),
+            cuda_available,
         )
         forced = {"cuda_graphs", "mixed_cuda_graphs"}
         features.decisions = tuple(

@@ -105,12 +105,12 @@ def test_state_estimate_matches_allocations(llm):
 
 
 def test_state_that_cannot_fit_is_refused(llm):
-    huge = EngineConfig(model="x", num_kv_blocks=10**10, block_size=16)
+    huge = EngineConfig.from_flat(model="x", num_kv_blocks=10**10, block_size=16)
     with pytest.raises(
         ConfigError, match=r"does not fit: at least .* GiB needed .*10000000000 blocks"
     ):
         check_state_fits(huge, llm.engine.model_config, 2048, llm.engine.device)
-    rows = EngineConfig(model="x", max_num_seqs=10**9)
+    rows = EngineConfig.from_flat(model="x", max_num_seqs=10**9)
     with pytest.raises(ConfigError, match="1000000000 seqs"):
         check_state_fits(rows, llm.engine.model_config, 512, llm.engine.device)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.config import CacheConfig, SchedulerConfig
 from engine.device import CpuDevice
 from engine.kernels.backend import create_kernel_backend
-from engine.runner.model_runner import ModelRunner, RunnerConfig
+from engine.runner.model_runner import ModelRunner
 from tests.engine.runner_harness import (
     new_req,
     reference_greedy,
@@ -28,15 +29,17 @@ def device():
 
 
 def make_runner(device: CpuDevice, model, use_triton: bool = False) -> ModelRunner:
-    config = RunnerConfig(
-        max_num_reqs=2,  # forces the finished row to be reused
+    limits = SchedulerConfig(
+        max_num_seqs=2,  # forces the finished row to be reused
         max_model_len=32,
         max_num_batched_tokens=16,
-        block_size=4,
-        num_blocks=32,
     )
     return ModelRunner(
-        model, device, config, kernels=create_kernel_backend("triton" if use_triton else "torch")
+        model,
+        device,
+        limits,
+        CacheConfig(block_size=4, num_kv_blocks=32),
+        kernels=create_kernel_backend("triton" if use_triton else "torch"),
     )
 
 
@@ -120,10 +123,9 @@ def test_every_device_stage_becomes_a_timeline_slice(device: CpuDevice, tmp_path
 
     model = tiny_model()
     with Tracer(tmp_path / "t.pftrace") as tracer:
-        config = RunnerConfig(
-            max_num_reqs=2, max_model_len=32, max_num_batched_tokens=16, block_size=4, num_blocks=8
-        )
-        runner = ModelRunner(model, device, config, tracer=tracer)
+        limits = SchedulerConfig(max_num_seqs=2, max_model_len=32, max_num_batched_tokens=16)
+        cache = CacheConfig(block_size=4, num_kv_blocks=8)
+        runner = ModelRunner(model, device, limits, cache, tracer=tracer)
         first = runner.execute_model(
             step_output(0, new=[new_req("A", PROMPT_A, [0, 1])], tokens={"A": 7})
         )

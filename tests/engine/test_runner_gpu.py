@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.config import CacheConfig, SchedulerConfig
 from engine.device import CudaDevice
 from engine.kernels.backend import create_kernel_backend
-from engine.runner.model_runner import ModelRunner, RunnerConfig
+from engine.runner.model_runner import ModelRunner
 from tests.engine.runner_harness import reference_greedy, tiny_model
 from tests.engine.test_runner import PROMPT_A, PROMPT_B, PROMPT_C, run_schedule
 
@@ -21,16 +22,13 @@ CASES = [(False, False), (True, True), (False, True)]
 def test_cuda_runner_matches_full_recompute(use_triton: bool, graphs: bool) -> None:
     device = CudaDevice(0)
     model = tiny_model("cuda", use_triton=use_triton)
-    config = RunnerConfig(
-        max_num_reqs=2,
-        max_model_len=32,
-        max_num_batched_tokens=16,
-        block_size=4,
-        num_blocks=32,
-        cuda_graphs=graphs,
-    )
     runner = ModelRunner(
-        model, device, config, kernels=create_kernel_backend("triton" if use_triton else "torch")
+        model,
+        device,
+        SchedulerConfig(max_num_seqs=2, max_model_len=32, max_num_batched_tokens=16),
+        CacheConfig(block_size=4, num_kv_blocks=32),
+        kernels=create_kernel_backend("triton" if use_triton else "torch"),
+        cuda_graphs=graphs,
     )
     got = run_schedule(runner)
     assert got["A"] == reference_greedy(model, PROMPT_A, 2)

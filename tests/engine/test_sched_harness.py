@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from engine.config import CacheConfig, SchedulerConfig
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
@@ -26,6 +28,28 @@ from engine.scheduler.scheduler import Scheduler
 
 VOCAB = 1000
 EOS = 2
+
+
+@dataclass(frozen=True)
+class SchedulerParts:
+    """What a scheduler is built from: the engine config's scheduler and KV cache parts and the
+    lookahead slots, as ``EngineCore`` passes them."""
+
+    limits: SchedulerConfig
+    cache: CacheConfig
+    num_spec_tokens: int = 0
+
+    @classmethod
+    def of(cls, num_spec_tokens: int = 0, **flat: Any) -> SchedulerParts:
+        """Parts from flat field names (each to the part that owns it)."""
+        cache_names = {f.name for f in fields(CacheConfig)}
+        cache = {k: v for k, v in flat.items() if k in cache_names}
+        limits = {k: v for k, v in flat.items() if k not in cache_names}
+        return cls(SchedulerConfig(**limits), CacheConfig(**cache), num_spec_tokens)
+
+    def build(self, cls: type[Scheduler] = Scheduler, *args: Any, **kw: Any) -> Any:
+        """``cls(limits, cache, *args, num_spec_tokens=..., **kw)`` (checks the limits)."""
+        return cls(self.limits, self.cache, *args, num_spec_tokens=self.num_spec_tokens, **kw)
 
 
 def _h(*parts: object) -> int:

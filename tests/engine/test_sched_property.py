@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from engine.request import Request
 from engine.scheduler.async_scheduler import AsyncScheduler
-from engine.scheduler.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler.scheduler import Scheduler
 from tests.engine.test_sched_harness import (
     FakeDevice,
     RunResult,
+    SchedulerParts,
     assert_drained,
     make_request,
     prompt_tokens,
@@ -37,7 +38,7 @@ class _Spec:
 
 @dataclass(frozen=True)
 class _Workload:
-    config: SchedulerConfig
+    config: SchedulerParts
     specs: tuple[_Spec, ...]
     shared_prefix: tuple[int, ...]
     draft_salt: int
@@ -61,13 +62,13 @@ class _Workload:
 
     def run(self, depth: int, with_aborts: bool) -> tuple[RunResult, Scheduler]:
         scheduler = (
-            AsyncScheduler(self.config, max_steps_in_flight=depth)
+            self.config.build(AsyncScheduler, max_steps_in_flight=depth)
             if depth > 1
-            else Scheduler(self.config)
+            else self.config.build()
         )
         eos_at = {f"r{i}": s.eos_at for i, s in enumerate(self.specs) if s.eos_at is not None}
         device = FakeDevice(
-            self.config.block_size,
+            self.config.cache.block_size,
             self.config.num_spec_tokens,
             eos_at,
             sync=depth == 1,
@@ -89,9 +90,9 @@ def _workloads(draw: st.DrawFn) -> _Workload:
     num_spec_tokens = draw(st.integers(0, 3))
     chunked = draw(st.booleans())
     budget = draw(st.integers(1 + num_spec_tokens, 48))
-    config = SchedulerConfig(
+    config = SchedulerParts.of(
         max_model_len=MAX_MODEL_LEN,
-        num_gpu_blocks=draw(st.integers(MAX_MODEL_LEN // block_size, 48)),
+        num_kv_blocks=draw(st.integers(MAX_MODEL_LEN // block_size, 48)),
         block_size=block_size,
         max_num_seqs=draw(st.integers(1, 6)),
         max_num_batched_tokens=budget if chunked else max(budget, MAX_MODEL_LEN),
@@ -99,7 +100,7 @@ def _workloads(draw: st.DrawFn) -> _Workload:
         enable_prefix_caching=draw(st.booleans()),
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5])) if chunked else 0,
         num_spec_tokens=num_spec_tokens,
-        debug=True,  # every schedule / update checks all invariants
+        debug_invariants=True,  # every schedule / update checks all invariants
     )
     shared_len = draw(st.integers(0, 14))
     spec = st.builds(

@@ -8,21 +8,31 @@ import pytest
 from engine.request import RequestStatus
 from engine.scheduler.outputs import ModelRunnerOutput
 from engine.scheduler.request_output import RequestOutput
-from engine.scheduler.scheduler import Scheduler, SchedulerConfig
-from tests.engine.test_sched_harness import EOS, FakeDevice, make_request, prompt_tokens, run_engine
+from tests.engine.test_sched_harness import (
+    EOS,
+    FakeDevice,
+    SchedulerParts,
+    make_request,
+    prompt_tokens,
+    run_engine,
+)
 
 
-def _config(**overrides: object) -> SchedulerConfig:
+def _config(**overrides: object) -> SchedulerParts:
     base: dict[str, object] = dict(
-        max_model_len=64, num_gpu_blocks=64, block_size=4, max_num_batched_tokens=64, debug=True
+        max_model_len=64,
+        num_kv_blocks=64,
+        block_size=4,
+        max_num_batched_tokens=64,
+        debug_invariants=True,
     )
     base.update(overrides)
-    return SchedulerConfig(**base)  # type: ignore[arg-type]
+    return SchedulerParts.of(**base)  # type: ignore[arg-type]
 
 
-def _steps(config: SchedulerConfig, prompt_lens: list[int], num_steps: int) -> list[dict[str, int]]:
-    scheduler = Scheduler(config)
-    device = FakeDevice(config.block_size)
+def _steps(config: SchedulerParts, prompt_lens: list[int], num_steps: int) -> list[dict[str, int]]:
+    scheduler = config.build()
+    device = FakeDevice(config.cache.block_size)
     for index, prompt_len in enumerate(prompt_lens):
         scheduler.add_request(make_request("abcdefgh"[index], prompt_len, max_tokens=20))
     plans = []
@@ -48,7 +58,7 @@ def _steps(config: SchedulerConfig, prompt_lens: list[int], num_steps: int) -> l
             dict(
                 max_num_batched_tokens=10,
                 max_model_len=10,
-                num_gpu_blocks=8,
+                num_kv_blocks=8,
                 enable_chunked_prefill=False,
             ),
             [8, 8],
@@ -76,7 +86,7 @@ def test_budget_chunking_and_max_num_seqs(
 
 
 def test_chunk_that_misses_the_prompt_end_samples_nothing() -> None:
-    scheduler = Scheduler(_config(max_num_batched_tokens=5))
+    scheduler = _config(max_num_batched_tokens=5).build()
     device = FakeDevice(4)
     scheduler.add_request(make_request("a", prompt_len=12))
     for expected_tokens in (0, 0, 1):
@@ -88,8 +98,8 @@ def test_chunk_that_misses_the_prompt_end_samples_nothing() -> None:
 def test_prefix_cache_hit_on_shared_prefix() -> None:
     config = _config()
     shared = prompt_tokens("shared", 13)
-    scheduler = Scheduler(config)
-    device = FakeDevice(config.block_size)
+    scheduler = config.build()
+    device = FakeDevice(config.cache.block_size)
     first = make_request("a", prompt_len=16, max_tokens=3, shared_prefix=shared)
     second = make_request("b", prompt_len=20, max_tokens=3, shared_prefix=shared)
     # The device checks the KV every hit points at is exactly the request's own prefix.
@@ -102,8 +112,8 @@ def test_prefix_cache_hit_on_shared_prefix() -> None:
 
 def test_prefix_cache_hit_covers_committed_outputs_of_a_finished_request() -> None:
     config = _config()
-    scheduler = Scheduler(config)
-    device = FakeDevice(config.block_size)
+    scheduler = config.build()
+    device = FakeDevice(config.cache.block_size)
     first = make_request("a", prompt_len=6, max_tokens=7)
     run_engine(scheduler, device, {0: [first]})
     # 6 prompt + 7 outputs = 13 tokens; the last output's KV was never computed.
@@ -114,9 +124,9 @@ def test_prefix_cache_hit_covers_committed_outputs_of_a_finished_request() -> No
 
 def test_preemption_resumes_and_continues_exactly() -> None:
     requests = lambda: [make_request(f"r{i}", prompt_len=6 + i, max_tokens=20) for i in range(4)]  # noqa: E731
-    roomy = Scheduler(_config(num_gpu_blocks=64))
+    roomy = _config(num_kv_blocks=64).build()
     reference = run_engine(roomy, FakeDevice(4), {0: requests()})
-    tight = Scheduler(_config(num_gpu_blocks=16, max_model_len=64))
+    tight = _config(num_kv_blocks=16, max_model_len=64).build()
     result = run_engine(tight, FakeDevice(4), {0: requests()})
     assert tight.get_stats().num_preemptions > 0
     assert result.tokens == reference.tokens
@@ -125,7 +135,7 @@ def test_preemption_resumes_and_continues_exactly() -> None:
 
 
 def test_preemption_picks_the_most_recent_arrival() -> None:
-    scheduler = Scheduler(_config(num_gpu_blocks=4, max_model_len=16))
+    scheduler = _config(num_kv_blocks=4, max_model_len=16).build()
     device = FakeDevice(4)
     old = make_request("old", prompt_len=7, max_tokens=8, arrival_time=1.0)
     new = make_request("new", prompt_len=7, max_tokens=8, arrival_time=2.0)
@@ -141,7 +151,7 @@ def test_preemption_picks_the_most_recent_arrival() -> None:
 
 
 def test_abort_waiting_and_running() -> None:
-    scheduler = Scheduler(_config(max_num_seqs=1))
+    scheduler = _config(max_num_seqs=1).build()
     device = FakeDevice(4)
     running, waiting = make_request("run"), make_request("wait")
     scheduler.add_request(running)
@@ -177,7 +187,7 @@ def test_stop_conditions(
     reason: str,
     stop_reason: object,
 ) -> None:
-    scheduler = Scheduler(_config())
+    scheduler = _config().build()
     device = FakeDevice(4, eos_at={"a": eos_at} if eos_at is not None else {})
     request = make_request("a", max_tokens=8, **params)
     result = run_engine(scheduler, device, {0: [request]})
@@ -189,12 +199,12 @@ def test_stop_conditions(
 
 
 def test_stop_token_ids_and_max_model_len() -> None:
-    config = _config(max_model_len=12, num_gpu_blocks=8)
-    probe = run_engine(Scheduler(config), FakeDevice(4), {0: [make_request("a", prompt_len=8)]})
+    config = _config(max_model_len=12, num_kv_blocks=8)
+    probe = run_engine(config.build(), FakeDevice(4), {0: [make_request("a", prompt_len=8)]})
     assert probe.finish_reasons["a"] == "length" and len(probe.tokens["a"]) == 4  # 8 + 4 = 12
     third = probe.tokens["a"][2]
     request = make_request("a", prompt_len=8, stop_token_ids=[third])
-    result = run_engine(Scheduler(config), FakeDevice(4), {0: [request]})
+    result = run_engine(config.build(), FakeDevice(4), {0: [request]})
     assert result.tokens["a"] == probe.tokens["a"][:3]
     assert result.finish_reasons["a"] == "stop" and request.stop_reason == third
 
@@ -203,14 +213,14 @@ def test_stop_string_checker_hook() -> None:
     def checker(request):  # stands in for the detokenizer: "stop" after the 2nd output token
         return "STOP" if request.num_output_tokens == 2 else None
 
-    scheduler = Scheduler(_config(), stop_string_checker=checker)
+    scheduler = _config().build(stop_string_checker=checker)
     request = make_request("a", stop=["STOP"])
     result = run_engine(scheduler, FakeDevice(4), {0: [request]})
     assert len(result.tokens["a"]) == 2 and request.stop_reason == "STOP"
 
 
 def test_sync_scheduler_rejects_overlap_and_validates_requests() -> None:
-    scheduler = Scheduler(_config())
+    scheduler = _config().build()
     scheduler.add_request(make_request("a"))
     with pytest.raises(ValueError, match="already exists"):
         scheduler.add_request(make_request("a"))
@@ -228,7 +238,7 @@ def test_sync_scheduler_rejects_overlap_and_validates_requests() -> None:
         (dict(num_spec_tokens=-1), "num_spec_tokens"),
         (dict(max_num_batched_tokens=2, num_spec_tokens=2), "one decode step"),
         (dict(enable_chunked_prefill=False, max_num_batched_tokens=32), "chunked prefill"),
-        (dict(num_gpu_blocks=8), "cannot hold one request"),
+        (dict(num_kv_blocks=8), "cannot hold one request"),
         (dict(long_prefill_token_threshold=-1), "long_prefill"),
         (
             dict(
@@ -242,11 +252,11 @@ def test_sync_scheduler_rejects_overlap_and_validates_requests() -> None:
 )
 def test_config_validation(overrides: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        _config(**overrides)
+        _config(**overrides).build()
 
 
 def test_finish_request_from_outside_is_stop() -> None:
-    scheduler = Scheduler(_config())
+    scheduler = _config().build()
     scheduler.add_request(make_request("a"))
     final = scheduler.finish_request("a", RequestStatus.FINISHED_STOPPED)
     assert final is not None and final.finish_reason == "stop"
@@ -255,7 +265,7 @@ def test_finish_request_from_outside_is_stop() -> None:
 
 
 def test_cpu_drafts_replace_device_placeholders_in_sync_mode() -> None:
-    scheduler = Scheduler(_config(num_spec_tokens=2))
+    scheduler = _config(num_spec_tokens=2).build()
     device = FakeDevice(4, num_spec_tokens=2)
     scheduler.add_request(make_request("a"))
     out = scheduler.schedule()
@@ -273,7 +283,7 @@ def test_runner_rows_are_matched_by_id_not_position(num_spec_tokens: int) -> Non
     """A runner output listing the step's requests in another order commits the same."""
 
     def run(reorder: bool) -> list[RequestOutput]:
-        scheduler = Scheduler(_config(num_spec_tokens=num_spec_tokens))
+        scheduler = _config(num_spec_tokens=num_spec_tokens).build()
         device = FakeDevice(4, num_spec_tokens=num_spec_tokens)
         for req_id, prompt_len in zip("abc", [5, 3, 7], strict=True):
             scheduler.add_request(make_request(req_id, prompt_len, max_tokens=6))

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from engine.config import ConfigError
+from engine.config import CacheConfig, ConfigError, SchedulerConfig, SpecConfig
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.backend import TorchKernels
 from engine.model.layer_context import LayerContext
@@ -135,9 +135,12 @@ def test_sample_drafts_greedy_and_seeded():
 
 def test_registry_rejects_unknown_and_missing_models():
     ctx = ProposerContext(
-        target=None, spec_model=None, num_spec_tokens=2, num_blocks=4, block_size=4,
-        max_num_reqs=2, dtype=torch.float32, device=torch.device("cpu"), kernels=TorchKernels(),
-    )  # fmt: skip
+        target=None,
+        spec=SpecConfig(spec_method="ngram", num_spec_tokens=2),  # no spec_model
+        cache=CacheConfig(block_size=4, num_kv_blocks=4),
+        limits=SchedulerConfig(max_num_seqs=2),
+        layers=LayerContext(torch.float32, torch.device("cpu"), TorchKernels()),
+    )
     with pytest.raises(ValueError, match="unknown spec method"):
         create_proposer("medusa", ctx)
     for method in ("draft", "eagle", "mtp"):

@@ -92,7 +92,7 @@ def _mixed_workload(llm: LLM) -> list[list[int]]:
 
 
 def _config(model_config: str, tp: int, **kw: object) -> EngineConfig:
-    return EngineConfig(
+    return EngineConfig.from_flat(
         model_config=model_config, random_weights=True, seed=7, tensor_parallel_size=tp,
         num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=32, **kw,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -102,7 +102,7 @@ def _run(config: EngineConfig, tracer: Tracer | None = None) -> list[list[int]]:
     options = TPOptions(timeout_s=TIMEOUT_S)
     tp = (
         TPDriver.start(config, tracer or Tracer(enabled=False), options)
-        if config.tensor_parallel_size > 1
+        if config.parallel.tensor_parallel_size > 1
         else None
     )
     with LLM(config, tracer=tracer, tp=tp) as llm:

@@ -102,7 +102,7 @@ def _assert_clean(llm: LLM) -> None:
     assert stats.kv_usage == 0
     assert engine.scheduler.next_step == 0
     assert engine.scheduler.num_requests == 0
-    assert engine.runner.states.num_free_rows == engine.config.max_num_seqs
+    assert engine.runner.states.num_free_rows == engine.config.scheduler.max_num_seqs
     assert engine.runner.states.row_of == {}
     summary = engine.requests.summary()
     assert not summary.ttft_ms and not summary.e2e_ms
@@ -129,12 +129,12 @@ def test_warmup_leaves_the_engine_clean_and_tokens_unchanged(
 def _limits(llm: LLM) -> WarmupLimits:
     c = llm.engine.config
     return WarmupLimits(
-        c.max_num_seqs,
-        c.max_num_batched_tokens,
+        c.scheduler.max_num_seqs,
+        c.scheduler.max_num_batched_tokens,
         llm.engine.max_model_len,
         llm.engine.kv.num_blocks,
-        c.block_size,
-        c.num_spec_tokens,
+        c.cache.block_size,
+        c.spec.num_spec_tokens,
     )
 
 

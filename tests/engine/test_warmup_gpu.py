@@ -25,7 +25,7 @@ def _config(**kw: object) -> EngineConfig:
         max_model_len=4096,
     )
     base.update(kw)
-    return EngineConfig(**base)  # type: ignore[arg-type]
+    return EngineConfig.from_flat(**base)  # type: ignore[arg-type]
 
 
 def test_auto_kv_pool_fills_the_budget() -> None:

@@ -81,14 +81,15 @@ def test_activity_kinds(kineto: str, ours: str | None) -> None:
 
 
 def test_trace_kernels_on_the_cpu_is_a_start_up_error() -> None:
-    config = EngineConfig(model=MODEL, trace_kernel_steps=(2, 6))
+    config = EngineConfig.from_flat(model=MODEL, trace_kernel_steps=(2, 6))
     with pytest.raises(ConfigError, match="needs a CUDA device"):
         resolve_features(config, cuda_available=False)
-    off = resolve_features(EngineConfig(model=MODEL), cuda_available=False)
+    off = resolve_features(EngineConfig.from_flat(model=MODEL), cuda_available=False)
     decision = next(d for d in off.decisions if d.feature == "trace_kernels")
     assert (decision.requested, decision.resolved) == (False, False)
     on = resolve_features(
-        EngineConfig(model=MODEL, device="cuda", trace_kernel_steps=(2, 6)), cuda_available=True
+        EngineConfig.from_flat(model=MODEL, device="cuda", trace_kernel_steps=(2, 6)),
+        cuda_available=True,
     )
     assert on.trace_kernels
 
@@ -122,7 +123,7 @@ def test_trace_kernels_flag_parses_into_the_config(tmp_path) -> None:
             "3:9",
         ]
     )
-    assert config_from_args(args).trace_kernel_steps == (3, 9)
+    assert config_from_args(args).tracing.trace_kernel_steps == (3, 9)
 
 
 @pytest.mark.parametrize(

@@ -91,5 +91,5 @@ def test_the_engine_command_is_a_valid_stepscope_run() -> None:
     assert command[1:4] == ["-m", "stepscope.cli", "run"]
     argv = command[4:]
     config = config_from_args(run_parser().parse_args(argv))
-    assert config.trace_kernel_steps is not None
-    assert config.max_num_seqs == 256
+    assert config.tracing.trace_kernel_steps is not None
+    assert config.scheduler.max_num_seqs == 256

@@ -8,6 +8,7 @@ import pytest
 
 from analysis.cli import analyze_main
 from analysis.frames import TraceError
+from analysis.metrics_registry import RANK_METRICS
 from analysis.ranks.cli import is_rank_set
 from analysis.ranks.rank_set import load_rank_set, rank_trace_files
 from analysis.ranks.report import analyze_ranks
@@ -64,6 +65,11 @@ def test_straggler_and_waits_known_answers(tmp_path: Path) -> None:
     assert ranks["straggler_steps"].to_dict() == {0: 1, 1: 2}
     assert report.headline["straggler_share"][1] == pytest.approx(2 / 3)
     assert "rank 1 is the straggler" in report.verdicts[0]
+    # every rank headline key is a registry entry, in the registry's order, and nothing else
+    assert list(report.headline) == [m.key for m in RANK_METRICS]
+    assert all(m.label and m.definition and m.unit and m.section for m in RANK_METRICS)
+    assert report.headline["all_reduce_wait_us"] == pytest.approx({0: 70.0, 1: 50.0})
+    assert report.headline["end_spread_us"]["p50"] == pytest.approx(30.0)
 
 
 def test_clock_offset_applied_only_across_hosts(tmp_path: Path) -> None:

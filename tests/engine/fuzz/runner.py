@@ -85,7 +85,7 @@ def run_scenario(
             max_num_seqs=8,
         )
     label = "reference" if reference else f"async={async_on} spec={engine_fields['spec_method']}"
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_config="fuzz:target",
         random_weights=True,
         async_scheduling=async_on and not reference,
@@ -284,7 +284,7 @@ class _Drive:
             if len(request.output_token_ids) + placeholders > request.max_tokens:
                 self.fail(f"{name}: {placeholders} placeholders past max_tokens: {request!r}")
         drafts = request.spec_token_ids
-        if len(drafts) > self.engine.config.num_spec_tokens or any(t != -1 for t in drafts):
+        if len(drafts) > self.engine.config.spec.num_spec_tokens or any(t != -1 for t in drafts):
             self.fail(f"{name}: spec_token_ids {drafts} (drafts live on the device: -1 here)")
         if request.status is not RequestStatus.RUNNING:
             if drafts:
@@ -295,7 +295,7 @@ class _Drive:
             self.fail(f"{name}: confirmed frontier {frontier} outside [0, {request.num_tokens}]")
         if request.num_computed_tokens > request.num_tokens + placeholders:
             self.fail(f"{name}: computed {request.num_computed_tokens} past known + in flight")
-        block_size = self.engine.config.block_size
+        block_size = self.engine.config.cache.block_size
         num_slots = len(self.engine.scheduler.kv_cache_manager.block_ids(name)) * block_size
         if request.num_computed_tokens > num_slots:
             self.fail(f"{name}: {request.num_computed_tokens} computed tokens, {num_slots} slots")

@@ -13,24 +13,94 @@ table's token row after step N-1's verify. Input prep gathers both without the h
 
 The host learns tokens and ``num_accepted`` only from the d2h copy. The scheduler's ``-1``
 placeholders never need values: preparing N+1 reads nothing from N (the zero-bubble way).
+
+The runner sits a layer above (docs/design.md §1.2): the decoder reads the runner's state table
+and host batch through the typed views :class:`SpecStates` and :class:`SpecBatch` (which
+``RequestStates`` and ``InputBatch`` implement) and writes the table only through its named
+operations (``commit_verified``, ``write_drafts``); the runner hands it a step's device views as
+:class:`StepTensors`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from engine.runner.input_batch import InputBatch
-from engine.runner.sampling_inputs import gather_sampling_metadata
-from engine.runner.states import RequestStates
 from engine.sample.logprobs import compute_topk_logprobs
 from engine.sample.metadata import SamplingMetadata
 from engine.sample.sampler import Sampler, SamplerOutput
+from engine.sample.sampling_inputs import BatchFlags, SamplingRows, gather_sampling_metadata
 from engine.spec.proposer import ProposeInputs, Proposer
 from engine.spec.rejection import RejectionSampler, row_layout
 
-__all__ = ["SpecDecoder", "StepTensors"]
+__all__ = ["SpecBatch", "SpecDecoder", "SpecStates", "StepTensors"]
+
+
+class DeviceColumns(Protocol):
+    """A staged state-table tensor: its device copy."""
+
+    @property
+    def gpu(self) -> torch.Tensor: ...
+
+
+class SpecStates(SamplingRows, Protocol):
+    """What the spec decoder reads and writes of the state table (``RequestStates``)."""
+
+    @property
+    def max_num_reqs(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def trash_row(self) -> int: ...
+
+    @property
+    def last_sampled(self) -> torch.Tensor: ...  # [R + 1] int64
+
+    @property
+    def token_ids(self) -> DeviceColumns: ...  # [R + 1, max_model_len] int64
+
+    def sampling_column(self, name: str, rows: torch.Tensor) -> torch.Tensor: ...
+
+    def commit_verified(
+        self,
+        token_rows: torch.Tensor,
+        positions: torch.Tensor,
+        tokens: torch.Tensor,
+        last_rows: torch.Tensor,
+        last_tokens: torch.Tensor,
+        frontier_rows: torch.Tensor,
+        num_rejected: torch.Tensor,
+        count_outputs: bool,
+    ) -> None: ...
+
+    def write_drafts(
+        self, rows: torch.Tensor, positions: torch.Tensor, draft_ids: torch.Tensor
+    ) -> None: ...
+
+
+class SpecBatch(BatchFlags, Protocol):
+    """The host description of one step that verify and propose read (``InputBatch``)."""
+
+    @property
+    def num_reqs(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_logits(self) -> int: ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    @property
+    def num_drafts(self) -> int: ...
+
+    @property
+    def max_logits_per_req(self) -> int: ...
 
 
 class StepTensors:
@@ -64,7 +134,7 @@ class StepTensors:
 class SpecDecoder:
     """Owns the proposer, the rejection sampler and the per-row draft distributions."""
 
-    def __init__(self, proposer: Proposer, states: RequestStates, sampler: Sampler) -> None:
+    def __init__(self, proposer: Proposer, states: SpecStates, sampler: Sampler) -> None:
         self.proposer = proposer
         self.states = states
         self.sampler = sampler
@@ -79,7 +149,7 @@ class SpecDecoder:
 
     # stepscope: hot
     def verify(
-        self, batch: InputBatch, t: StepTensors, logits: torch.Tensor
+        self, batch: SpecBatch, t: StepTensors, logits: torch.Tensor
     ) -> tuple[SamplerOutput, torch.Tensor]:
         """Verify (or plainly sample, when no request has drafts) and commit to the state table.
 
@@ -121,7 +191,7 @@ class SpecDecoder:
     # stepscope: hot
     def _commit(
         self,
-        batch: InputBatch,
+        batch: SpecBatch,
         t: StepTensors,
         sample_positions: torch.Tensor,  # [N]
         tokens: torch.Tensor,  # [N], -1 after the stop
@@ -147,7 +217,7 @@ class SpecDecoder:
     # stepscope: hot
     def propose(
         self,
-        batch: InputBatch,
+        batch: SpecBatch,
         t: StepTensors,
         hidden: torch.Tensor,  # [>= T, hidden] target post-norm hidden states
         attn_metadata: Any,
