@@ -166,8 +166,8 @@ class EngineCore:
         device, timeline = self.device, self.runner.timeline
         compute = device.compute_stream
 
-        def marker() -> None:  # a ~1 us spin kernel on the compute stream: the clock marker
-            device.submit(compute, lambda: torch.cuda._sleep(2000))
+        def marker(cycles: int = 2000) -> None:  # a spin kernel on the compute stream (~1 us)
+            device.submit(compute, lambda: torch.cuda._sleep(cycles))
 
         def synchronize() -> None:
             device.synchronize()

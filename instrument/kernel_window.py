@@ -51,6 +51,8 @@ __all__ = [
 
 UNATTRIBUTED = "unattributed"
 MARKER_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: the clock marker
+MARKER_CYCLES = 2_000  # the marker spin (~1 µs)
+PRE_SPIN_CYCLES = 400_000  # keeps the stream busy ~200 µs while the host records the bracket
 _ACTIVITIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 
 
@@ -198,7 +200,7 @@ class KernelWindow:
         first / end: the half-open step window.
         event_factory: timing events on the host clock (the device timeline's).
         stream: the compute stream (where the clock markers run).
-        enqueue_marker: enqueues the spin kernel on ``stream``.
+        enqueue_marker: enqueues a spin kernel of the given cycles on ``stream``.
         synchronize: waits for the device and emits every pending stage slice (through
             :meth:`observe_stage`); called only when the window stops.
     """
@@ -211,7 +213,7 @@ class KernelWindow:
         end: int,
         event_factory: Callable[[], Any],
         stream: Any,
-        enqueue_marker: Callable[[], None],
+        enqueue_marker: Callable[[int], None],
         synchronize: Callable[[], None],
     ) -> None:
         if end <= first:
@@ -260,9 +262,14 @@ class KernelWindow:
 
     # ---- internals --------------------------------------------------------------------------
     def _mark(self) -> None:
+        # A long spin first keeps the stream busy while the host records the bracket: the device
+        # then reaches the begin event, the marker spin and the end event back to back, so the
+        # bracket is a few µs wide. Without it an idle device reaches the begin event at once and
+        # the marker only after its launch latency (brackets of ~80 µs on the H200).
+        self._enqueue_marker(PRE_SPIN_CYCLES)
         begin, end = self._event_factory(), self._event_factory()
         begin.record(self._stream)
-        self._enqueue_marker()
+        self._enqueue_marker(MARKER_CYCLES)
         end.record(self._stream)
         self._markers.append(_Marker(begin, end))
 
@@ -300,7 +307,8 @@ class KernelWindow:
     def _offset(self, records: list[KernelRecord]) -> tuple[int, int | None]:
         """Host minus Kineto clock, and a bound on its error (None: markers not found; then the
         realtime - monotonic difference read now, with no stated bound)."""
-        spins = [r for r in records if r.name.find(MARKER_KERNEL) >= 0]
+        # Each mark enqueues two spins: the pre-spin, then the marker (the second of each pair).
+        spins = [r for r in records if r.name.find(MARKER_KERNEL) >= 0][1::2]
         if len(spins) != len(self._markers) or not spins:
             return time.monotonic_ns() - time.time_ns(), None
         intervals = []

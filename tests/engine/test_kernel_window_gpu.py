@@ -41,6 +41,7 @@ def test_kernel_window_end_to_end(tmp_path, tiny_model_config) -> None:
             meta.update(ev.args)
     assert meta["capture_kernel_steps"] == "4:10"
     error = meta["kernel_clock_error_ns"]
+    print("kernel window clock:", {k: v for k, v in meta.items() if k.startswith("kernel_clock")})
     assert 0 <= error < 50_000, meta
     tol = error + 2_000
     for step, ks in kernels.items():
