@@ -437,13 +437,11 @@ def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> di
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _args import add_model_args
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default=None)
-    p.add_argument("--model-config", default=None)
-    p.add_argument("--random-weights", action="store_true")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    add_model_args(p)
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--in-len", type=int, default=16)
     p.add_argument("--out-len", type=int, default=16)

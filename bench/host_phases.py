@@ -241,13 +241,11 @@ def run_alternating(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _args import add_model_args
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default=None)
-    p.add_argument("--model-config", default=None)
-    p.add_argument("--random-weights", action="store_true")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    add_model_args(p)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--in-len", type=int, default=32)
     p.add_argument("--out-len", type=int, default=64)
