@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 from typing import Any
 
 import torch
@@ -31,7 +30,7 @@ from engine.engine_parts import build_runner, fixed_kv_capacity
 from engine.kernels.backend import KernelBackend
 from engine.kv_sizing import KvBudget, KvCapacity, kv_budget, max_useful_blocks
 from engine.model.config import ModelConfig
-from engine.warmup import WarmupLimits, profile_plan, run_steps
+from engine.warmup import profile_plan, run_steps
 from instrument.tracer import Tracer
 
 __all__ = ["size_kv_cache", "profile_kv_budget", "agree_on_blocks"]
@@ -95,9 +94,10 @@ def profile_kv_budget(
     _release(dev)
     free_bytes, total_bytes = torch.cuda.mem_get_info(dev)
     weights_bytes = torch.cuda.memory_allocated(dev)  # the model (and draft heads) only, so far
-    limits = _probe_limits(config, max_model_len)
+    probe_blocks = _probe_blocks(config, max_model_len)
     quiet = Tracer(enabled=False)
-    probe_config = config.resolved(max_model_len, limits.num_blocks)
+    probe_config = config.resolved(max_model_len, probe_blocks)
+    plan = profile_plan(probe_config.scheduler, probe_config.cache, config.spec.num_spec_tokens)
     probe = build_runner(probe_config, features, device, model, quiet, kernels)
     try:
         _release(dev)
@@ -105,10 +105,10 @@ def profile_kv_budget(
         allocated = torch.cuda.memory_allocated(dev)
         bytes_per_block = probe.kv_bytes_per_block()
         held = allocated - weights_bytes  # the probe's tensors
-        runner_bytes = max(0, held - limits.num_blocks * bytes_per_block)
+        runner_bytes = max(0, held - probe_blocks * bytes_per_block)
         graph_bytes = max(0, (free_bytes - probe_free) - held)
         torch.cuda.reset_peak_memory_stats(dev)
-        run_steps(probe, profile_plan(limits), limits, quiet)
+        run_steps(probe, plan, quiet)
         torch.cuda.synchronize(dev)
         peak_bytes = max(0, torch.cuda.max_memory_allocated(dev) - allocated)
     finally:
@@ -129,20 +129,11 @@ def profile_kv_budget(
     return budget
 
 
-def _probe_limits(config: EngineConfig, max_model_len: int) -> WarmupLimits:
+def _probe_blocks(config: EngineConfig, max_model_len: int) -> int:
     """The probe's pool: enough blocks for the longest profiling request."""
     k = config.spec.num_spec_tokens
-    budget, block_size = config.scheduler.max_num_batched_tokens, config.cache.block_size
-    longest = min(budget, max_model_len - 2 - k)
-    blocks = math.ceil((longest + 2 + 2 * k) / block_size) + 1
-    return WarmupLimits(
-        max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=budget,
-        max_model_len=max_model_len,
-        num_blocks=blocks,
-        block_size=block_size,
-        num_spec_tokens=k,
-    )
+    longest = min(config.scheduler.max_num_batched_tokens, max_model_len - 2 - k)
+    return config.cache.blocks_for(longest + 2 + 2 * k) + 1
 
 
 def _release(dev: torch.device) -> None:

@@ -23,14 +23,13 @@ and step counter are untouched. The tracer is muted meanwhile: no warm-up step i
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, ResolvedFeatures
+from engine.config import CacheConfig, EngineConfig, ResolvedFeatures, SchedulerConfig
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.scheduler.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from instrument.tracer import Tracer
@@ -38,7 +37,8 @@ from instrument.tracer import Tracer
 __all__ = [
     "WarmupReport",
     "WarmupStep",
-    "WarmupLimits",
+    "blocks_for",
+    "max_query_len",
     "profile_plan",
     "run_steps",
     "warm_up",
@@ -90,35 +90,26 @@ class WarmupStep:
         return 2 if self.verify else 1
 
 
-@dataclass(frozen=True)
-class WarmupLimits:
-    """What bounds a dummy step: the runner's sizes and the KV pool it may write into."""
+def max_query_len(limits: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int = 0) -> int:
+    """Longest dummy prompt under the engine's resolved scheduler part (``limits``) and cache
+    part: its sampled token, ``num_spec_tokens`` drafts and their verify fit the model length and
+    the KV blocks every request of the step shares."""
+    k = num_spec_tokens
+    return max(
+        1,
+        min(
+            limits.max_num_batched_tokens,
+            limits.resolved_max_model_len - 2 - k,
+            cache.resolved_num_kv_blocks * cache.block_size - 2 - 2 * k,
+        ),
+    )
 
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    num_blocks: int
-    block_size: int
-    num_spec_tokens: int = 0
 
-    @property
-    def max_query_len(self) -> int:
-        """Longest dummy prompt: its sampled token, drafts and their verify fit the model length
-        and the KV blocks every request of the step shares."""
-        k = self.num_spec_tokens
-        return max(
-            1,
-            min(
-                self.max_num_batched_tokens,
-                self.max_model_len - 2 - k,
-                self.num_blocks * self.block_size - 2 - 2 * k,
-            ),
-        )
-
-    def blocks_for(self, query_len: int) -> list[int]:
-        """Blocks ``0..n-1``, shared by the step's requests (their KV is never read back)."""
-        tokens = query_len + 2 + 2 * self.num_spec_tokens
-        return list(range(min(self.num_blocks, math.ceil(tokens / self.block_size))))
+def blocks_for(cache: CacheConfig, query_len: int, num_spec_tokens: int = 0) -> list[int]:
+    """Blocks ``0..n-1`` of the resolved pool, shared by the step's requests (their KV is never
+    read back)."""
+    tokens = query_len + 2 + 2 * num_spec_tokens
+    return list(range(min(cache.resolved_num_kv_blocks, cache.blocks_for(tokens))))
 
 
 @dataclass(frozen=True)
@@ -142,9 +133,14 @@ def query_buckets(max_query_len: int) -> list[int]:
     return sorted(q for q in powers | {2, 9, max_query_len} if 2 <= q <= max_query_len)
 
 
-def warmup_plan(limits: WarmupLimits) -> list[WarmupStep]:
-    """Every step shape a run can reach, by the specialization classes of the module docstring."""
-    seqs, budget, max_q = limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_query_len
+def warmup_plan(
+    limits: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int = 0
+) -> list[WarmupStep]:
+    """Every step shape a run can reach, by the specialization classes of the module docstring,
+    within the resolved scheduler part (``limits``) and cache part (:meth:`EngineConfig.resolved`)
+    and, with a proposer, ``num_spec_tokens`` drafts per request."""
+    seqs, budget = limits.max_num_seqs, limits.max_num_batched_tokens
+    max_q = max_query_len(limits, cache, num_spec_tokens)
     decode_counts = [r for r in request_counts(seqs) if r <= budget]
     plan = [WarmupStep((1,) * r) for r in decode_counts]
     mixed_counts = sorted({r for r in _MIXED_REQUEST_COUNTS if r <= seqs} | {min(seqs, budget)})
@@ -158,21 +154,23 @@ def warmup_plan(limits: WarmupLimits) -> list[WarmupStep]:
         plan += [WarmupStep((1,) * r, params) for r in few_and_most]
     plan += [WarmupStep((1,) * r, bitmask=True) for r in few_and_most]
     plan += [WarmupStep((min(16, max_q),), bitmask=True, deferred=True)]
-    if limits.num_spec_tokens:
-        spec_counts = [r for r in mixed_counts if r * (1 + limits.num_spec_tokens) <= budget]
+    if num_spec_tokens:
+        spec_counts = [r for r in mixed_counts if r * (1 + num_spec_tokens) <= budget]
         plan += [WarmupStep((1,) * r, verify=True) for r in spec_counts]
         plan += [WarmupStep((1,) * r, RANDOM, verify=True) for r in spec_counts[:1]]
     return plan
 
 
-def profile_plan(limits: WarmupLimits) -> list[WarmupStep]:
+def profile_plan(
+    limits: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int = 0
+) -> list[WarmupStep]:
     """The steps with the largest temporaries: ``max_num_batched_tokens`` tokens over as many
     requests as may run (the sampler at ``max_num_seqs`` rows), with the heaviest sampling; with a
-    proposer, then a verify of every request's drafts."""
+    proposer, then a verify of every request's drafts (parts as in :func:`warmup_plan`)."""
     budget = limits.max_num_batched_tokens
     r = min(limits.max_num_seqs, budget)
-    lens = _split_tokens(budget, r, limits.max_query_len)
-    verify = limits.num_spec_tokens > 0 and r * (1 + limits.num_spec_tokens) <= budget
+    lens = _split_tokens(budget, r, max_query_len(limits, cache, num_spec_tokens))
+    verify = num_spec_tokens > 0 and r * (1 + num_spec_tokens) <= budget
     return [WarmupStep(tuple(lens), HEAVIEST, verify=verify)]
 
 
@@ -188,13 +186,12 @@ def _split_tokens(total: int, num_reqs: int, max_query_len: int) -> list[int]:
     return lens
 
 
-def run_steps(
-    runner: Any, plan: list[WarmupStep], limits: WarmupLimits, tracer: Tracer
-) -> WarmupReport:
+def run_steps(runner: Any, plan: list[WarmupStep], tracer: Tracer) -> WarmupReport:
     """Run ``plan`` on ``runner`` (a ``ModelRunner``), one synchronous step at a time, with the
-    tracer muted; every dummy request is freed at the end."""
+    tracer muted; every dummy request is freed at the end. The requests' blocks come from the
+    runner's own cache part, its drafts from its spec decoder."""
     start = time.monotonic()
-    driver = _DummySteps(runner, limits)
+    driver = _DummySteps(runner)
     with tracer.muted(), torch.no_grad():
         for step in plan:
             driver.run(step)
@@ -205,9 +202,10 @@ def run_steps(
 class _DummySteps:
     """Builds the dummy requests' scheduler outputs and makes the runner calls."""
 
-    def __init__(self, runner: Any, limits: WarmupLimits) -> None:
+    def __init__(self, runner: Any) -> None:
         self.runner = runner
-        self.limits = limits
+        self.cache: CacheConfig = runner.cache
+        self.num_spec_tokens: int = 0 if runner.spec is None else runner.spec.num_spec_tokens
         self.num_steps = 0
         self._live: set[str] = set()  # freed by the next step
         self._next_id = 0
@@ -216,13 +214,15 @@ class _DummySteps:
         ids = [f"warmup-{self._next_id + i}" for i in range(len(step.query_lens))]
         self._next_id += len(ids)
         new = [
-            NewRequestData(req_id, [0] * q, [], step.params, self.limits.blocks_for(q), 0)
+            NewRequestData(
+                req_id, [0] * q, [], step.params, blocks_for(self.cache, q, self.num_spec_tokens), 0
+            )
             for req_id, q in zip(ids, step.query_lens, strict=True)
         ]
         tokens = dict(zip(ids, step.query_lens, strict=True))
         self._execute(self._output(new, CachedRequestData(), tokens, {}), step)
         if step.verify:
-            k = self.limits.num_spec_tokens
+            k = self.num_spec_tokens
             cached = CachedRequestData(ids, [[] for _ in ids], list(step.query_lens))
             drafts = {req_id: [-1] * k for req_id in ids}
             self._execute(self._output([], cached, {req_id: 1 + k for req_id in ids}, drafts), step)
@@ -275,18 +275,12 @@ def warm_up(
 ) -> WarmupReport:
     """The engine's warm-up of its freshly built ``runner`` (nothing when the resolved
     ``warmup`` feature is off); ``config`` has what start-up resolved
-    (:meth:`EngineConfig.resolved`: ``max_model_len``, the KV pool's blocks). Every tensor-parallel rank runs the same plan on its own runner
-    (the forward's collectives pair up)."""
+    (:meth:`EngineConfig.resolved`: ``max_model_len``, the KV pool's blocks), and its scheduler
+    and cache parts bound the plan as they bound the runner. Every tensor-parallel rank runs the
+    same plan on its own runner (the forward's collectives pair up)."""
     if not features.warmup:
         return WarmupReport(0, 0.0)
-    limits = WarmupLimits(
-        max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        max_model_len=config.scheduler.resolved_max_model_len,
-        num_blocks=config.cache.resolved_num_kv_blocks,
-        block_size=config.cache.block_size,
-        num_spec_tokens=config.spec.num_spec_tokens if features.spec_method else 0,
-    )
-    report = run_steps(runner, warmup_plan(limits), limits, tracer)
+    k = config.spec.num_spec_tokens if features.spec_method else 0
+    report = run_steps(runner, warmup_plan(config.scheduler, config.cache, k), tracer)
     _log.info("warm-up: %d steps in %.2f s", report.num_steps, report.seconds)
     return report

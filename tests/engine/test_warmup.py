@@ -8,10 +8,12 @@ import pytest
 
 from analysis import load_trace
 from engine.cli import run_main
+from engine.config import CacheConfig, SchedulerConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.warmup import (
-    WarmupLimits,
+    blocks_for,
+    max_query_len,
     profile_plan,
     query_buckets,
     request_counts,
@@ -33,27 +35,39 @@ def test_request_counts_and_query_buckets() -> None:
     assert query_buckets(1) == []
 
 
+def _parts(
+    seqs: int, budget: int, model_len: int, blocks: int, block_size: int
+) -> tuple[SchedulerConfig, CacheConfig]:
+    """Resolved scheduler and cache parts, as the engine passes them on."""
+    limits = SchedulerConfig(seqs, budget, model_len)
+    return limits, CacheConfig(block_size, num_kv_blocks=blocks)
+
+
 @pytest.mark.parametrize(
-    "limits",
+    ("parts", "k"),
     [
-        WarmupLimits(256, 2048, 40960, 70000, 16),
-        WarmupLimits(64, 512, 300, 20, 16, num_spec_tokens=3),
-        WarmupLimits(4, 32, 512, 64, 8, num_spec_tokens=2),
-        WarmupLimits(1, 8, 16, 2, 8),
+        (_parts(256, 2048, 40960, 70000, 16), 0),
+        (_parts(64, 512, 300, 20, 16), 3),
+        (_parts(4, 32, 512, 64, 8), 2),
+        (_parts(1, 8, 16, 2, 8), 0),
     ],
 )
-def test_plan_covers_every_class_within_the_limits(limits: WarmupLimits) -> None:
-    plan = warmup_plan(limits)
-    k = limits.num_spec_tokens
-    for step in plan + profile_plan(limits):
+def test_plan_covers_every_class_within_the_limits(
+    parts: tuple[SchedulerConfig, CacheConfig], k: int
+) -> None:
+    limits, cache = parts
+    plan = warmup_plan(limits, cache, k)
+    max_q = max_query_len(limits, cache, k)
+    for step in plan + profile_plan(limits, cache, k):
         lens = step.query_lens
         assert 1 <= len(lens) <= limits.max_num_seqs
         assert sum(lens) <= limits.max_num_batched_tokens
-        assert max(lens) <= limits.max_query_len
+        assert max(lens) <= max_q
         # the longest request with its sampled token and verified drafts fits the model and pool
-        assert max(lens) + 1 + k <= limits.max_model_len
-        assert len(limits.blocks_for(max(lens))) * limits.block_size >= max(lens) + 1 + k
-        assert len(limits.blocks_for(max(lens))) <= limits.num_blocks
+        assert max(lens) + 1 + k <= limits.resolved_max_model_len
+        blocks = blocks_for(cache, max(lens), k)
+        assert len(blocks) * cache.block_size >= max(lens) + 1 + k
+        assert len(blocks) <= cache.resolved_num_kv_blocks
         if step.verify:
             assert len(lens) * (1 + k) <= limits.max_num_batched_tokens
     decode_sizes = {len(s.query_lens) for s in plan if set(s.query_lens) == {1}}
@@ -61,7 +75,7 @@ def test_plan_covers_every_class_within_the_limits(limits: WarmupLimits) -> None
         r for r in request_counts(limits.max_num_seqs) if r > limits.max_num_batched_tokens
     }
     longest = {max(s.query_lens) for s in plan}
-    assert longest >= set(query_buckets(limits.max_query_len))
+    assert longest >= set(query_buckets(max_q))
     params = {s.params for s in plan}
     assert len(params) >= 5  # greedy and the four sampling variants
     assert any(s.bitmask for s in plan) and any(s.deferred for s in plan)
@@ -69,8 +83,7 @@ def test_plan_covers_every_class_within_the_limits(limits: WarmupLimits) -> None
 
 
 def test_profile_plan_fills_the_token_budget_and_the_sampler() -> None:
-    limits = WarmupLimits(256, 2048, 40960, 200, 16)
-    (step,) = profile_plan(limits)
+    (step,) = profile_plan(*_parts(256, 2048, 40960, 200, 16))
     assert sum(step.query_lens) == 2048 and len(step.query_lens) == 256
     assert step.params.logprobs and step.params.has_penalties and step.params.top_k
 
@@ -116,7 +129,7 @@ def test_warmup_leaves_the_engine_clean_and_tokens_unchanged(
     common = dict(model=tiny_hf_checkpoint, async_scheduling=async_scheduling, **SMALL, **spec)
     with LLM(warmup=True, **common) as warm:  # type: ignore[arg-type]
         report = warm.engine.warmup
-        assert report.num_steps >= len(warmup_plan(_limits(warm))) and report.seconds > 0
+        assert report.num_steps >= len(warmup_plan(*_limits(warm))) and report.seconds > 0
         _assert_clean(warm)
         warm_out = _generate(warm)
         warm.engine.check_idle()
@@ -126,16 +139,14 @@ def test_warmup_leaves_the_engine_clean_and_tokens_unchanged(
     assert warm_out == cold_out
 
 
-def _limits(llm: LLM) -> WarmupLimits:
-    c = llm.engine.config
-    return WarmupLimits(
-        c.scheduler.max_num_seqs,
-        c.scheduler.max_num_batched_tokens,
-        llm.engine.max_model_len,
-        llm.engine.kv.num_blocks,
-        c.cache.block_size,
-        c.spec.num_spec_tokens,
-    )
+def _limits(llm: LLM) -> tuple[SchedulerConfig, CacheConfig, int]:
+    """The parts the engine's runner was given (resolved), and its drafts per request."""
+    runner = llm.engine.runner
+    assert runner.limits.resolved_max_model_len == llm.engine.max_model_len
+    assert runner.cache.resolved_num_kv_blocks == llm.engine.kv.num_blocks
+    k = 0 if runner.spec is None else runner.spec.num_spec_tokens
+    assert k == llm.engine.config.spec.num_spec_tokens
+    return runner.limits, runner.cache, k
 
 
 def test_warmup_is_not_in_the_trace(tiny_hf_checkpoint: str, tmp_path) -> None:
