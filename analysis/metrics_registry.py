@@ -4,7 +4,8 @@ Every key of :class:`analysis.headline.Headline` has exactly one :class:`Metric`
 (docs/design.md §5.11); the verdicts, ``stepscope analyze`` / ``compare`` and the dashboard's
 cards read labels, units, definitions and good/warn/bad thresholds from it, never a copy.
 ``RANK_METRICS`` does the same for the rank-set headline (``analysis.ranks.report``, §5.13),
-whose keys are built from it in its order.
+whose keys are built from it in its order, and ``RANK_TABLE_METRICS`` for the columns of its
+per-rank table (the dashboard's rank table reads headers, formats and tooltips from it).
 ``COMPARED`` lists the numbers ``stepscope compare`` takes deltas of (§5.12): headline keys and
 a few of ``Report.extra``'s, each with the path to its value in ``Report.to_dict()``.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from analysis.metrics.lead import STARVED_LEAD_NS
@@ -25,6 +26,8 @@ __all__ = [
     "METRIC_BY_KEY",
     "RANK_METRICS",
     "RANK_METRIC_BY_KEY",
+    "RANK_TABLE_METRICS",
+    "RANK_TABLE_METRIC_BY_KEY",
     "COMPARED",
     "metric",
     "fmt_pct",
@@ -58,7 +61,8 @@ class Metric:
     """One headline key.
 
     ``unit``: of the stored value (``ratio`` = a fraction in [0, 1], shown as a percentage;
-    ``µs``, ``ms``; ``count``; ``text``; ``record`` for nested dicts/lists). ``better``: which
+    ``µs``, ``ms``; ``count``; ``text``; ``id`` for an identifier such as a rank; ``record`` for
+    nested dicts/lists). ``better``: which
     direction is good (``""``: no direction, no tone). ``warn``/``bad``: thresholds on the value
     (on ``value / headline[relative_to]`` when ``relative_to`` is set; a list counts its rows):
     past ``bad`` is bad, past ``warn`` a warning, else good ("past" = below for ``higher``, above
@@ -378,6 +382,17 @@ METRICS: tuple[Metric, ...] = (
 )
 METRIC_BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}
 
+_STRAGGLER_SHARE = (
+    "Steps whose forward ends last on this rank / steps with a forward on every rank (NaN → null "
+    "without such steps)."
+)
+
+
+def _by_rank(definition: str) -> str:
+    """A per-rank column's definition, for the headline record that holds it by rank."""
+    return "By rank: " + definition[0].lower() + definition[1:]
+
+
 # The rank-set headline (docs/design.md §5.13): one entry per key, in the headline's order.
 # "By rank" entries hold {rank: value}; their thresholds are those of the single-trace entry.
 RANK_METRICS: tuple[Metric, ...] = (
@@ -423,8 +438,7 @@ RANK_METRICS: tuple[Metric, ...] = (
         "straggler_share",
         "straggler share by rank",
         "record",
-        "By rank: steps whose forward ends last on this rank / steps with a forward on every "
-        "rank (NaN → null without such steps).",
+        _by_rank(_STRAGGLER_SHARE),
         "§5.13",
     ),
     _M(
@@ -436,6 +450,79 @@ RANK_METRICS: tuple[Metric, ...] = (
     ),
 )
 RANK_METRIC_BY_KEY: dict[str, Metric] = {m.key: m for m in RANK_METRICS}
+
+
+def _own_trace(key: str, label: str) -> Metric:
+    """A single-trace headline number, as a column over each rank's own trace."""
+    m = METRIC_BY_KEY[key]
+    return replace(m, label=label, definition="This rank's own trace. " + m.definition)
+
+
+# The columns of the rank set's per-rank table (``RankReport.tables["ranks"]``, §5.13), in the
+# order the dashboard shows them; ``label`` is the column header. No column has a tone.
+RANK_TABLE_METRICS: tuple[Metric, ...] = (
+    _M("rank", "rank", "id", "The tensor-parallel rank of the trace.", "§5.13"),
+    _M("host", "host", "text", "The host the rank ran on (trace_metadata host).", "§5.13"),
+    _own_trace("overlap", "overlap"),
+    _own_trace("bubble_ratio", "bubbles"),
+    METRIC_BY_KEY["top_blame"],
+    _M(
+        "forward_ms",
+        "forward ms",
+        "ms",
+        "Σ of this rank's forward time per step (first start to last end of its forward device "
+        "slices) over rank 0's window.",
+        "§5.13",
+    ),
+    _M(
+        "collective_ms",
+        "collectives ms",
+        "ms",
+        "Σ of the host-timed all_reduce / all_gather slices inside this rank's device slices "
+        "(recorded on the CPU / gloo; 0 where collectives are not timed one by one).",
+        "§5.13",
+    ),
+    _M(
+        "arrival_wait_ms",
+        "arrival wait ms",
+        "ms",
+        "Σ over steps of (the last rank's forward start − this rank's): what this rank waits at "
+        "the step's first collective for the others to arrive.",
+        "§5.13",
+    ),
+    _M(
+        "all_reduce_wait_ms",
+        "all-reduce wait ms",
+        "ms",
+        "collectives ms + arrival wait ms.",
+        "§5.13",
+    ),
+    _M(
+        "straggler_steps",
+        "straggler steps",
+        "count",
+        "Steps whose forward ends last on this rank (steps with a forward on every rank).",
+        "§5.13",
+    ),
+    _M("straggler_share", "straggler share", "ratio", _STRAGGLER_SHARE, "§5.13"),
+    _M(
+        "broadcast_idle_ms",
+        "broadcast idle ms",
+        "ms",
+        "Device idle while the engine thread waited in broadcast_step: a worker waiting for rank "
+        "0's next step, or rank 0 sending it.",
+        "§5.13",
+    ),
+    _M(
+        "clock_offset_us",
+        "clock offset µs",
+        "µs",
+        "This rank's clock minus rank 0's, measured at start-up; traces from other hosts are "
+        "shifted by it onto rank 0's clock.",
+        "§5.13",
+    ),
+)
+RANK_TABLE_METRIC_BY_KEY: dict[str, Metric] = {m.key: m for m in RANK_TABLE_METRICS}
 
 
 def metric(key: str) -> Metric:

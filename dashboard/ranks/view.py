@@ -14,12 +14,12 @@ import numpy as np
 from dash import dash_table, dcc, html
 from dash.dash_table.Format import Format, Group, Scheme
 
+from analysis.metrics_registry import RANK_TABLE_METRICS
 from analysis.ranks.report import RankReport
 from dashboard.layout import IDS, TABLE_STYLE
 from dashboard.ranks.figures import collective_wait_figure, straggler_figure
 from dashboard.ranks.sets import LoadedRankSet, RankSetRef, rank_set_label
 from dashboard.store import TraceRef
-from dashboard.views import DEFINITIONS
 
 __all__ = [
     "rank_overview",
@@ -36,41 +36,21 @@ _MS = Format(precision=2, scheme=Scheme.fixed, group=Group.yes, nully="n/a")
 _US = Format(precision=1, scheme=Scheme.fixed, group=Group.yes, nully="n/a")
 _COUNT = Format(group=Group.yes, nully="n/a")
 
-# (column of the analysis' ``ranks`` table, header, format; None for text)
-RANK_COLUMNS: tuple[tuple[str, str, Format | None], ...] = (
-    ("rank", "rank", None),
-    ("host", "host", None),
-    ("overlap", "overlap", _PCT),
-    ("bubble_ratio", "bubbles", _PCT),
-    ("top_blame", "top blame for idle", None),
-    ("forward_ms", "forward ms", _MS),
-    ("collective_ms", "collectives ms", _MS),
-    ("arrival_wait_ms", "arrival wait ms", _MS),
-    ("all_reduce_wait_ms", "all-reduce wait ms", _MS),
-    ("straggler_steps", "straggler steps", _COUNT),
-    ("straggler_share", "straggler share", _PCT),
-    ("broadcast_idle_ms", "broadcast idle ms", _MS),
-    ("clock_offset_us", "clock offset µs", _US),
-)
-RANK_DEFINITIONS: dict[str, str] = {
-    "overlap": "This rank's own trace. " + DEFINITIONS["overlap"],
-    "bubble_ratio": "This rank's own trace. " + DEFINITIONS["bubble_ratio"],
-    "top_blame": DEFINITIONS["top_blame"],
-    "forward_ms": "Σ of this rank's forward time per step (first start to last end of its forward "
-    "device slices) over rank 0's window.",
-    "collective_ms": "Σ of the host-timed all_reduce / all_gather slices inside this rank's device "
-    "slices (recorded on the CPU / gloo; 0 where collectives are not timed one by one).",
-    "arrival_wait_ms": "Σ over steps of (the last rank's forward start − this rank's): what this "
-    "rank waits at the step's first collective for the others to arrive.",
-    "all_reduce_wait_ms": "collectives + arrival wait.",
-    "straggler_steps": "Steps whose forward ends last on this rank (steps with a forward on "
-    "every rank).",
-    "straggler_share": "straggler steps / steps with a forward on every rank.",
-    "broadcast_idle_ms": "Device idle while the engine thread waited in broadcast_step: a worker "
-    "waiting for rank 0's next step, or rank 0 sending it.",
-    "clock_offset_us": "This rank's clock minus rank 0's, measured at start-up; traces from other "
-    "hosts are shifted by it onto rank 0's clock.",
+# The DataTable format of each registry unit (None: shown as text).
+_FORMATS: dict[str, Format | None] = {
+    "ratio": _PCT,
+    "ms": _MS,
+    "µs": _US,
+    "count": _COUNT,
+    "id": None,
+    "text": None,
 }
+# (column of the analysis' ``ranks`` table, header, format): from the metric registry's
+# ``RANK_TABLE_METRICS``, as are the header tooltips (docs/design.md §5.13).
+RANK_COLUMNS: tuple[tuple[str, str, Format | None], ...] = tuple(
+    (m.key, m.label, _FORMATS[m.unit]) for m in RANK_TABLE_METRICS
+)
+RANK_DEFINITIONS: dict[str, str] = {m.key: m.definition for m in RANK_TABLE_METRICS}
 
 
 def _plain(value: Any) -> Any:

@@ -8,7 +8,12 @@ import pytest
 
 from analysis.cli import analyze_main
 from analysis.frames import TraceError
-from analysis.metrics_registry import RANK_METRICS
+from analysis.metrics_registry import (
+    RANK_METRIC_BY_KEY,
+    RANK_METRICS,
+    RANK_TABLE_METRIC_BY_KEY,
+    RANK_TABLE_METRICS,
+)
 from analysis.ranks.cli import is_rank_set
 from analysis.ranks.rank_set import load_rank_set, rank_trace_files
 from analysis.ranks.report import analyze_ranks
@@ -68,6 +73,14 @@ def test_straggler_and_waits_known_answers(tmp_path: Path) -> None:
     # every rank headline key is a registry entry, in the registry's order, and nothing else
     assert list(report.headline) == [m.key for m in RANK_METRICS]
     assert all(m.label and m.definition and m.unit and m.section for m in RANK_METRICS)
+    # every per-rank table column has one registry entry (the dashboard's headers and tooltips)
+    assert sorted(ranks.reset_index().columns) == sorted(m.key for m in RANK_TABLE_METRICS)
+    assert all(m.label and m.definition and m.unit and m.section for m in RANK_TABLE_METRICS)
+    share = RANK_TABLE_METRIC_BY_KEY["straggler_share"]
+    assert (
+        share.unit == "ratio"
+        and share.definition[1:] in RANK_METRIC_BY_KEY["straggler_share"].definition
+    )
     assert report.headline["all_reduce_wait_us"] == pytest.approx({0: 70.0, 1: 50.0})
     assert report.headline["end_spread_us"]["p50"] == pytest.approx(30.0)
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from analysis import TraceError
+from analysis.metrics_registry import METRIC_BY_KEY, RANK_TABLE_METRIC_BY_KEY
 from analysis.ranks.report import RankReport, analyze_ranks
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
@@ -19,7 +20,13 @@ from dashboard.paths import UnsafePathError
 from dashboard.ranks.callbacks import picker_options, trace_options
 from dashboard.ranks.figures import collective_wait_figure, straggler_figure
 from dashboard.ranks.sets import LoadedRankSet, RankSetRef, find_rank_sets
-from dashboard.ranks.view import RANK_COLUMNS, rank_columns, rank_overview, rank_rows
+from dashboard.ranks.view import (
+    RANK_COLUMNS,
+    RANK_DEFINITIONS,
+    rank_columns,
+    rank_overview,
+    rank_rows,
+)
 from dashboard.store import TraceRef, TraceStore
 from tests.dashboard.conftest import TraceSet
 from tracekit.engine_loop import TraceRecipe, write_engine_trace
@@ -88,6 +95,12 @@ def test_rank_table_holds_the_report_numbers(loaded: LoadedRankSet, reference: R
     shown = [c["id"] for c in rank_columns(loaded.report)]
     assert shown == [c for c, _, _ in RANK_COLUMNS if c != "clock_offset_us"]  # one host
     assert set(shown) <= set(summary.columns)
+    # headers and tooltips are the registry's (one definition per column)
+    for col in rank_columns(loaded.report):
+        m = RANK_TABLE_METRIC_BY_KEY[col["id"]]
+        assert col["name"] == m.label and RANK_DEFINITIONS[col["id"]] == m.definition
+        assert (col.get("type") == "numeric") == (m.unit not in ("id", "text"))
+    assert RANK_DEFINITIONS["overlap"].endswith(METRIC_BY_KEY["overlap"].definition)
     assert loaded.report.verdicts == reference.verdicts
     assert loaded.members == {
         0: TraceRef("traces", "tp.rank0.pftrace"),
