@@ -88,6 +88,33 @@ def test_profile_plan_fills_the_token_budget_and_the_sampler() -> None:
     assert step.params.logprobs and step.params.has_penalties and step.params.top_k
 
 
+@pytest.mark.parametrize(
+    ("seqs", "budget", "model_len", "k"), [(4, 32, 512, 0), (64, 2048, 300, 3)]
+)
+def test_memory_probe_pool_holds_the_profile_step(
+    seqs: int, budget: int, model_len: int, k: int
+) -> None:
+    """engine/memory_profile.py sizes its probe's pool for the profile step, without a copy
+    record: the plan from the probe config's parts writes only blocks inside that pool."""
+    from engine.config import EngineConfig
+    from engine.memory_profile import _probe_blocks
+
+    spec = {"spec_method": "ngram", "num_spec_tokens": k} if k else {}
+    config = EngineConfig.from_flat(
+        model="unused", max_num_seqs=seqs, max_num_batched_tokens=budget, **spec
+    )
+    probe = config.resolved(model_len, _probe_blocks(config, model_len))
+    (step,) = profile_plan(probe.scheduler, probe.cache, k)
+    assert sum(step.query_lens) == budget and step.verify == (k > 0)
+    longest = max(step.query_lens)
+    # the probe's pool does not shorten the profile step: only the budget and model length do
+    assert max_query_len(probe.scheduler, probe.cache, k) == min(budget, model_len - 2 - k)
+    assert longest <= min(budget, model_len - 2 - k)
+    blocks = blocks_for(probe.cache, longest, k)
+    assert len(blocks) < probe.cache.resolved_num_kv_blocks  # one block to spare
+    assert len(blocks) * probe.cache.block_size >= longest + 2 + 2 * k
+
+
 WORKLOAD = [
     ([3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=6)),
     ([7, 8, 9], SamplingParams(temperature=0.9, seed=11, max_tokens=6)),
