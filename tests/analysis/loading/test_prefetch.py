@@ -117,3 +117,30 @@ def test_prefetch_without_fork_loads_in_place() -> None:
     prefetch = TracePrefetch(str(VLLM), 2048.0, fork=False)
     assert not prefetch.forked
     _same_frames(prefetch.load(None), load_trace(VLLM))
+
+
+def test_cli_pauses_the_cycle_collector_and_restores_it_in_process(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stepscope analyze`` runs with the cyclic GC paused (stepscope/cli.py); called in-process
+    it leaves the collector as it found it (enabled, nothing frozen) and prints the same JSON."""
+    import gc
+
+    import analysis.cli
+    from stepscope.cli import main
+
+    seen: list[bool] = []
+
+    def spy(argv: list[str]) -> int:
+        seen.append(gc.isenabled())
+        return analyze_main(argv)
+
+    monkeypatch.setattr(analysis.cli, "analyze_main", spy)
+    frozen = gc.get_freeze_count()
+    assert gc.isenabled()
+    assert main(["analyze", str(VLLM), "--json"]) == 0
+    assert seen == [False]
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    via_main = capsys.readouterr().out
+    assert analyze_main([str(VLLM), "--json"]) == 0
+    assert via_main == capsys.readouterr().out
