@@ -338,7 +338,9 @@ def _micro_steps(
                 ):
                     pass
                 if sync:  # the runner's sync event after the stage (recorded when tracing is off)
-                    timeline.event_after_stage(streams[stream], StandInCudaEvent)
+                    timeline.event_after_stage(
+                        streams[stream], StandInCudaEvent, wait_only=name != "d2h_output"
+                    )
         # The engine waits for the previous step, which the device is still running.
         wait0 = clock()
         timeline.poll_while_waiting(busy)

@@ -236,13 +236,14 @@ class StandInStream:
 class StandInCudaEvent:
     """A stand-in with ``torch.cuda.Event``'s interface, stamped with the host clock when
     recorded, that counts its calls in the class-level ``calls`` (``record``, ``query``,
-    ``elapsed_time``): the no-device benchmark and tests count what the CUDA path would call.
+    ``elapsed_time``, and ``create``: events made): the no-device benchmark and tests count what the CUDA path would call.
     Like CUDA, ``elapsed_time`` on an event that has not completed raises."""
 
-    calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0}
+    calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0, "create": 0}
     __slots__ = ("_stream", "_seq", "ns")
 
     def __init__(self, enable_timing: bool = False, **_: object) -> None:
+        self.calls["create"] += 1
         self._stream: StandInStream | None = None
         self._seq = 0
         self.ns = 0

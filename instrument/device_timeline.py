@@ -242,18 +242,26 @@ class DeviceTimeline:
         self.num_recorded += 1
         self.num_pending += 1
 
-    def event_after_stage(self, stream: Any, make: Callable[[], Any]) -> Any:
+    def event_after_stage(
+        self, stream: Any, make: Callable[[], Any], *, wait_only: bool = False
+    ) -> Any:
         """An event on ``stream`` right after the stage that just closed on it, for the caller to
         make another stream wait on or to synchronise with: when tracing, that stage's end event
         (lent to the caller: never recorded again, nor shared by a contiguous stage; one record
         fewer per call), else ``make()`` (an event of the kind the timeline's ``EventOps``
         records) recorded on ``stream`` now. The caller must not have enqueued anything on
-        ``stream`` since the stage closed."""
+        ``stream`` since the stage closed.
+
+        ``wait_only``: the caller only makes another stream wait on the event, at once, and keeps
+        no reference to it (a stream wait takes the event's state when it is enqueued, in CUDA
+        and on the CPU device). The end event is then not lent: it returns to the pool once the
+        stage is emitted, like any other (no event made and destroyed per call)."""
         if stream is None:
             stream = self.ops.default_stream()
         last = self._last
         if last is not None and last.stream is stream and not last.lent and self.tracer.enabled:
-            last.lent = True
+            if not wait_only:
+                last.lent = True
             return last.end
         event = make()
         self._record(event, stream)

@@ -221,7 +221,7 @@ class ModelRunner:
         with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
-        inputs_ready = tl.event_after_stage(h2d, dev.new_event)  # traced: h2d_inputs' end event
+        inputs_ready = tl.event_after_stage(h2d, dev.new_event, wait_only=True)
         dev.wait_event(compute, inputs_ready)
         in_flight = StepInFlight()
 
@@ -275,10 +275,11 @@ class ModelRunner:
         copy_drafts = self.spec is not None and mask is not None
         if copy_drafts:
             self._enqueue_draft(batch, in_flight)
-        sampled_ready = tl.event_after_stage(compute, dev.new_event)
+        # Waited on at once (``wait_only``: the timeline may record the event again later).
+        sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
+        dev.wait_event(d2h, sampled_ready)
         if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
             self._enqueue_draft(batch, in_flight)
-        dev.wait_event(d2h, sampled_ready)
         host = self._host_buffers(batch, copy_drafts)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))

@@ -27,7 +27,8 @@ class EngineLoop:
     """The runner's calls into the timeline, step by step, over stand-in streams; remembers the
     host stamp of every stage's begin and end event (the reference the slices must match)."""
 
-    def __init__(self, tracer: Tracer, **timeline_kwargs: int) -> None:
+    def __init__(self, tracer: Tracer, wait_only: bool = False, **timeline_kwargs: int) -> None:
+        self.wait_only = wait_only  # the runner's inputs_ready / sampled_ready: waited on at once
         self.streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
         self.timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock(), **timeline_kwargs)
         self.expected: dict[tuple[int, str], tuple[int, int]] = {}
@@ -47,8 +48,12 @@ class EngineLoop:
                 self.expected[(step, name)] = (scope.begin.ns, scope.end.ns)
                 self.done_at[(step, name)] = (stream_name, stream.num_recorded)
             if sync:
-                event = self.timeline.event_after_stage(stream, StandInCudaEvent)
-                self.sync_events.append((event, event.ns))
+                wait_only = self.wait_only and name != "d2h_output"
+                event = self.timeline.event_after_stage(
+                    stream, StandInCudaEvent, wait_only=wait_only
+                )
+                if not wait_only:
+                    self.sync_events.append((event, event.ns))
 
     def completed(self) -> set[tuple[int, str]]:
         """Brute force: the stages whose end event the simulated device has passed."""
@@ -148,7 +153,7 @@ def test_untraced_steps_record_only_the_runners_sync_events():
     for step in range(10):
         loop.launch(step)
     loop.timeline.poll_while_waiting(lambda: False)
-    assert StandInCudaEvent.calls == {"record": 30, "query": 0, "elapsed_time": 0}
+    assert StandInCudaEvent.calls == {"record": 30, "query": 0, "elapsed_time": 0, "create": 30}
     assert loop.timeline.num_recorded == 0
 
 
@@ -265,3 +270,42 @@ def test_cuda_clock_calls_the_c_methods_and_reads_what_torch_reads():
     got = clock.host_ns_many(events)
     want = [clock.reference_host_ns + int(clock.reference.elapsed_time(e) * 1e6) for e in events]
     assert got == want and got == sorted(got)
+
+
+def _run_async(loop: EngineLoop, num_steps: int) -> None:
+    """Step N launched while the device runs N-1; the engine waits on a busy device."""
+    launched: dict[str, int] = {}
+    for step in range(num_steps):
+        loop.launch(step)
+        loop.timeline.poll_while_waiting(lambda: False)
+        for name, stream in loop.streams.items():
+            stream.num_done = launched.get(name, 0)
+            launched[name] = stream.num_recorded
+    for stream in loop.streams.values():
+        stream.advance()
+    loop.timeline.drain()
+
+
+def test_wait_only_sync_events_return_to_the_pool(tmp_path):
+    """The runner's inputs_ready / sampled_ready are only waited on at once (``wait_only``):
+    they go back to the pool, so one event is made per step (the output's ``ready``, which the
+    caller keeps) instead of three; every slice's times stay exact and ``ready`` is never
+    recorded again."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, wait_only=True)
+    num_steps = 640
+    StandInCudaEvent.reset_calls()
+    _run_async(loop, num_steps)
+    calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+    assert calls["record"] == 8
+    assert calls["create"] < 1 + 200 / num_steps  # was 3 per step (all three lent)
+    assert len(loop.sync_events) == num_steps
+    assert all(event.ns == ns for event, ns in loop.sync_events)  # ready: never re-recorded
+    tracer.close()
+    assert loop.timeline.num_recorded == loop.timeline.num_emitted == 5 * num_steps
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
