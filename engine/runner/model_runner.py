@@ -92,7 +92,11 @@ class ModelRunner:
         max_num_reqs = limits.max_num_seqs
         max_model_len = limits.resolved_max_model_len
         self.tracer = tracer if tracer is not None else get_tracer()
-        self.timeline = DeviceTimeline(self.tracer, device.index, device.timed_event_factory())
+        # ``background``: the batched poll at the engine's wait runs on the timeline's poller
+        # thread, off the engine thread (docs/design.md §4.3).
+        self.timeline = DeviceTimeline(
+            self.tracer, device.index, device.timed_event_factory(), background=True
+        )
         self.vocab_size = int(model.config.vocab_size)
         self.states = RequestStates(
             device,

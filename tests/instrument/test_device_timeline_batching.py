@@ -4,6 +4,8 @@ and batched, bisected polls that lose no stage and read every time exactly."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
@@ -272,12 +274,15 @@ def test_cuda_clock_calls_the_c_methods_and_reads_what_torch_reads():
     assert got == want and got == sorted(got)
 
 
-def _run_async(loop: EngineLoop, num_steps: int) -> None:
-    """Step N launched while the device runs N-1; the engine waits on a busy device."""
+def _run_async(loop: EngineLoop, num_steps: int, wait_s: float = 0.0) -> None:
+    """Step N launched while the device runs N-1; the engine waits on a busy device (for
+    ``wait_s``, releasing the GIL as the engine's wait does)."""
     launched: dict[str, int] = {}
     for step in range(num_steps):
         loop.launch(step)
         loop.timeline.poll_while_waiting(lambda: False)
+        if wait_s:
+            time.sleep(wait_s)
         for name, stream in loop.streams.items():
             stream.num_done = launched.get(name, 0)
             launched[name] = stream.num_recorded
@@ -309,3 +314,62 @@ def test_wait_only_sync_events_return_to_the_pool(tmp_path):
     for key, (start, end) in loop.expected.items():
         got = written[key]
         assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
+
+
+def test_background_poller_writes_the_same_slices(tmp_path):
+    """``background``: the poll at the wait runs on the poller thread while the engine thread
+    keeps recording stages; every stage is still emitted once, with exact times, nothing is
+    dropped, and the engine thread made no query or conversion at the wait."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, wait_only=True, background=True)
+    timeline = loop.timeline
+    engine_thread_calls = []
+    query = timeline._query
+    main = threading.get_ident()
+
+    def counting_query(event):
+        if threading.get_ident() == main:
+            engine_thread_calls.append(1)
+        return query(event)
+
+    timeline._query = counting_query
+    num_steps = 800
+    _run_async(loop, num_steps, wait_s=0.0005)
+    assert timeline._poller is None  # drain stopped it
+    # Only drain's final poll queries on the engine thread (the hot-path hook never had to).
+    assert len(engine_thread_calls) <= 10, len(engine_thread_calls)
+    tracer.close()
+    assert timeline.num_recorded == timeline.num_emitted == 5 * num_steps
+    assert timeline.num_dropped == 0 and timeline.num_pending == 0
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
+    assert not any(k.startswith("dropped_") for k in load_trace(path).metadata)
+
+
+def test_background_poller_failure_reaches_the_engine_thread(tmp_path):
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    loop = EngineLoop(tracer, background=True, poll_batch=5, max_deferred=50)
+
+    def broken(event):
+        raise ValueError("device lost")
+
+    query = loop.timeline._query
+    loop.timeline._query = broken
+    loop.launch(0)
+    loop.timeline.poll_while_waiting(lambda: False)  # wakes the poller, which fails
+    loop.timeline._poller.join(timeout=5)
+    with pytest.raises(RuntimeError, match="poller failed") as info:
+        loop.timeline.poll_while_waiting(lambda: False)
+    assert isinstance(info.value.__cause__, ValueError)
+    loop.timeline._query = query
+    for stream in loop.streams.values():
+        stream.advance()
+    with pytest.raises(RuntimeError, match="poller failed"):
+        loop.timeline.drain()
+    loop.timeline.drain()  # reported once; the stages are then emitted
+    assert loop.timeline.num_emitted == 5
+    tracer.close()
