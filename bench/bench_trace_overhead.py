@@ -315,7 +315,8 @@ def _micro_steps(
     streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
     timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock())
     requests = RequestTimeline(tracer, write_tracks=True)
-    counters = [c.value for c in Counter]
+    counters = tuple(c.value for c in Counter)
+    values = tuple(0.5 for _ in counters)
     rid = 0
     launched: dict[str, int] = {}
     in_wait_ns = 0
@@ -360,7 +361,7 @@ def _micro_steps(
                 requests.finished(req)
             span.set_args(num_accepted=0, num_rejected=0, num_finished=finished_per_step)
         if tracer.enabled:
-            tracer.counters({name: 0.5 for name in counters})
+            tracer.counter_values(counters, values)
     took = clock() - start
     for s in streams.values():
         s.advance()
