@@ -29,9 +29,9 @@ from instrument import proto_encode as pe
 from instrument.capture import CaptureConfig, CaptureGate
 from instrument.events import (
     EV_COUNTER,
+    EV_COUNTERS,
     EV_INSTANT,
     EV_REQUEST,
-    EV_COUNTERS,
     EV_SLICE_AT,
     FLOW_IN,
     FLOW_OUT,
