@@ -298,6 +298,7 @@ def _micro_steps(
     num_steps: int,
     finished_per_step: int,
     clock: Callable[[], int] = time.thread_time_ns,
+    wait_s: float = 1e-4,
 ) -> tuple[float, float]:
     """The tracer calls of ``num_steps`` engine steps (five CPU spans with the engine's args,
     the runner's once-per-step device-timeline hook and five device stages on three streams as
@@ -306,14 +307,17 @@ def _micro_steps(
     wait for the previous step's output) by ``clock`` (default: this thread's CPU time). Request bookkeeping runs whether tracing is on or not,
     as in the engine. The device stages run the CUDA path (``CudaClock``) over stand-in events
     (:class:`~instrument.device_events.StandInCudaEvent`, host-stamped, counting their calls);
-    the simulated device completes step N-1 while step N is launched (async scheduling)."""
+    the simulated device completes step N-1 while step N is launched (async scheduling). The
+    engine's wait for the previous step's output is a ``wait_s`` sleep (it releases the GIL, as
+    the engine's blocking wait does; the timeline's background poller runs there, as in the
+    runner), the same in every mode and not counted by ``clock``."""
     from engine.request_timeline import RequestTimeline
     from instrument.device_events import StandInCudaEvent, StandInStream
     from instrument.device_timeline import DeviceTimeline
     from instrument.schema import Counter
 
     streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
-    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock())
+    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock(), background=True)
     requests = RequestTimeline(tracer, write_tracks=True)
     counters = tuple(c.value for c in Counter)
     values = tuple(0.5 for _ in counters)
@@ -346,6 +350,8 @@ def _micro_steps(
         wait0 = clock()
         timeline.poll_while_waiting(busy)
         in_wait_ns += clock() - wait0
+        if wait_s:
+            time.sleep(wait_s)  # blocked on the output: the GIL is free
         for name, s in streams.items():  # the device finishes the previous step
             s.num_done = launched.get(name, 0)
             launched[name] = s.num_recorded
