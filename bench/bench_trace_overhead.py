@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -324,6 +325,7 @@ def _micro_steps(
     rid = 0
     launched: dict[str, int] = {}
     in_wait_ns = 0
+    ready: deque[Any] = deque()  # the outputs' ready events, lent until their step is waited for
 
     def busy() -> bool:
         return False
@@ -343,9 +345,11 @@ def _micro_steps(
                 ):
                     pass
                 if sync:  # the runner's sync event after the stage (recorded when tracing is off)
-                    timeline.event_after_stage(
+                    event = timeline.event_after_stage(
                         streams[stream], StandInCudaEvent, wait_only=name != "d2h_output"
                     )
+                    if name == "d2h_output":
+                        ready.append(event)
         # The engine waits for the previous step, which the device is still running.
         wait0 = clock()
         timeline.poll_while_waiting(busy)
@@ -355,6 +359,8 @@ def _micro_steps(
         for name, s in streams.items():  # the device finishes the previous step
             s.num_done = launched.get(name, 0)
             launched[name] = s.num_recorded
+        if len(ready) > 1:  # the previous step's output was waited for (AsyncOutput.get)
+            timeline.give_back(ready.popleft())
         with tracer.span("wait_output", step=step, kind="sampled"):
             pass
         with tracer.span("update_from_output", step=step) as span:

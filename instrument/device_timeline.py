@@ -68,6 +68,7 @@ class PendingStage:
     host_end_ns: int  # host clock when ``end.record`` returned: the CPU finished enqueueing
     end_shared: bool = False
     lent: bool = False
+    emitted: bool = False
 
 
 _STEP = Arg.STEP.value
@@ -106,7 +107,7 @@ class _StageScope:
     its own pending record)."""
 
     __slots__ = ("_timeline", "name", "step", "lane", "stream", "args", "begin", "end",
-                 "host_end_ns", "end_shared", "lent")  # fmt: skip
+                 "host_end_ns", "end_shared", "lent", "emitted")  # fmt: skip
     _timeline: DeviceTimeline
     name: str
     step: int
@@ -118,6 +119,7 @@ class _StageScope:
     host_end_ns: int
     end_shared: bool  # a contiguous successor begins at this stage's end event
     lent: bool  # the end event was handed to the caller (event_after_stage)
+    emitted: bool  # its slice was emitted (set by the poll)
 
     def __enter__(self) -> None:
         return None
@@ -201,6 +203,10 @@ class DeviceTimeline:
         self._free: list[Any] = []
         self._last: Any = None  # the stage recorded last (for ``contiguous``)
         self._held: Any = None  # an emitted stage whose end the next stage may still share
+        # Lent end events by id (-> their stage), and those the caller gave back (give_back: the
+        # engine thread appends, the poll takes them back into the pool).
+        self._lent: dict[int, Any] = {}
+        self._returned: deque[Any] = deque()
         self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
         # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
         self.observer: Callable[[str, str, int, int, int], None] | None = None
@@ -240,6 +246,7 @@ class DeviceTimeline:
         scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
         scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
         scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
+        scope.emitted = False
         last = self._last
         if contiguous and last is not None and last.stream is stream and not last.lent:
             # The stream reaches this stage's begin when it reaches the last stage's end.
@@ -278,10 +285,44 @@ class DeviceTimeline:
         if last is not None and last.stream is stream and not last.lent and self.tracer.enabled:
             if not wait_only:
                 last.lent = True
+                self._lent[id(last.end)] = last
             return last.end
         event = make()
         self._record(event, stream)
         return event
+
+    def give_back(self, event: Any) -> None:
+        """The caller is done with an event :meth:`event_after_stage` lent it (it will not query,
+        synchronise on or wait for it again): the event returns to the pool once its stage is
+        emitted (taken back by the next poll). Anything else (an event ``make()`` made) is
+        ignored. One deque append on the calling thread."""
+        if id(event) in self._lent:
+            self._returned.append(event)
+
+    def _take_back(self) -> None:
+        """Under ``_lock``: events given back become the timeline's again (freed now if their
+        stage was emitted, else when it is)."""
+        returned, lent = self._returned, self._lent
+        while returned:
+            event = returned.popleft()
+            stage = lent.pop(id(event), None)
+            if stage is None or stage.end is not event:
+                continue
+            stage.lent = False
+            if stage.emitted and not stage.end_shared:
+                if stage is self._last:  # the next stage may still begin at it
+                    self._resolve_held()
+                    self._held = stage
+                else:
+                    self._free.append(event)
+
+    def _resolve_held(self) -> None:
+        """Free the held stage's end once a later stage exists that did not share it."""
+        held = self._held
+        if held is not None and held is not self._last:
+            self._held = None  # its successor did not share its end: the event is free
+            if not (held.end_shared or held.lent):
+                self._free.append(held.end)
 
     def new_event(self) -> TimedEvent:
         """A fresh timing event on the timeline's host clock (for markers outside stages)."""
@@ -377,6 +418,8 @@ class DeviceTimeline:
             return self._poll_locked()
 
     def _poll_locked(self) -> int:
+        if self._returned:
+            self._take_back()
         if self.num_recorded == self.num_emitted + self.num_dropped:
             return 0
         done: list[Any] = []
@@ -427,6 +470,8 @@ class DeviceTimeline:
                 for queue in self._queues.values():
                     queue.stages.clear()
                 self._unordered = []
+                self._lent.clear()
+                self._returned.clear()
                 self.num_dropped += left
                 self.tracer.count_dropped("device_slices", left)
         return emitted
@@ -442,11 +487,7 @@ class DeviceTimeline:
             events.append(stage.end)
             prev_end = stage.end
         times = self.ops.host_ns_many(events)
-        held = self._held
-        if held is not None and held is not self._last:
-            self._held = None  # its successor did not share its end: the event is free
-            if not (held.end_shared or held.lent):
-                self._free.append(held.end)
+        self._resolve_held()
         free, last, tracks, observer = self._free, self._last, self._lane_tracks, self.observer
         out: list[RawEvent] = []
         i = 0
@@ -462,6 +503,7 @@ class DeviceTimeline:
             end_ns = max(times[i], start_ns)
             i += 1
             prev_end = end
+            stage.emitted = True
             # Read: free to record again; a shared end goes with the stage that shares it, a lent
             # one stays with the caller, and the newest stage's end waits for the next stage
             # (which may share it).

@@ -288,7 +288,7 @@ class ModelRunner:
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
-        return AsyncOutput(batch, step, host, ready)
+        return AsyncOutput(batch, step, host, ready, release=tl.give_back)
 
     # stepscope: hot
     def _enqueue_verify(

@@ -386,3 +386,43 @@ def test_background_poller_failure_reaches_the_engine_thread(tmp_path):
     loop.timeline.drain()  # reported once; the stages are then emitted
     assert loop.timeline.num_emitted == 5
     tracer.close()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_given_back_ready_events_return_to_the_pool(tmp_path, background):
+    """The output's ``ready`` is lent; once the engine has waited for it (``give_back``, as
+    ``AsyncOutput.get`` does) it returns to the pool: no event made per step at all. It is never
+    recorded again before it is given back, and every slice's times stay exact."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, wait_only=True, background=background)
+    timeline = loop.timeline
+    num_steps = 640
+    StandInCudaEvent.reset_calls()
+    launched: dict[str, int] = {}
+    for step in range(num_steps):
+        loop.launch(step)
+        timeline.poll_while_waiting(lambda: False)
+        if background:
+            time.sleep(0.0002)
+        for name, stream in loop.streams.items():
+            stream.num_done = launched.get(name, 0)
+            launched[name] = stream.num_recorded
+        if step:  # the engine got step - 1's output: its ready event is done with
+            event, ns = loop.sync_events[step - 1]
+            assert event.ns == ns  # not recorded again while lent
+            timeline.give_back(event)
+    timeline.give_back(StandInCudaEvent())  # not lent: ignored
+    for stream in loop.streams.values():
+        stream.advance()
+    timeline.drain()
+    calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+    assert calls["record"] == 8
+    assert calls["create"] < 200 / num_steps  # was 3 per step, 1 with wait-only events
+    tracer.close()
+    assert timeline.num_recorded == timeline.num_emitted == 5 * num_steps
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
