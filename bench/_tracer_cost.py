@@ -26,7 +26,8 @@ from typing import Any
 
 from instrument import device_timeline as _dt
 
-_TRACER_METHODS = ("span", "instant", "counter", "counters", "slice_at", "slice_args",
+_TRACER_METHODS = ("span", "instant", "counter", "counters", "counter_values", "slice_at",
+                   "slice_args",
                    "append_slices", "request_slices", "thread_slice", "metadata")  # fmt: skip
 _TIMELINE_METHODS = ("stage", "poll_if_due", "poll", "drain")
 _IN_WAIT = "timeline.poll_while_waiting"

@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -298,6 +299,7 @@ def _micro_steps(
     num_steps: int,
     finished_per_step: int,
     clock: Callable[[], int] = time.thread_time_ns,
+    wait_s: float = 1e-4,
 ) -> tuple[float, float]:
     """The tracer calls of ``num_steps`` engine steps (five CPU spans with the engine's args,
     the runner's once-per-step device-timeline hook and five device stages on three streams as
@@ -306,19 +308,24 @@ def _micro_steps(
     wait for the previous step's output) by ``clock`` (default: this thread's CPU time). Request bookkeeping runs whether tracing is on or not,
     as in the engine. The device stages run the CUDA path (``CudaClock``) over stand-in events
     (:class:`~instrument.device_events.StandInCudaEvent`, host-stamped, counting their calls);
-    the simulated device completes step N-1 while step N is launched (async scheduling)."""
+    the simulated device completes step N-1 while step N is launched (async scheduling). The
+    engine's wait for the previous step's output is a ``wait_s`` sleep (it releases the GIL, as
+    the engine's blocking wait does; the timeline's background poller runs there, as in the
+    runner), the same in every mode and not counted by ``clock``."""
     from engine.request_timeline import RequestTimeline
     from instrument.device_events import StandInCudaEvent, StandInStream
     from instrument.device_timeline import DeviceTimeline
     from instrument.schema import Counter
 
     streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
-    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock())
+    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock(), background=True)
     requests = RequestTimeline(tracer, write_tracks=True)
-    counters = [c.value for c in Counter]
+    counters = tuple(c.value for c in Counter)
+    values = tuple(0.5 for _ in counters)
     rid = 0
     launched: dict[str, int] = {}
     in_wait_ns = 0
+    ready: deque[Any] = deque()  # the outputs' ready events, lent until their step is waited for
 
     def busy() -> bool:
         return False
@@ -338,14 +345,22 @@ def _micro_steps(
                 ):
                     pass
                 if sync:  # the runner's sync event after the stage (recorded when tracing is off)
-                    timeline.event_after_stage(streams[stream], StandInCudaEvent)
+                    event = timeline.event_after_stage(
+                        streams[stream], StandInCudaEvent, wait_only=name != "d2h_output"
+                    )
+                    if name == "d2h_output":
+                        ready.append(event)
         # The engine waits for the previous step, which the device is still running.
         wait0 = clock()
         timeline.poll_while_waiting(busy)
         in_wait_ns += clock() - wait0
+        if wait_s:
+            time.sleep(wait_s)  # blocked on the output: the GIL is free
         for name, s in streams.items():  # the device finishes the previous step
             s.num_done = launched.get(name, 0)
             launched[name] = s.num_recorded
+        if len(ready) > 1:  # the previous step's output was waited for (AsyncOutput.get)
+            timeline.give_back(ready.popleft())
         with tracer.span("wait_output", step=step, kind="sampled"):
             pass
         with tracer.span("update_from_output", step=step) as span:
@@ -358,7 +373,7 @@ def _micro_steps(
                 requests.finished(req)
             span.set_args(num_accepted=0, num_rejected=0, num_finished=finished_per_step)
         if tracer.enabled:
-            tracer.counters({name: 0.5 for name in counters})
+            tracer.counter_values(counters, values)
     took = clock() - start
     for s in streams.values():
         s.advance()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import threading
 from collections import deque
 from typing import Any
@@ -64,6 +65,7 @@ __all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
 
 BATCH_QUEUE_DEPTH = 2
 _COUNTER_NAMES = tuple(c.value for c in Counter)
+_counter_values = operator.attrgetter(*_COUNTER_NAMES)  # SchedulerStats -> a tuple, in C
 _log = logging.getLogger("stepscope.engine")
 
 
@@ -398,8 +400,8 @@ class EngineCore:
     def _sample_counters(self) -> None:
         if not self.tracer.enabled:
             return
-        stats = self.scheduler.get_stats()
-        self.tracer.counters({name: getattr(stats, name) for name in _COUNTER_NAMES})
+        # One buffered tuple of the stats' values (the writer expands it): no dict per step.
+        self.tracer.counter_values(_COUNTER_NAMES, _counter_values(self.scheduler.get_stats()))
 
     # ---- start and end --------------------------------------------------------------------
     def drain(self) -> list[RequestOutput]:

@@ -67,6 +67,11 @@ class EventOps(ABC):
         """The stream a stage given none is recorded on (None: the events take None)."""
         return None
 
+    def bind_thread(self) -> None:
+        """Called first on another thread that will query and read events (the timeline's
+        poller): make the events' device current there (nothing for host-stamped events)."""
+        return None
+
 
 def _record(event: Any, stream: Any) -> None:
     event.record(stream)
@@ -172,7 +177,12 @@ class CudaClock(EventOps):
                     best = (before, after, event)
         assert best is not None
         clock = cls(best[2], best[0], best[1] - best[0])
-        clock.device = device
+        # With its index: a poller thread makes this device current (its default is device 0).
+        clock.device = (
+            device
+            if device.index is not None
+            else torch.device("cuda", torch.cuda.current_device())
+        )
         return clock
 
     def new(self) -> Any:
@@ -183,6 +193,12 @@ class CudaClock(EventOps):
         import torch
 
         return torch.cuda.current_stream(self.device)
+
+    def bind_thread(self) -> None:
+        if self.device is not None:
+            import torch
+
+            torch.cuda.set_device(self.device)
 
     def to_host_ns(self, event: Any) -> int:
         return self.reference_host_ns + int(self._elapsed_ms(self.reference, event) * 1e6)
@@ -236,13 +252,14 @@ class StandInStream:
 class StandInCudaEvent:
     """A stand-in with ``torch.cuda.Event``'s interface, stamped with the host clock when
     recorded, that counts its calls in the class-level ``calls`` (``record``, ``query``,
-    ``elapsed_time``): the no-device benchmark and tests count what the CUDA path would call.
+    ``elapsed_time``, and ``create``: events made): the no-device benchmark and tests count what the CUDA path would call.
     Like CUDA, ``elapsed_time`` on an event that has not completed raises."""
 
-    calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0}
+    calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0, "create": 0}
     __slots__ = ("_stream", "_seq", "ns")
 
     def __init__(self, enable_timing: bool = False, **_: object) -> None:
+        self.calls["create"] += 1
         self._stream: StandInStream | None = None
         self._seq = 0
         self.ns = 0

@@ -23,6 +23,7 @@ Events are made, recorded, queried and read through an :class:`~instrument.devic
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class PendingStage:
     host_end_ns: int  # host clock when ``end.record`` returned: the CPU finished enqueueing
     end_shared: bool = False
     lent: bool = False
+    emitted: bool = False
 
 
 _STEP = Arg.STEP.value
@@ -105,7 +107,7 @@ class _StageScope:
     its own pending record)."""
 
     __slots__ = ("_timeline", "name", "step", "lane", "stream", "args", "begin", "end",
-                 "host_end_ns", "end_shared", "lent")  # fmt: skip
+                 "host_end_ns", "end_shared", "lent", "emitted")  # fmt: skip
     _timeline: DeviceTimeline
     name: str
     step: int
@@ -117,6 +119,7 @@ class _StageScope:
     host_end_ns: int
     end_shared: bool  # a contiguous successor begins at this stage's end event
     lent: bool  # the end event was handed to the caller (event_after_stage)
+    emitted: bool  # its slice was emitted (set by the poll)
 
     def __enter__(self) -> None:
         return None
@@ -138,9 +141,8 @@ class _StageScope:
         if queue is None or queue.stream is not stream:
             queue = timeline._new_queue(stream)
         queue.stages.append(self)
-        timeline.num_recorded += 1
-        timeline.num_pending += 1
-        if timeline.num_pending > timeline._max_pending:
+        recorded = timeline.num_recorded = timeline.num_recorded + 1
+        if recorded - timeline.num_emitted - timeline.num_dropped > timeline._max_pending:
             timeline._drop_oldest(queue)
         return False
 
@@ -157,6 +159,8 @@ class DeviceTimeline:
             as ``dropped_device_slices``).
         poll_batch: pending stages at which :meth:`poll_while_waiting` polls.
         max_deferred: pending stages at which :meth:`poll_if_due` polls.
+        background: :meth:`poll_while_waiting` wakes a poller thread instead of polling on the
+            calling (engine) thread; see :meth:`poll_while_waiting`.
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class DeviceTimeline:
         max_pending: int = 4096,
         poll_batch: int = POLL_BATCH,
         max_deferred: int = MAX_DEFERRED,
+        background: bool = False,
     ) -> None:
         if not 1 <= poll_batch <= max_deferred <= max_pending:
             raise ValueError(
@@ -182,14 +187,26 @@ class DeviceTimeline:
         self.max_deferred = max_deferred
         self._queues: dict[int, _StreamQueue] = {}  # by id(stream); the stream is kept too
         self._unordered: list[Any] = []  # stages queued through add(): no stream order known
+        # Pending = recorded - emitted - dropped. Each count has one writer at a time: recorded the
+        # engine thread, emitted and dropped whoever holds ``_lock`` (a poll may run on the poller
+        # thread while the engine thread records).
         self.num_recorded = 0  # stages queued (recorded whole, or through add())
-        self.num_pending = 0
         self.num_emitted = 0
         self.num_dropped = 0
+        self._lock = threading.Lock()  # one poll at a time; a drop or add() waits for it
+        self.background = background
+        self._poller: threading.Thread | None = None
+        self._kick = threading.Lock()  # held while the poller is idle; released: poll once
+        self._stopping = False
+        self.poller_error: BaseException | None = None  # raised on the engine thread at drain
         # Events of emitted stages, recorded again by later stages (no create/destroy per stage).
         self._free: list[Any] = []
         self._last: Any = None  # the stage recorded last (for ``contiguous``)
         self._held: Any = None  # an emitted stage whose end the next stage may still share
+        # Lent end events by id (-> their stage), and those the caller gave back (give_back: the
+        # engine thread appends, the poll takes them back into the pool).
+        self._lent: dict[int, Any] = {}
+        self._returned: deque[Any] = deque()
         self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
         # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
         self.observer: Callable[[str, str, int, int, int], None] | None = None
@@ -197,6 +214,11 @@ class DeviceTimeline:
     @property
     def enabled(self) -> bool:
         return self.tracer.enabled
+
+    @property
+    def num_pending(self) -> int:
+        """Stages recorded and neither emitted nor dropped yet."""
+        return self.num_recorded - self.num_emitted - self.num_dropped
 
     def stage(
         self,
@@ -224,6 +246,7 @@ class DeviceTimeline:
         scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
         scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
         scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
+        scope.emitted = False
         last = self._last
         if contiguous and last is not None and last.stream is stream and not last.lent:
             # The stream reaches this stage's begin when it reaches the last stage's end.
@@ -238,26 +261,68 @@ class DeviceTimeline:
     def add(self, stage: PendingStage) -> None:
         """Queue a recorded pair (for callers that record events themselves); such stages are
         queried one by one (their stream order is not known)."""
-        self._unordered.append(stage)
-        self.num_recorded += 1
-        self.num_pending += 1
+        with self._lock:
+            self._unordered.append(stage)
+            self.num_recorded += 1
 
-    def event_after_stage(self, stream: Any, make: Callable[[], Any]) -> Any:
+    def event_after_stage(
+        self, stream: Any, make: Callable[[], Any], *, wait_only: bool = False
+    ) -> Any:
         """An event on ``stream`` right after the stage that just closed on it, for the caller to
         make another stream wait on or to synchronise with: when tracing, that stage's end event
         (lent to the caller: never recorded again, nor shared by a contiguous stage; one record
         fewer per call), else ``make()`` (an event of the kind the timeline's ``EventOps``
         records) recorded on ``stream`` now. The caller must not have enqueued anything on
-        ``stream`` since the stage closed."""
+        ``stream`` since the stage closed.
+
+        ``wait_only``: the caller only makes another stream wait on the event, at once, and keeps
+        no reference to it (a stream wait takes the event's state when it is enqueued, in CUDA
+        and on the CPU device). The end event is then not lent: it returns to the pool once the
+        stage is emitted, like any other (no event made and destroyed per call)."""
         if stream is None:
             stream = self.ops.default_stream()
         last = self._last
         if last is not None and last.stream is stream and not last.lent and self.tracer.enabled:
-            last.lent = True
+            if not wait_only:
+                last.lent = True
+                self._lent[id(last.end)] = last
             return last.end
         event = make()
         self._record(event, stream)
         return event
+
+    def give_back(self, event: Any) -> None:
+        """The caller is done with an event :meth:`event_after_stage` lent it (it will not query,
+        synchronise on or wait for it again): the event returns to the pool once its stage is
+        emitted (taken back by the next poll). Anything else (an event ``make()`` made) is
+        ignored. One deque append on the calling thread."""
+        if id(event) in self._lent:
+            self._returned.append(event)
+
+    def _take_back(self) -> None:
+        """Under ``_lock``: events given back become the timeline's again (freed now if their
+        stage was emitted, else when it is)."""
+        returned, lent = self._returned, self._lent
+        while returned:
+            event = returned.popleft()
+            stage = lent.pop(id(event), None)
+            if stage is None or stage.end is not event:
+                continue
+            stage.lent = False
+            if stage.emitted and not stage.end_shared:
+                if stage is self._last:  # the next stage may still begin at it
+                    self._resolve_held()
+                    self._held = stage
+                else:
+                    self._free.append(event)
+
+    def _resolve_held(self) -> None:
+        """Free the held stage's end once a later stage exists that did not share it."""
+        held = self._held
+        if held is not None and held is not self._last:
+            self._held = None  # its successor did not share its end: the event is free
+            if not (held.end_shared or held.lent):
+                self._free.append(held.end)
 
     def new_event(self) -> TimedEvent:
         """A fresh timing event on the timeline's host clock (for markers outside stages)."""
@@ -269,38 +334,96 @@ class DeviceTimeline:
 
     def _drop_oldest(self, queue: _StreamQueue) -> None:
         """Over ``max_pending``: drop the stream's oldest stage (its events are not reused)."""
-        queue.stages.popleft()
-        self.num_pending -= 1
-        self.num_dropped += 1
-        self.tracer.count_dropped("device_slices")
+        with self._lock:
+            if not queue.stages:  # a poll emitted them meanwhile
+                return
+            queue.stages.popleft()
+            self.num_dropped += 1
+            self.tracer.count_dropped("device_slices")
 
     # stepscope: hot
     def poll_if_due(self) -> int:
         """The once-per-step hook on the hot path: :meth:`poll` only once ``max_deferred`` stages
         are pending (the engine did not wait for the device meanwhile), else nothing. Returns how
         many slices were emitted."""
-        if self.num_pending < self.max_deferred:
+        if self.num_recorded - self.num_emitted - self.num_dropped < self.max_deferred:
             return 0
         return self.poll()
 
     def poll_while_waiting(self, done: Callable[[], bool]) -> int:
         """The engine is about to block until ``done()`` (a step's output): once ``poll_batch``
-        stages are pending and ``done()`` is still False, :meth:`poll` now, on time the host would
-        spend waiting anyway. Returns how many slices were emitted."""
-        if self.num_pending < self.poll_batch or done():
+        stages are pending and ``done()`` is still False, :meth:`poll` on time the host would
+        spend waiting anyway. Returns how many slices were emitted (0 when polling elsewhere).
+
+        With ``background``, the poll runs on the timeline's poller thread instead (started on
+        first use; a C-level lock release wakes it): the engine thread only checks and wakes,
+        then blocks in its wait, which releases the GIL, while the poller queries, converts and
+        emits. Inline still when an ``observer`` is set (a kernel window reads its stages on the
+        engine thread). docs/design.md §4.3."""
+        if self.num_recorded - self.num_emitted - self.num_dropped < self.poll_batch or done():
+            return 0
+        if self.background and self.observer is None:
+            if self.poller_error is not None:
+                raise RuntimeError("the device timeline's poller failed") from self.poller_error
+            if self._poller is None:
+                self._start_poller()
+            kick = self._kick
+            if kick.locked():  # the poller is idle (or about to be): wake it; else it is polling
+                kick.release()
             return 0
         return self.poll()
 
+    def _start_poller(self) -> None:
+        self._stopping = False
+        if not self._kick.locked():
+            self._kick.acquire()
+        self._poller = threading.Thread(
+            target=self._poll_in_background, name="stepscope-device-poll", daemon=True
+        )
+        self._poller.start()
+
+    def _poll_in_background(self) -> None:
+        self.ops.bind_thread()
+        kick = self._kick
+        while True:
+            kick.acquire()
+            if self._stopping:
+                kick.release()
+                return
+            try:
+                self.poll()
+            except BaseException as exc:  # kept for the engine thread: never lost
+                self.poller_error = exc
+                return
+
+    def _stop_poller(self) -> None:
+        """Stop and join the poller thread (a poll it is running finishes first)."""
+        poller = self._poller
+        if poller is None:
+            return
+        self._stopping = True
+        if self._kick.locked():
+            self._kick.release()
+        poller.join()
+        self._poller = None
+
     def poll(self) -> int:
-        """Emit every pending stage whose end event has completed; never blocks.
+        """Emit every pending stage whose end event has completed; never blocks (but for
+        another poll in progress).
 
         Per stream, the newest pending end event is queried first (complete: so is every earlier
         one), else the boundary is found by bisection. Returns how many slices were emitted.
         """
-        if not self.num_pending:
+        with self._lock:
+            return self._poll_locked()
+
+    def _poll_locked(self) -> int:
+        if self._returned:
+            self._take_back()
+        if self.num_recorded == self.num_emitted + self.num_dropped:
             return 0
         done: list[Any] = []
-        for queue in self._queues.values():
+        for queue in list(self._queues.values()):  # the engine thread may add a stream
             stages = queue.stages
             for _ in range(self._completed(stages)):
                 done.append(stages.popleft())
@@ -317,11 +440,11 @@ class DeviceTimeline:
     def _completed(self, stages: deque[Any]) -> int:
         """How many of a stream's oldest pending stages have completed (stream order: a
         completed end event vouches for every earlier one)."""
-        n = len(stages)
+        n = len(stages)  # the engine thread may append meanwhile: look at these n only
         if n == 0:
             return 0
         query = self._query
-        if query(stages[-1].end):
+        if query(stages[n - 1].end):
             return n
         lo, hi = -1, n - 1  # stages[hi] is incomplete; stages[lo] complete (or none, at -1)
         while hi - lo > 1:
@@ -334,16 +457,23 @@ class DeviceTimeline:
 
     def drain(self) -> int:
         """Emit what has completed; count what is still pending as dropped (end of a run, off
-        the hot path: a stage that never completes is counted, not lost silently)."""
-        emitted = self.poll()
-        left = self.num_pending
-        if left:
-            for queue in self._queues.values():
-                queue.stages.clear()
-            self._unordered = []
-            self.num_pending = 0
-            self.num_dropped += left
-            self.tracer.count_dropped("device_slices", left)
+        the hot path: a stage that never completes is counted, not lost silently). Stops the
+        poller thread first, and raises what it failed with."""
+        self._stop_poller()
+        if self.poller_error is not None:
+            error, self.poller_error = self.poller_error, None
+            raise RuntimeError("the device timeline's poller failed") from error
+        with self._lock:
+            emitted = self._poll_locked()
+            left = self.num_pending
+            if left:
+                for queue in self._queues.values():
+                    queue.stages.clear()
+                self._unordered = []
+                self._lent.clear()
+                self._returned.clear()
+                self.num_dropped += left
+                self.tracer.count_dropped("device_slices", left)
         return emitted
 
     def _emit(self, stages: list[Any]) -> None:
@@ -357,11 +487,7 @@ class DeviceTimeline:
             events.append(stage.end)
             prev_end = stage.end
         times = self.ops.host_ns_many(events)
-        held = self._held
-        if held is not None and held is not self._last:
-            self._held = None  # its successor did not share its end: the event is free
-            if not (held.end_shared or held.lent):
-                self._free.append(held.end)
+        self._resolve_held()
         free, last, tracks, observer = self._free, self._last, self._lane_tracks, self.observer
         out: list[RawEvent] = []
         i = 0
@@ -377,6 +503,7 @@ class DeviceTimeline:
             end_ns = max(times[i], start_ns)
             i += 1
             prev_end = end
+            stage.emitted = True
             # Read: free to record again; a shared end goes with the stage that shares it, a lent
             # one stays with the caller, and the newest stage's end waits for the next stage
             # (which may share it).
@@ -396,6 +523,5 @@ class DeviceTimeline:
             out.append((EV_SLICE_AT, tracks[stage.lane], stage.name, start_ns, end_ns, args))
             if observer is not None:
                 observer(stage.lane, stage.name, stage.step, start_ns, end_ns)
-        self.num_pending -= len(stages)
         self.num_emitted += len(stages)
         self.tracer.append_slices(out)

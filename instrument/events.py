@@ -7,6 +7,9 @@ track):
   they end (one append per span); the writer emits its begin and end packets in time order.
 * ``(EV_INSTANT, track, name, ts_ns, args | None)``
 * ``(EV_COUNTER, name, ts_ns, value)``
+* ``(EV_COUNTERS, names, ts_ns, values)``: one sample of several counters at one timestamp
+  (tuples of equal length; the writer expands it into ``EV_COUNTER`` tuples in order:
+  :func:`expand_counters`)
 * ``(EV_REQUEST, req_id, arrival_ns, scheduled_ns, first_token_ns | None, finished_ns,
   num_output_tokens)``: a finished request's ``queued`` / ``prefill`` / ``decode`` slices on its
   track, in one tuple (the writer expands it: :func:`expand_request`).
@@ -26,16 +29,19 @@ __all__ = [
     "EV_INSTANT",
     "EV_COUNTER",
     "EV_REQUEST",
+    "EV_COUNTERS",
     "FLOW_IN",
     "FLOW_OUT",
     "RawEvent",
     "expand_request",
+    "expand_counters",
 ]
 
 EV_SLICE_AT = 2
 EV_INSTANT = 3
 EV_COUNTER = 4
 EV_REQUEST = 5
+EV_COUNTERS = 6
 
 FLOW_IN = "flow_in"
 FLOW_OUT = "flow_out"
@@ -46,6 +52,14 @@ RawEvent = tuple[Any, ...]
 _REQUEST_ID = Arg.REQUEST_ID.value
 _NUM_OUTPUT_TOKENS = Arg.NUM_OUTPUT_TOKENS.value
 _QUEUED, _PREFILL, _DECODE = (s.value for s in RequestSlice)
+
+
+def expand_counters(event: RawEvent) -> list[RawEvent]:
+    """An ``EV_COUNTERS`` tuple as one ``EV_COUNTER`` tuple per counter, in order."""
+    _, names, ts, values = event
+    if len(names) != len(values):
+        raise ValueError(f"{len(names)} counter names for {len(values)} values")
+    return [(EV_COUNTER, name, ts, value) for name, value in zip(names, values, strict=True)]
 
 
 def expand_request(event: RawEvent) -> list[RawEvent]:

@@ -29,12 +29,14 @@ from instrument import proto_encode as pe
 from instrument.capture import CaptureConfig, CaptureGate
 from instrument.events import (
     EV_COUNTER,
+    EV_COUNTERS,
     EV_INSTANT,
     EV_REQUEST,
     EV_SLICE_AT,
     FLOW_IN,
     FLOW_OUT,
     RawEvent,
+    expand_counters,
     expand_request,
 )
 from instrument.ring_output import FileOutput, RingOutput
@@ -70,10 +72,14 @@ def _event_packet(ts: int, te: bytes, interned: bytes, seq: bytes = _SEQ_NEEDS) 
 
 
 def _expand(events: Iterable[RawEvent]) -> Iterable[RawEvent]:
-    """Events with each ``EV_REQUEST`` replaced by its slices."""
+    """Events with each ``EV_REQUEST`` replaced by its slices, each ``EV_COUNTERS`` by its
+    counter samples."""
     for event in events:
-        if event[0] == EV_REQUEST:
+        kind = event[0]
+        if kind == EV_REQUEST:
             yield from expand_request(event)
+        elif kind == EV_COUNTERS:
+            yield from expand_counters(event)
         else:
             yield event
 

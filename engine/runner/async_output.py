@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,11 +47,15 @@ class AsyncOutput:
         step: int,
         host: HostOutputBuffers | None,
         ready: DeviceEvent | None,
+        release: Callable[[DeviceEvent], None] | None = None,
     ) -> None:
         self.batch = batch
         self.step = step
         self._host = host
         self._ready = ready
+        # Told the event once it has been waited for (the device timeline takes a lent end event
+        # back into its pool: docs/design.md §4.3).
+        self._release = release
         self._result: ModelRunnerOutput | None = None
 
     @classmethod
@@ -66,9 +71,14 @@ class AsyncOutput:
         """Wait for the d2h copy event, then read host memory (callers trace this as
         ``wait_output``). Re-raises an error the device work hit, with its original traceback."""
         if self._result is None:
-            if self._ready is not None:
-                self._ready.synchronize()
+            ready = self._ready
+            if ready is not None:
+                ready.synchronize()
             self._result = self._build()
+            if ready is not None:
+                self._ready = None  # done: is_ready() stays True without the event
+                if self._release is not None:
+                    self._release(ready)
         return self._result
 
     def draft_token_ids(self) -> dict[str, list[int]]:

@@ -92,7 +92,11 @@ class ModelRunner:
         max_num_reqs = limits.max_num_seqs
         max_model_len = limits.resolved_max_model_len
         self.tracer = tracer if tracer is not None else get_tracer()
-        self.timeline = DeviceTimeline(self.tracer, device.index, device.timed_event_factory())
+        # ``background``: the batched poll at the engine's wait runs on the timeline's poller
+        # thread, off the engine thread (docs/design.md §4.3).
+        self.timeline = DeviceTimeline(
+            self.tracer, device.index, device.timed_event_factory(), background=True
+        )
         self.vocab_size = int(model.config.vocab_size)
         self.states = RequestStates(
             device,
@@ -221,7 +225,7 @@ class ModelRunner:
         with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
-        inputs_ready = tl.event_after_stage(h2d, dev.new_event)  # traced: h2d_inputs' end event
+        inputs_ready = tl.event_after_stage(h2d, dev.new_event, wait_only=True)
         dev.wait_event(compute, inputs_ready)
         in_flight = StepInFlight()
 
@@ -275,15 +279,16 @@ class ModelRunner:
         copy_drafts = self.spec is not None and mask is not None
         if copy_drafts:
             self._enqueue_draft(batch, in_flight)
-        sampled_ready = tl.event_after_stage(compute, dev.new_event)
+        # Waited on at once (``wait_only``: the timeline may record the event again later).
+        sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
+        dev.wait_event(d2h, sampled_ready)
         if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
             self._enqueue_draft(batch, in_flight)
-        dev.wait_event(d2h, sampled_ready)
         host = self._host_buffers(batch, copy_drafts)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
-        return AsyncOutput(batch, step, host, ready)
+        return AsyncOutput(batch, step, host, ready, release=tl.give_back)
 
     # stepscope: hot
     def _enqueue_verify(

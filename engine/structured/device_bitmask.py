@@ -49,6 +49,6 @@ class DeviceBitmask:
             CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=dev.h2d_stream
         ):
             dev.submit(dev.h2d_stream, copy)
-        ready = self.timeline.event_after_stage(dev.h2d_stream, dev.new_event)
+        ready = self.timeline.event_after_stage(dev.h2d_stream, dev.new_event, wait_only=True)
         dev.wait_event(dev.compute_stream, ready)
         return dst

@@ -4,6 +4,8 @@ and batched, bisected polls that lose no stage and read every time exactly."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
@@ -27,7 +29,8 @@ class EngineLoop:
     """The runner's calls into the timeline, step by step, over stand-in streams; remembers the
     host stamp of every stage's begin and end event (the reference the slices must match)."""
 
-    def __init__(self, tracer: Tracer, **timeline_kwargs: int) -> None:
+    def __init__(self, tracer: Tracer, wait_only: bool = False, **timeline_kwargs: int) -> None:
+        self.wait_only = wait_only  # the runner's inputs_ready / sampled_ready: waited on at once
         self.streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
         self.timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock(), **timeline_kwargs)
         self.expected: dict[tuple[int, str], tuple[int, int]] = {}
@@ -47,8 +50,12 @@ class EngineLoop:
                 self.expected[(step, name)] = (scope.begin.ns, scope.end.ns)
                 self.done_at[(step, name)] = (stream_name, stream.num_recorded)
             if sync:
-                event = self.timeline.event_after_stage(stream, StandInCudaEvent)
-                self.sync_events.append((event, event.ns))
+                wait_only = self.wait_only and name != "d2h_output"
+                event = self.timeline.event_after_stage(
+                    stream, StandInCudaEvent, wait_only=wait_only
+                )
+                if not wait_only:
+                    self.sync_events.append((event, event.ns))
 
     def completed(self) -> set[tuple[int, str]]:
         """Brute force: the stages whose end event the simulated device has passed."""
@@ -148,7 +155,7 @@ def test_untraced_steps_record_only_the_runners_sync_events():
     for step in range(10):
         loop.launch(step)
     loop.timeline.poll_while_waiting(lambda: False)
-    assert StandInCudaEvent.calls == {"record": 30, "query": 0, "elapsed_time": 0}
+    assert StandInCudaEvent.calls == {"record": 30, "query": 0, "elapsed_time": 0, "create": 30}
     assert loop.timeline.num_recorded == 0
 
 
@@ -265,3 +272,157 @@ def test_cuda_clock_calls_the_c_methods_and_reads_what_torch_reads():
     got = clock.host_ns_many(events)
     want = [clock.reference_host_ns + int(clock.reference.elapsed_time(e) * 1e6) for e in events]
     assert got == want and got == sorted(got)
+
+
+def _run_async(loop: EngineLoop, num_steps: int, wait_s: float = 0.0) -> None:
+    """Step N launched while the device runs N-1; the engine waits on a busy device (for
+    ``wait_s``, releasing the GIL as the engine's wait does)."""
+    launched: dict[str, int] = {}
+    for step in range(num_steps):
+        loop.launch(step)
+        loop.timeline.poll_while_waiting(lambda: False)
+        if wait_s:
+            time.sleep(wait_s)
+        for name, stream in loop.streams.items():
+            stream.num_done = launched.get(name, 0)
+            launched[name] = stream.num_recorded
+    for stream in loop.streams.values():
+        stream.advance()
+    loop.timeline.drain()
+
+
+def test_wait_only_sync_events_return_to_the_pool(tmp_path):
+    """The runner's inputs_ready / sampled_ready are only waited on at once (``wait_only``):
+    they go back to the pool, so one event is made per step (the output's ``ready``, which the
+    caller keeps) instead of three; every slice's times stay exact and ``ready`` is never
+    recorded again."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, wait_only=True)
+    num_steps = 640
+    StandInCudaEvent.reset_calls()
+    _run_async(loop, num_steps)
+    calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+    assert calls["record"] == 8
+    assert calls["create"] < 1 + 200 / num_steps  # was 3 per step (all three lent)
+    assert len(loop.sync_events) == num_steps
+    assert all(event.ns == ns for event, ns in loop.sync_events)  # ready: never re-recorded
+    tracer.close()
+    assert loop.timeline.num_recorded == loop.timeline.num_emitted == 5 * num_steps
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
+
+
+def test_background_poller_writes_the_same_slices(tmp_path):
+    """``background``: the poll at the wait runs on the poller thread while the engine thread
+    keeps recording stages; every stage is still emitted once, with exact times, nothing is
+    dropped, and the engine thread made no query or conversion at the wait."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, wait_only=True, background=True)
+    timeline = loop.timeline
+    at_wait = []  # queries the engine thread made inside poll_while_waiting
+    in_wait = False
+    query, poll_while_waiting = timeline._query, timeline.poll_while_waiting
+    main = threading.get_ident()
+
+    def counting_query(event):
+        if in_wait and threading.get_ident() == main:
+            at_wait.append(1)
+        return query(event)
+
+    def waiting(done):
+        nonlocal in_wait
+        in_wait = True
+        try:
+            return poll_while_waiting(done)
+        finally:
+            in_wait = False
+
+    timeline._query = counting_query
+    timeline.poll_while_waiting = waiting
+    polled_in_background = []
+    poll = timeline.poll
+    timeline.poll = lambda: polled_in_background.append(threading.get_ident() != main) or poll()
+    num_steps = 800
+    _run_async(loop, num_steps, wait_s=0.0005)
+    assert timeline._poller is None  # drain stopped it
+    assert not at_wait  # the poll at the wait ran on the poller thread
+    assert any(polled_in_background)
+    tracer.close()
+    assert timeline.num_recorded == timeline.num_emitted == 5 * num_steps
+    assert timeline.num_dropped == 0 and timeline.num_pending == 0
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
+    assert not any(k.startswith("dropped_") for k in load_trace(path).metadata)
+
+
+def test_background_poller_failure_reaches_the_engine_thread(tmp_path):
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    loop = EngineLoop(tracer, background=True, poll_batch=5, max_deferred=50)
+
+    def broken(event):
+        raise ValueError("device lost")
+
+    query = loop.timeline._query
+    loop.timeline._query = broken
+    loop.launch(0)
+    loop.timeline.poll_while_waiting(lambda: False)  # wakes the poller, which fails
+    loop.timeline._poller.join(timeout=5)
+    with pytest.raises(RuntimeError, match="poller failed") as info:
+        loop.timeline.poll_while_waiting(lambda: False)
+    assert isinstance(info.value.__cause__, ValueError)
+    loop.timeline._query = query
+    for stream in loop.streams.values():
+        stream.advance()
+    with pytest.raises(RuntimeError, match="poller failed"):
+        loop.timeline.drain()
+    loop.timeline.drain()  # reported once; the stages are then emitted
+    assert loop.timeline.num_emitted == 5
+    tracer.close()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_given_back_ready_events_return_to_the_pool(tmp_path, background):
+    """The output's ``ready`` is lent; once the engine has waited for it (``give_back``, as
+    ``AsyncOutput.get`` does) it returns to the pool: no event made per step at all. It is never
+    recorded again before it is given back, and every slice's times stay exact."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, wait_only=True, background=background)
+    timeline = loop.timeline
+    num_steps = 640
+    StandInCudaEvent.reset_calls()
+    launched: dict[str, int] = {}
+    for step in range(num_steps):
+        loop.launch(step)
+        timeline.poll_while_waiting(lambda: False)
+        if background:
+            time.sleep(0.0002)
+        for name, stream in loop.streams.items():
+            stream.num_done = launched.get(name, 0)
+            launched[name] = stream.num_recorded
+        if step:  # the engine got step - 1's output: its ready event is done with
+            event, ns = loop.sync_events[step - 1]
+            assert event.ns == ns  # not recorded again while lent
+            timeline.give_back(event)
+    timeline.give_back(StandInCudaEvent())  # not lent: ignored
+    for stream in loop.streams.values():
+        stream.advance()
+    timeline.drain()
+    calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
+    assert calls["record"] == 8
+    assert calls["create"] < 200 / num_steps  # was 3 per step, 1 with wait-only events
+    tracer.close()
+    assert timeline.num_recorded == timeline.num_emitted == 5 * num_steps
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key

@@ -168,3 +168,39 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="ends before it starts"):
         tracer.slice_at("gpu:0 compute", "forward", 10, 5)
     tracer.close()
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_counter_values_write_what_counters_write(tmp_path, writer):
+    """``counter_values`` (one buffered tuple per sample, as the engine samples its counters)
+    writes the same counter samples as ``counters`` (one tuple per counter)."""
+    from analysis import load_trace
+
+    names = ("running_requests", "kv_usage", "batch_tokens")
+    samples = [(3, 0.25, 256), (0, 1.0, 1), (7, 0.0, 8192)]
+    frames = []
+    for how in ("dict", "tuple"):
+        path = str(tmp_path / f"{how}.pftrace")
+        tracer = Tracer(path, writer=writer)
+        for step, values in enumerate(samples):
+            with tracer.span("schedule", step=step):  # a trace needs a slice to load
+                pass
+            if how == "dict":
+                tracer.counters(dict(zip(names, values, strict=True)))
+            else:
+                tracer.counter_values(names, values)
+        tracer.close()
+        frames.append(load_trace(path).counters)
+    got = [list(zip(f["name"], f["value"], strict=True)) for f in frames]
+    expected = [(n, float(v)) for values in samples for n, v in zip(names, values, strict=True)]
+    assert sorted(got[0]) == sorted(expected)
+    assert got[1] == got[0]
+    # Each sample's counters share one timestamp, distinct from the other samples'.
+    assert frames[1].groupby("ts_ns").size().tolist() == [3, 3, 3]
+
+
+def test_counter_values_refuses_mismatched_lengths():
+    from instrument.events import EV_COUNTERS, expand_counters
+
+    with pytest.raises(ValueError, match="2 counter names for 1 values"):
+        expand_counters((EV_COUNTERS, ("a", "b"), 0, (1,)))
