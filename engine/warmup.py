@@ -92,14 +92,15 @@ class WarmupStep:
 
 def max_query_len(limits: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int = 0) -> int:
     """Longest dummy prompt under the engine's resolved scheduler part (``limits``) and cache
-    part: its sampled token, ``num_spec_tokens`` drafts and their verify fit the model length and
-    the KV blocks every request of the step shares."""
+    part: its sampled token, ``num_spec_tokens`` drafts and their verify (the slots
+    :func:`blocks_for` reserves) fit the model length, hence the block table's row, and the KV
+    blocks every request of the step shares."""
     k = num_spec_tokens
     return max(
         1,
         min(
             limits.max_num_batched_tokens,
-            limits.resolved_max_model_len - 2 - k,
+            limits.resolved_max_model_len - 2 - 2 * k,
             cache.resolved_num_kv_blocks * cache.block_size - 2 - 2 * k,
         ),
     )

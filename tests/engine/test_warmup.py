@@ -48,6 +48,9 @@ def _parts(
     [
         (_parts(256, 2048, 40960, 70000, 16), 0),
         (_parts(64, 512, 300, 20, 16), 3),
+        # the model length binds: the H200's default budget with k = 3 once asked for 129 blocks
+        # of a 128-block table row
+        (_parts(64, 2048, 2048, 16384, 16), 3),
         (_parts(4, 32, 512, 64, 8), 2),
         (_parts(1, 8, 16, 2, 8), 0),
     ],
@@ -64,10 +67,12 @@ def test_plan_covers_every_class_within_the_limits(
         assert sum(lens) <= limits.max_num_batched_tokens
         assert max(lens) <= max_q
         # the longest request with its sampled token and verified drafts fits the model and pool
-        assert max(lens) + 1 + k <= limits.resolved_max_model_len
+        assert max(lens) + 2 + 2 * k <= limits.resolved_max_model_len
         blocks = blocks_for(cache, max(lens), k)
         assert len(blocks) * cache.block_size >= max(lens) + 1 + k
         assert len(blocks) <= cache.resolved_num_kv_blocks
+        # ... and in the runner's block-table row, which holds max_model_len tokens
+        assert len(blocks) <= cache.blocks_for(limits.resolved_max_model_len)
         if step.verify:
             assert len(lens) * (1 + k) <= limits.max_num_batched_tokens
     decode_sizes = {len(s.query_lens) for s in plan if set(s.query_lens) == {1}}
@@ -108,8 +113,8 @@ def test_memory_probe_pool_holds_the_profile_step(
     assert sum(step.query_lens) == budget and step.verify == (k > 0)
     longest = max(step.query_lens)
     # the probe's pool does not shorten the profile step: only the budget and model length do
-    assert max_query_len(probe.scheduler, probe.cache, k) == min(budget, model_len - 2 - k)
-    assert longest <= min(budget, model_len - 2 - k)
+    assert max_query_len(probe.scheduler, probe.cache, k) == min(budget, model_len - 2 - 2 * k)
+    assert longest <= min(budget, model_len - 2 - 2 * k)
     blocks = blocks_for(probe.cache, longest, k)
     assert len(blocks) < probe.cache.resolved_num_kv_blocks  # one block to spare
     assert len(blocks) * probe.cache.block_size >= longest + 2 + 2 * k
