@@ -8,9 +8,16 @@ from typing import Any
 from analysis.loading.derive import OUTPUT_DIGEST_KEY
 from analysis.metrics_registry import COMPARED
 from analysis.report import Report
-from instrument.schema import MEASURED_CONFIG_ARGS
+from instrument.schema import MEASURED_CONFIG_ARGS, WaitKind
 
-__all__ = ["Comparison", "compare_reports", "DERIVED_KEYS", "VOLATILE_KEYS"]
+__all__ = [
+    "Comparison",
+    "compare_reports",
+    "exposed_wait_comparison",
+    "exposed_wait_line",
+    "DERIVED_KEYS",
+    "VOLATILE_KEYS",
+]
 
 # Config/metadata keys that differ between any two runs and say nothing about the contract.
 VOLATILE_KEYS = (
@@ -27,7 +34,9 @@ class Comparison:
     """``contract_ok``: configs equal except the declared variables (True when neither trace
     carries a config: nothing contradicts it, and ``checked`` is False); ``differences``: key ->
     (A, B) for every differing config key; ``violations``: differing keys not declared;
-    ``deltas``: name -> {a, b, delta}; ``outputs_agree``: True/False, None without digests."""
+    ``deltas``: name -> {a, b, delta}; ``outputs_agree``: True/False, None without digests;
+    ``exposed_wait``: :func:`exposed_wait_comparison` when either trace is a speculative run
+    (None otherwise)."""
 
     contract_ok: bool
     differences: dict[str, tuple[Any, Any]]
@@ -36,6 +45,7 @@ class Comparison:
     outputs_agree: bool | None
     notes: list[str] = field(default_factory=list)
     checked: bool = True
+    exposed_wait: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +56,7 @@ class Comparison:
             "deltas": self.deltas,
             "outputs_agree": self.outputs_agree,
             "notes": self.notes,
+            "exposed_wait": self.exposed_wait,
         }
 
 
@@ -87,4 +98,74 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
     if agree is None:
         notes.append(f"outputs not compared: '{OUTPUT_DIGEST_KEY}' missing from one or both traces")
     checked = bool(ca or cb)
-    return Comparison(not violations, diffs, violations, deltas, agree, notes, checked)
+    exposed = exposed_wait_comparison(a, b) if _is_spec(a) or _is_spec(b) else None
+    return Comparison(not violations, diffs, violations, deltas, agree, notes, checked, exposed)
+
+
+def _is_spec(r: Report) -> bool:
+    """A speculative run: its config names a proposer, or it waited for accepted counts."""
+    method = r.frames.config.get("spec_method")
+    waits = r.extra.get("output_wait", {}).get("by_kind", {})
+    return method not in (None, "", "None", "none") or WaitKind.ACCEPTED_COUNT.value in waits
+
+
+def exposed_wait_comparison(a: Report, b: Report) -> dict[str, Any]:
+    """The host's waits for step output that left the device idle, per step, on both sides
+    (docs/design.md §5.5, §5.12). Per side (``a``, ``b``): ``exposed_us_per_step`` (Σ over
+    every ``wait_output`` kind), ``exposed_share`` (of the measured step time), ``num_steps``
+    and ``by_kind`` as in ``analysis.metrics.waits.exposed_wait_summary``; then ``delta_us_per_step``
+    and ``delta_share`` (b − a; None where a side has no steps)."""
+    sides = {}
+    for name, r in (("a", a), ("b", b)):
+        ow = r.extra.get("output_wait") or {}
+        sides[name] = {
+            "exposed_us_per_step": ow.get("exposed_us_per_step"),
+            "exposed_share": ow.get("exposed_share"),
+            "num_steps": ow.get("num_steps", 0),
+            "by_kind": {
+                k: {
+                    "exposed_us_per_step": v["exposed_us_per_step"],
+                    "exposed_share": v["exposed_share"],
+                }
+                for k, v in (ow.get("by_kind") or {}).items()
+            },
+        }
+
+    def delta(key: str) -> float | None:
+        va, vb = sides["a"][key], sides["b"][key]
+        return None if va is None or vb is None else vb - va
+
+    return {
+        **sides,
+        "delta_us_per_step": delta("exposed_us_per_step"),
+        "delta_share": delta("exposed_share"),
+    }
+
+
+def exposed_wait_line(cmp: dict[str, Any]) -> str:
+    """One sentence: each side's exposed output waits (kind, µs/step, share of step time) and
+    the difference; ``cmp`` from :func:`exposed_wait_comparison`."""
+
+    def side(name: str) -> str:
+        s = cmp[name]
+        kinds = [
+            f"wait_output({k}) {_us(v['exposed_us_per_step'])}/step ({_pct(v['exposed_share'])} of step time)"
+            for k, v in s["by_kind"].items()
+        ]
+        return f"{name.upper()} " + (", ".join(kinds) if kinds else "no wait_output slices")
+
+    d_us, d_share = cmp["delta_us_per_step"], cmp["delta_share"]
+    diff = (
+        "n/a"
+        if d_us is None or d_share is None
+        else f"{d_us:+,.1f} µs/step ({100 * d_share:+.1f} points of step time)"
+    )
+    return f"exposed wait for step output (device idle while the host waits): {side('a')}; {side('b')}; B − A {diff}."
+
+
+def _us(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.1f} µs"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
