@@ -158,7 +158,7 @@ def exposed_wait_line(cmp: dict[str, Any]) -> str:
     diff = (
         "n/a"
         if d_us is None or d_share is None
-        else f"{d_us:+,.1f} µs/step ({100 * d_share:+.1f} points of step time)"
+        else f"{d_us:+,.1f} µs/step ({100 * d_share:+.2f} points of step time)"
     )
     return f"exposed wait for step output (device idle while the host waits): {side('a')}; {side('b')}; B − A {diff}."
 

@@ -6,16 +6,21 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from analysis import analyze_frames
+from analysis import Report, analyze_frames
 from analysis.frames import TraceFrames
 from bench._spec_engines import PassRecord
 from instrument.schema import CpuSlice
 
-__all__ = ["pass_trace_metrics", "divergence", "summarise_variant", "spread"]
+__all__ = ["pass_report", "pass_trace_metrics", "divergence", "summarise_variant", "spread"]
 
 
-def pass_trace_metrics(frames: TraceFrames, record: PassRecord) -> dict[str, Any]:
-    """A pass's numbers from the trace's steps ``first_step..end_step-1``:
+def pass_report(frames: TraceFrames, record: PassRecord) -> Report:
+    """The analysis of the trace's steps ``first_step..end_step-1`` (the pass's window)."""
+    return analyze_frames(frames, window=f"{record.first_step}:{record.end_step}")
+
+
+def pass_trace_metrics(report: Report, record: PassRecord) -> dict[str, Any]:
+    """A pass's numbers from :func:`pass_report`'s report of it:
 
     ``acceptance`` = Σ accepted / Σ drafted (``update_from_output`` args; None without drafts);
     ``tokens_per_request_step`` = the pass's output tokens / Σ ``num_reqs`` of its ``schedule``
@@ -24,8 +29,7 @@ def pass_trace_metrics(frames: TraceFrames, record: PassRecord) -> dict[str, Any
     (every ``wait_output`` kind, device idle while the host waited, per window step / of the
     window's device span) and ``wait_kinds`` (the same by kind); the headline's
     ``wait_accepted_exposed_us`` / ``wait_accepted_hidden_us``; ``num_steps``; ``step_ms_p50``."""
-    report = analyze_frames(frames, window=f"{record.first_step}:{record.end_step}")
-    sl = frames.slices
+    sl = report.frames.slices
     in_pass = (sl["step"] >= record.first_step) & (sl["step"] < record.end_step)
     upd = sl[in_pass & (sl["name"] == CpuSlice.UPDATE_FROM_OUTPUT.value)]
     accepted = int(upd["num_accepted"].fillna(0).sum()) if "num_accepted" in upd else 0

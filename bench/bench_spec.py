@@ -33,9 +33,10 @@ import sys
 import tempfile
 from typing import Any
 
-from analysis import load_trace
+from analysis import Report, compare_reports, load_trace
+from analysis.compare import exposed_wait_line
 from bench._spec_engines import TARGET, SpecEngine, Variant, parse_variants
-from bench._spec_summary import divergence, pass_trace_metrics, summarise_variant
+from bench._spec_summary import divergence, pass_report, pass_trace_metrics, summarise_variant
 from engine.workload import WorkloadRequest, load_workload
 
 DEFAULT_VARIANTS = "none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync"
@@ -106,16 +107,23 @@ def pick_k(
     return list(dict.fromkeys(variants)), tried, kept
 
 
-def measured_repeat(args: argparse.Namespace, engines: list[SpecEngine], num_base: int) -> int:
+def measured_repeat(args: argparse.Namespace, engines: list[SpecEngine]) -> tuple[int, str]:
     """``--repeat``, or the copies that make the fastest variant's run last ``--min-run-s``
-    (from the untimed passes' tok/s and tokens per copy)."""
+    (from the untimed passes' tok/s and tokens per copy), lowered where ``--time-budget-s``
+    cannot hold every round at that size; returns it and how it was chosen."""
     if args.repeat:
-        return args.repeat
+        return args.repeat, "--repeat"
     warm = [e.passes[0] for e in engines]
     per_copy = max(p.output_tokens for p in warm) / args.warm_repeat
-    fastest = max(p.tok_s for p in warm)
-    need = math.ceil(args.min_run_s * fastest / per_copy) if per_copy else 1
-    return max(1, min(need, args.max_repeat))
+    need = math.ceil(args.min_run_s * max(p.tok_s for p in warm) / per_copy)
+    how = f"fastest untimed pass {max(p.tok_s for p in warm):,.0f} tok/s x {args.min_run_s:g} s"
+    if args.time_budget_s:
+        round_s_per_copy = sum(per_copy / p.tok_s for p in warm)
+        fits = math.floor(args.time_budget_s / (args.rounds * round_s_per_copy))
+        if fits < need:
+            need = fits
+            how += f"; LOWERED to fit --time-budget-s {args.time_budget_s:g}: runs shorter than {args.min_run_s:g} s"
+    return max(1, min(need, args.max_repeat)), how
 
 
 def run_rounds(
@@ -154,23 +162,37 @@ def run_rounds(
 
 def add_trace_metrics(
     engines: list[SpecEngine], rows: dict[str, list[dict[str, Any]]]
-) -> dict[str, Any]:
-    """Close every engine, then analyse each pass's steps in its trace; returns the untimed
-    passes' numbers by variant."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Close every engine, then analyse each pass's steps in its trace. Returns the untimed
+    passes' numbers by variant, and per sync variant ``stepscope compare``'s exposed-wait
+    comparison of its first round against the same method and k without sync."""
     warm: dict[str, Any] = {}
+    first: dict[Variant, Report] = {}
     for e in engines:
         e.close()
     for e in engines:
         frames = load_trace(e.trace_path)
         name = e.variant.name
-        warm[name] = {
-            "build_s": e.build_s,
-            "tok_s": e.passes[0].tok_s,
-            **pass_trace_metrics(frames, e.passes[0]),
-        }
-        for row, p in zip(rows[name], e.passes[1:], strict=True):
-            row |= pass_trace_metrics(frames, p)
-    return warm
+        report = pass_report(frames, e.passes[0])
+        warm[name] = {"build_s": e.build_s, "tok_s": e.passes[0].tok_s}
+        warm[name] |= pass_trace_metrics(report, e.passes[0])
+        for i, (row, p) in enumerate(zip(rows[name], e.passes[1:], strict=True)):
+            report = pass_report(frames, p)
+            row |= pass_trace_metrics(report, p)
+            if i == 0:
+                first[e.variant] = report
+    pairs = {}
+    for v, report in first.items():
+        other = dataclasses.replace(v, sync=False)
+        if v.sync and other in first:
+            cmp = compare_reports(report, first[other])
+            assert cmp.exposed_wait is not None  # a spec run on both sides
+            pairs[f"{v.name} vs {other.name}"] = {
+                **cmp.exposed_wait,
+                "line": exposed_wait_line(cmp.exposed_wait),
+                "contract_ok": cmp.contract_ok,
+            }
+    return warm, pairs
 
 
 def token_agreement(engines: list[SpecEngine]) -> dict[str, Any]:
@@ -280,6 +302,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-repeat", type=int, default=64)
     p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="seconds all measured rounds may take (estimated from the untimed passes); "
+        "--min-run-s yields to it, and the output says so",
+    )
+    p.add_argument(
         "--check-tokens",
         action="store_true",
         help="exit 1 unless every variant emits none's tokens (on by default in float32)",
@@ -305,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"building and warming every variant (traces in {trace_dir})", flush=True)
     variants, tried, kept = pick_k(args, variants, trace_dir, base)
     engines = [kept.get(v) or build(args, v, trace_dir, base) for v in variants]
-    repeat = measured_repeat(args, engines, len(base))
+    repeat, how = measured_repeat(args, engines)
     out: dict[str, Any] = {
         "config": {k: v for k, v in vars(args).items() if k != "pick_k"}
         | {
@@ -315,18 +344,24 @@ def main(argv: list[str] | None = None) -> int:
         },
         "picked_k": tried,
     }
-    print(f"measured pass: {repeat} x {len(base)} requests, {args.rounds} rounds", flush=True)
+    print(
+        f"measured pass: {repeat} x {len(base)} requests ({how}), {args.rounds} rounds", flush=True
+    )
     rows = run_rounds(args, engines, repeat, base, out)
-    warm = add_trace_metrics(engines, rows)
+    warm, pairs = add_trace_metrics(engines, rows)
     summary = {name: summarise_variant(r) for name, r in rows.items()}
     agreement = token_agreement(engines)
     print_table(summary, agreement, warm)
+    for name, pair in pairs.items():
+        print(f"\n{name}, round 1, as `stepscope compare` says it (A = sync, B = async):")
+        print(f"  {pair['line']}")
     differ = [n for n, a in agreement.items() if a["identical_share_min"] < 1.0]
     out |= {
         "rounds": rows,
         "untimed_pass": warm,
         "summary": summary,
         "tokens_vs_none": agreement,
+        "sync_vs_async": pairs,
         "trace_dir": trace_dir,
     }
     write_json(args, out)
