@@ -163,8 +163,8 @@ def run_rounds(
 def add_trace_metrics(
     engines: list[SpecEngine], rows: dict[str, list[dict[str, Any]]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Close every engine, then analyse each pass's steps in its trace. Returns the untimed
-    passes' numbers by variant, and per sync variant ``stepscope compare``'s exposed-wait
+    """Close every engine, then analyse each measured pass's steps in its trace. Returns the
+    untimed passes' build time and tok/s by variant, and per sync variant ``stepscope compare``'s exposed-wait
     comparison of its first round against the same method and k without sync."""
     warm: dict[str, Any] = {}
     first: dict[Variant, Report] = {}
@@ -173,9 +173,7 @@ def add_trace_metrics(
     for e in engines:
         frames = load_trace(e.trace_path)
         name = e.variant.name
-        report = pass_report(frames, e.passes[0])
         warm[name] = {"build_s": e.build_s, "tok_s": e.passes[0].tok_s}
-        warm[name] |= pass_trace_metrics(report, e.passes[0])
         for i, (row, p) in enumerate(zip(rows[name], e.passes[1:], strict=True)):
             report = pass_report(frames, p)
             row |= pass_trace_metrics(report, p)
@@ -221,7 +219,9 @@ def _fmt(s: dict[str, float | None], spec: str, pct: bool = False) -> str:
     return f"{s['median'] * k:{spec}} ({s['min'] * k:{spec}}..{s['max'] * k:{spec}})"
 
 
-def print_table(summary: dict[str, Any], agreement: dict[str, Any], warm: dict[str, Any]) -> None:
+def print_table(
+    summary: dict[str, Any], agreement: dict[str, Any], rounds: dict[str, list[dict[str, Any]]]
+) -> None:
     print(
         f"\n{'variant':<16} {'output tok/s median (min..max)':>32} {'x none (min..max)':>22} "
         f"{'accept':>6} {'tok/req-step':>12} {'exposed wait µs/step (share)':>30} {'same tokens':>11} "
@@ -235,7 +235,7 @@ def print_table(summary: dict[str, Any], agreement: dict[str, Any], warm: dict[s
             if a is None or a["first_divergence_median"] is None
             else f"{a['first_divergence_median']:g}/{a['first_divergence_min']}"
         )
-        kinds = ",".join(warm[name]["wait_kinds"]) or "-"
+        kinds = ",".join(rounds[name][0].get("wait_kinds", {})) or "-"
         wait = s["exposed_wait_us_per_step"]["median"]
         share = s["exposed_wait_share"]["median"]
         wait_s = "-" if wait is None else f"{wait:,.0f} {kinds} ({100 * (share or 0):.1f}%)"
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     warm, pairs = add_trace_metrics(engines, rows)
     summary = {name: summarise_variant(r) for name, r in rows.items()}
     agreement = token_agreement(engines)
-    print_table(summary, agreement, warm)
+    print_table(summary, agreement, rows)
     for name, pair in pairs.items():
         print(f"\n{name}, round 1, as `stepscope compare` says it (A = sync, B = async):")
         print(f"  {pair['line']}")
