@@ -126,6 +126,7 @@ def exposed_wait_comparison(a: Report, b: Report) -> dict[str, Any]:
                 k: {
                     "exposed_us_per_step": v["exposed_us_per_step"],
                     "exposed_share": v["exposed_share"],
+                    "device_wait_us_per_step": v.get("device_wait_us_per_step"),
                 }
                 for k, v in (ow.get("by_kind") or {}).items()
             },
@@ -143,15 +144,25 @@ def exposed_wait_comparison(a: Report, b: Report) -> dict[str, Any]:
 
 
 def exposed_wait_line(cmp: dict[str, Any]) -> str:
-    """One sentence: each side's exposed output waits (kind, µs/step, share of step time) and
-    the difference; ``cmp`` from :func:`exposed_wait_comparison`."""
+    """One sentence: each side's exposed output waits (kind, µs/step, share of step time, and
+    the part spent before the step's output reached the host) and the difference; ``cmp`` from
+    :func:`exposed_wait_comparison`. Ends with a warning when neither side waited for the
+    device (each wait's part before the copy ended under 5% of its exposed time)."""
+
+    def kind(k: str, v: dict[str, Any]) -> str:
+        dev = v.get("device_wait_us_per_step")
+        tail = (
+            ""
+            if dev is None
+            else f"; {_us(dev)}/step of the wait before the output reached the host"
+        )
+        return (
+            f"wait_output({k}) {_us(v['exposed_us_per_step'])}/step "
+            f"({_pct(v['exposed_share'])} of step time{tail})"
+        )
 
     def side(name: str) -> str:
-        s = cmp[name]
-        kinds = [
-            f"wait_output({k}) {_us(v['exposed_us_per_step'])}/step ({_pct(v['exposed_share'])} of step time)"
-            for k, v in s["by_kind"].items()
-        ]
+        kinds = [kind(k, v) for k, v in cmp[name]["by_kind"].items()]
         return f"{name.upper()} " + (", ".join(kinds) if kinds else "no wait_output slices")
 
     d_us, d_share = cmp["delta_us_per_step"], cmp["delta_share"]
@@ -160,7 +171,21 @@ def exposed_wait_line(cmp: dict[str, Any]) -> str:
         if d_us is None or d_share is None
         else f"{d_us:+,.1f} µs/step ({100 * d_share:+.2f} points of step time)"
     )
-    return f"exposed wait for step output (device idle while the host waits): {side('a')}; {side('b')}; B − A {diff}."
+    line = (
+        "exposed wait for step output (device idle while the host waits): "
+        f"{side('a')}; {side('b')}; B − A {diff}."
+    )
+    kinds = [v for name in ("a", "b") for v in cmp[name]["by_kind"].values()]
+    if kinds and all(
+        v.get("device_wait_us_per_step") is not None
+        and v["device_wait_us_per_step"] < 0.05 * (v["exposed_us_per_step"] or 0.0)
+        for v in kinds
+    ):
+        line += (
+            " Neither side waited for the device: each output had reached the host before the"
+            " wait began, so the waits hold host work (reading the output), not device time."
+        )
+    return line
 
 
 def _us(v: float | None) -> str:

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     for dtype, r in shape.items():
         print(
             f"{dtype}: decode vs verify row 0, same token: max |Δ logit| median "
-            f"{r['max_abs_logit_diff_median']:.4f}, max {r['max_abs_logit_diff_max']:.4f} "
+            f"{r['max_abs_logit_diff_median']:.2g}, max {r['max_abs_logit_diff_max']:.2g} "
             f"(non-zero for {r['num_differing']}/{r['num_prompts']} prompts); "
             f"argmax flips {r['argmax_flips']}/{r['num_prompts']}"
         )

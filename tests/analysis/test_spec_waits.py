@@ -70,9 +70,10 @@ def _overlap(s: int, e: int, merged: list[tuple[int, int]]) -> int:
     return sum(max(0, min(e, b) - max(s, a)) for a, b in merged)
 
 
-def _reference(report: Report) -> dict[str, float]:
-    """Exposed µs per window step by wait kind: |wait ∩ [t0, t1)| − |wait ∩ busy ∩ [t0, t1)|,
-    busy = every compute slice of the trace (the CPU trace is one kept run, no kernels)."""
+def _reference(report: Report) -> dict[str, tuple[float, float]]:
+    """By wait kind, per window step: the exposed µs |wait ∩ [t0, t1)| − |wait ∩ busy ∩ [t0, t1)|
+    (busy = every compute slice of the trace: the CPU trace is one kept run, no kernels), and
+    the µs of the wait before its step's d2h_output copy ended."""
     sl = report.frames.slices
     win = report.headline["window"]
     t0, t1 = win["start_ns"], win["end_ns"]
@@ -88,14 +89,20 @@ def _reference(report: Report) -> dict[str, float]:
         & (sl["step"] >= win["first_step"])
         & (sl["step"] <= win["last_step"])
     ]
+    copies = sl[sl["name"] == "d2h_output"]
+    copy_end = dict(zip(copies["step"], copies["end_ns"], strict=True))
     exposed: dict[str, int] = {}
+    device: dict[str, int] = {}
     for w in waits.itertuples():
+        before = min(int(w.end_ns), int(copy_end[w.step])) - int(w.ts_ns)
+        device[w.kind] = device.get(w.kind, 0) + max(before, 0)
         s, e = max(int(w.ts_ns), t0), min(int(w.end_ns), t1)
         if e > s:
             exposed[w.kind] = exposed.get(w.kind, 0) + (e - s) - _overlap(s, e, busy)
         else:
             exposed.setdefault(w.kind, 0)
-    return {k: v / 1e3 / win["num_steps"] for k, v in exposed.items()}
+    n = win["num_steps"]
+    return {k: (v / 1e3 / n, device[k] / 1e3 / n) for k, v in exposed.items()}
 
 
 def test_compare_names_each_sides_exposed_wait_per_step(traces: tuple[Path, Path]) -> None:
@@ -110,9 +117,12 @@ def test_compare_names_each_sides_exposed_wait_per_step(traces: tuple[Path, Path
     for side, report in (("a", sync), ("b", asyn)):
         ref = _reference(report)
         got = {k: v["exposed_us_per_step"] for k, v in ew[side]["by_kind"].items()}
-        assert got == pytest.approx(ref, abs=1e-6)
+        assert got == pytest.approx({k: v[0] for k, v in ref.items()}, abs=1e-6)
+        dev = {k: v["device_wait_us_per_step"] for k, v in ew[side]["by_kind"].items()}
+        assert dev == pytest.approx({k: v[1] for k, v in ref.items()}, abs=1e-6)
         win = report.headline["window"]  # the share's denominator: the window's device span
-        share = sum(ref.values()) * win["num_steps"] * 1e3 / (win["end_ns"] - win["start_ns"])
+        exposed_ns = sum(v[0] for v in ref.values()) * win["num_steps"] * 1e3
+        share = exposed_ns / (win["end_ns"] - win["start_ns"])
         assert ew[side]["exposed_share"] == pytest.approx(share, rel=1e-9)
         assert ew[side]["num_steps"] == win["num_steps"]
     assert ew["delta_us_per_step"] == pytest.approx(
@@ -122,6 +132,13 @@ def test_compare_names_each_sides_exposed_wait_per_step(traces: tuple[Path, Path
     total = sync.extra["output_wait"]["by_kind"]["accepted_count"]["exposed_us"]
     assert sync.headline["wait_accepted_exposed_us"] == pytest.approx(total)
     assert asyn.headline["wait_accepted_total_us"] == 0.0
+    # On the CPU device the sync loop's wait covers the device work of its own step (nothing
+    # else is queued), so nearly all of it comes before the step's output reached the host.
+    sync_kind = ew["a"]["by_kind"]["accepted_count"]
+    total_us = sync.extra["output_wait"]["by_kind"]["accepted_count"]["wait_us"]
+    assert (
+        sync_kind["device_wait_us_per_step"] * sync.headline["window"]["num_steps"] > 0.5 * total_us
+    )
     line = exposed_wait_line(ew)
     assert "A wait_output(accepted_count)" in line and "B wait_output(sampled)" in line
     assert f"{ew['a']['exposed_us_per_step']:,.1f} µs/step" in line
@@ -143,3 +160,23 @@ def test_no_exposed_wait_line_without_speculation() -> None:
     report = analyze_trace(ROOT / "tests" / "data" / "kineto_gpu_small.json")
     assert set(report.extra["output_wait"]["by_kind"]) == {"d2h_copy", "sync"}
     assert compare_reports(report, report).exposed_wait is None
+
+
+@pytest.mark.parametrize(("device_a", "warned"), [(0.0, True), (100.0, False), (None, False)])
+def test_line_warns_when_no_wait_was_for_the_device(device_a: float | None, warned: bool) -> None:
+    """As on the H200 today: both outputs were on the host before the waits began."""
+
+    def side(kind: str, us: float, dev: float | None) -> dict:
+        v = {"exposed_us_per_step": us, "exposed_share": us / 20e3, "device_wait_us_per_step": dev}
+        return {"exposed_us_per_step": us, "exposed_share": us / 20e3, "by_kind": {kind: v}}
+
+    cmp = {
+        "a": side("accepted_count", 1112.7, device_a),
+        "b": side("sampled", 920.0, 0.0),
+        "delta_us_per_step": -192.7,
+        "delta_share": -192.7 / 20e3,
+    }
+    line = exposed_wait_line(cmp)
+    assert "A wait_output(accepted_count) 1,112.7 µs/step (5.6% of step time" in line
+    assert "B − A -192.7 µs/step (-0.96 points of step time)" in line
+    assert ("Neither side waited for the device" in line) is warned
