@@ -14,6 +14,7 @@ __all__ = [
     "Comparison",
     "compare_reports",
     "exposed_wait_comparison",
+    "compare_output_waits",
     "exposed_wait_line",
     "DERIVED_KEYS",
     "VOLATILE_KEYS",
@@ -111,13 +112,21 @@ def _is_spec(r: Report) -> bool:
 
 def exposed_wait_comparison(a: Report, b: Report) -> dict[str, Any]:
     """The host's waits for step output that left the device idle, per step, on both sides
-    (docs/design.md §5.5, §5.12). Per side (``a``, ``b``): ``exposed_us_per_step`` (Σ over
-    every ``wait_output`` kind), ``exposed_share`` (of the measured step time), ``num_steps``
-    and ``by_kind`` as in ``analysis.metrics.waits.exposed_wait_summary``; then ``delta_us_per_step``
-    and ``delta_share`` (b − a; None where a side has no steps)."""
+    (docs/design.md §5.5, §5.12): :func:`compare_output_waits` of the reports'
+    ``extra["output_wait"]``."""
+    return compare_output_waits(a.extra.get("output_wait"), b.extra.get("output_wait"))
+
+
+def compare_output_waits(
+    wait_a: dict[str, Any] | None, wait_b: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Two ``analysis.metrics.waits.exposed_wait_summary`` results side by side. Per side
+    (``a``, ``b``): ``exposed_us_per_step`` (Σ over every ``wait_output`` kind),
+    ``exposed_share`` (of the measured step time), ``num_steps`` and ``by_kind`` (exposed µs
+    per step, share, and µs per step of the wait before the step's output reached the host);
+    then ``delta_us_per_step`` and ``delta_share`` (b − a; None where a side has no steps)."""
     sides = {}
-    for name, r in (("a", a), ("b", b)):
-        ow = r.extra.get("output_wait") or {}
+    for name, ow in (("a", wait_a or {}), ("b", wait_b or {})):
         sides[name] = {
             "exposed_us_per_step": ow.get("exposed_us_per_step"),
             "exposed_share": ow.get("exposed_share"),

@@ -6,12 +6,19 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from analysis import Report, analyze_frames
+from analysis import Report, analyze_frames, load_trace
 from analysis.frames import TraceFrames
 from bench._spec_engines import PassRecord
 from instrument.schema import CpuSlice
 
-__all__ = ["pass_report", "pass_trace_metrics", "divergence", "summarise_variant", "spread"]
+__all__ = [
+    "pass_report",
+    "pass_trace_metrics",
+    "analyse_passes",
+    "divergence",
+    "summarise_variant",
+    "spread",
+]
 
 
 def pass_report(frames: TraceFrames, record: PassRecord) -> Report:
@@ -57,6 +64,17 @@ def pass_trace_metrics(report: Report, record: PassRecord) -> dict[str, Any]:
         "wait_accepted_exposed_us": h["wait_accepted_exposed_us"],
         "wait_accepted_hidden_us": h["wait_accepted_hidden_us"],
     }
+
+
+def analyse_passes(trace_path: str, passes: list[PassRecord]) -> list[dict[str, Any]]:
+    """:func:`pass_trace_metrics` of each pass in the trace at ``trace_path`` (loaded once),
+    each with its window's ``output_wait`` summary. Module-level: run in a worker process."""
+    frames = load_trace(trace_path)
+    out = []
+    for p in passes:
+        report = pass_report(frames, p)
+        out.append(pass_trace_metrics(report, p) | {"output_wait": report.extra["output_wait"]})
+    return out
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

@@ -28,15 +28,16 @@ import argparse
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from analysis import Report, compare_reports, load_trace
-from analysis.compare import exposed_wait_line
+from analysis.compare import compare_output_waits, exposed_wait_line
 from bench._spec_engines import TARGET, SpecEngine, Variant, parse_variants
-from bench._spec_summary import divergence, pass_report, pass_trace_metrics, summarise_variant
+from bench._spec_summary import analyse_passes, divergence, summarise_variant
 from engine.workload import WorkloadRequest, load_workload
 
 DEFAULT_VARIANTS = "none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync"
@@ -163,33 +164,35 @@ def run_rounds(
 def add_trace_metrics(
     engines: list[SpecEngine], rows: dict[str, list[dict[str, Any]]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Close every engine, then analyse each measured pass's steps in its trace. Returns the
-    untimed passes' build time and tok/s by variant, and per sync variant ``stepscope compare``'s exposed-wait
-    comparison of its first round against the same method and k without sync."""
-    warm: dict[str, Any] = {}
-    first: dict[Variant, Report] = {}
+    """Close every engine, then analyse each measured pass's steps in its trace (one worker
+    process per trace). Returns the untimed passes' build time and tok/s by variant, and per
+    sync variant ``stepscope compare``'s exposed-wait comparison of its first round against
+    the same method and k without sync."""
     for e in engines:
         e.close()
-    for e in engines:
-        frames = load_trace(e.trace_path)
-        name = e.variant.name
-        warm[name] = {"build_s": e.build_s, "tok_s": e.passes[0].tok_s}
-        for i, (row, p) in enumerate(zip(rows[name], e.passes[1:], strict=True)):
-            report = pass_report(frames, p)
-            row |= pass_trace_metrics(report, p)
-            if i == 0:
-                first[e.variant] = report
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds a CUDA context
+    workers = max(1, min(len(engines), os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        jobs = {
+            e.variant: pool.submit(
+                analyse_passes,
+                e.trace_path,
+                [dataclasses.replace(p, tokens={}) for p in e.passes[1:]],
+            )
+            for e in engines
+        }
+        for v, job in jobs.items():
+            for row, metrics in zip(rows[v.name], job.result(), strict=True):
+                row |= metrics
+    warm = {e.variant.name: {"build_s": e.build_s, "tok_s": e.passes[0].tok_s} for e in engines}
     pairs = {}
-    for v, report in first.items():
+    for v in jobs:
         other = dataclasses.replace(v, sync=False)
-        if v.sync and other in first:
-            cmp = compare_reports(report, first[other])
-            assert cmp.exposed_wait is not None  # a spec run on both sides
-            pairs[f"{v.name} vs {other.name}"] = {
-                **cmp.exposed_wait,
-                "line": exposed_wait_line(cmp.exposed_wait),
-                "contract_ok": cmp.contract_ok,
-            }
+        if v.sync and other in jobs:
+            cmp = compare_output_waits(
+                rows[v.name][0]["output_wait"], rows[other.name][0]["output_wait"]
+            )
+            pairs[f"{v.name} vs {other.name}"] = cmp | {"line": exposed_wait_line(cmp)}
     return warm, pairs
 
 
