@@ -139,6 +139,8 @@ def test_compare_names_each_sides_exposed_wait_per_step(traces: tuple[Path, Path
     assert (
         sync_kind["device_wait_us_per_step"] * sync.headline["window"]["num_steps"] > 0.5 * total_us
     )
+    (said,) = [v for v in sync.verdicts if v.startswith("Waiting for accepted counts")]
+    assert "came before the step's output reached the host." in said  # not host work alone
     line = exposed_wait_line(ew)
     assert "A wait_output(accepted_count)" in line and "B wait_output(sampled)" in line
     assert f"{ew['a']['exposed_us_per_step']:,.1f} µs/step" in line
