@@ -223,6 +223,10 @@ def compare_main(argv: list[str]) -> int:
         print(f"* {note}")
     if cmp.outputs_agree is not None:
         print(f"* outputs {'agree' if cmp.outputs_agree else 'DIFFER'} (digests).")
+    if cmp.exposed_wait is not None:
+        from analysis.compare import exposed_wait_line
+
+        print(f"* {exposed_wait_line(cmp.exposed_wait)}")
     import pandas as pd
 
     rows = [{"metric": k, **v} for k, v in cmp.deltas.items()]
