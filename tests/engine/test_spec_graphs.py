@@ -144,19 +144,20 @@ def test_shape_for_pads_to_a_bucket_unless_sampling_needs_more(checkpoint, monke
     from engine.scheduler.outputs import NewRequestData
 
     _force_spec_graphs(monkeypatch)
-    llm = LLM(model=checkpoint, spec_method="ngram", num_spec_tokens=3, **ENGINE)
+    engine = dict(ENGINE, max_num_seqs=5)  # buckets 16 and 32 over 5 padded requests
+    llm = LLM(model=checkpoint, spec_method="ngram", num_spec_tokens=3, **engine)
     runner = llm.engine.runner
     graphs, states = runner.spec_graphs, runner.states
     for i, params in enumerate([GREEDY, GREEDY, SEEDED[0]]):
         states.add(NewRequestData(f"r{i}", [1, 2, 3], [], params, [0], 3))
-    greedy16, greedy32 = SpecShape(16, 4, 16, True), SpecShape(32, 4, 16, True)
+    greedy16, greedy32 = SpecShape(16, 5, 16, True), SpecShape(32, 5, 20, True)
     assert graphs.shape_for(_verify_step({"r0": 3, "r1": 3}), True) == greedy16
     assert graphs.shape_for(_verify_step({"r0": 3, "r1": 2}), True) == greedy16  # trimmed
     assert graphs.shape_for(_verify_step({"r0": 3, "r1": 0}), True) == greedy16  # a decode
     prefill = _verify_step({"r0": 3}, {"r0": 4, "r1": 20})  # next to a 20-token chunk
     assert graphs.shape_for(prefill, True) == greedy32
     three = _verify_step({"r0": 3, "r1": 3, "r2": 3})  # r2 samples: the random variant
-    assert graphs.shape_for(three, True) == SpecShape(16, 4, 16, False)
+    assert graphs.shape_for(three, True) == SpecShape(16, 5, 16, False)
     assert graphs.num_eager == 0
     assert graphs.shape_for(_verify_step({"r0": 3}), False) is None  # a grammar mask
     assert graphs.shape_for(_verify_step({"r0": 0}), True) is None  # no drafts: not counted
@@ -166,7 +167,6 @@ def test_shape_for_pads_to_a_bucket_unless_sampling_needs_more(checkpoint, monke
                        [1], 2)  # fmt: skip
     )
     assert graphs.shape_for(_verify_step({"r0": 3, "pen": 3}), True) is None
-    states.remove({"pen"})
     states.add(
         NewRequestData("top", [1, 2], [], dataclasses.replace(SEEDED[0], top_k=5), [2], 2)
     )
