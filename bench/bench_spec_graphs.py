@@ -11,7 +11,7 @@ steps replayed graphs / ran eagerly, and the share of requests whose tokens equa
 run's (with bf16 a few differ: the padded and the unpadded batch round differently).
 
 Usage: python bench/bench_spec_graphs.py [--device cuda] [--dtype bfloat16] [--repeat 8]
-       [--runs none,eagle,mtp,draft,ngram,eagle-eager,eagle-sync] [--json out.json]
+       [--runs none,eagle,mtp,draft,ngram,eagle-sync,eagle-eager] [--json out.json]
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def run_one(name: str, args: argparse.Namespace, requests: list[WorkloadRequest]
         device=args.device,
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=args.num_kv_blocks,
+        max_model_len=args.max_model_len,
         **kwargs,
     )
     startup_s = time.monotonic() - start
@@ -109,7 +111,9 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=8)
-    p.add_argument("--runs", default="none,eagle,mtp,draft,ngram,eagle-eager,eagle-sync")
+    p.add_argument("--runs", default="none,eagle,mtp,draft,ngram,eagle-sync")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized at start-up")
+    p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     requests = workload(args)
