@@ -163,13 +163,12 @@ def test_shape_for_pads_to_a_bucket_unless_sampling_needs_more(checkpoint, monke
     assert graphs.shape_for(_verify_step({"r0": 0}), True) is None  # no drafts: not counted
     assert graphs.num_eager == 1
     states.add(
-        NewRequestData("pen", [1, 2], [], dataclasses.replace(GREEDY, repetition_penalty=1.2),
-                       [1], 2)  # fmt: skip
+        NewRequestData(
+            "pen", [1, 2], [], dataclasses.replace(GREEDY, repetition_penalty=1.2), [1], 2
+        )  # fmt: skip
     )
     assert graphs.shape_for(_verify_step({"r0": 3, "pen": 3}), True) is None
-    states.add(
-        NewRequestData("top", [1, 2], [], dataclasses.replace(SEEDED[0], top_k=5), [2], 2)
-    )
+    states.add(NewRequestData("top", [1, 2], [], dataclasses.replace(SEEDED[0], top_k=5), [2], 2))
     assert graphs.shape_for(_verify_step({"r0": 3, "top": 3}), True) is None
     assert graphs.num_eager == 3
     llm.close()
