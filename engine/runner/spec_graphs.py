@@ -28,12 +28,14 @@ output before it reached the host.
 from __future__ import annotations
 
 import bisect
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.device import Device, DeviceEvent
+from engine.runner.capture_guard import repo_frames
 from engine.runner.cuda_graphs import mixed_buckets
 from engine.runner.forward_pass import ForwardPass
 from engine.runner.states import RequestStates
@@ -41,7 +43,7 @@ from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.decoder import SpecDecoder
 from engine.spec.graph_step import GraphFlags, PaddedSpecStep, StepBuffers
 
-__all__ = ["SpecGraphs", "SpecShape", "spec_buckets"]
+__all__ = ["SpecGraphs", "SpecShape", "capture_failure", "spec_buckets"]
 
 VARIANTS = (GraphFlags(all_greedy=True), GraphFlags(all_greedy=False))
 
@@ -184,6 +186,15 @@ class SpecGraphs:
             shape.all_greedy,
         )
 
+    def run_bodies(self, shapes: list[SpecShape]) -> None:
+        """The bodies of ``shapes`` (the sampling variants of one bucket) once, eagerly: one
+        forward, then verify and draft per variant (capture warm-up; the CPU check that the
+        bodies move no host data, tests/engine/test_spec_graphs.py)."""
+        hidden = self._forward_body(shapes[0])
+        for shape in shapes:
+            self._verify_body(shape, hidden)
+            self._draft_body(shape, hidden)
+
     # ---- replay (compute stream) ---------------------------------------------------------------
     # stepscope: hot
     def forward(self, shape: SpecShape) -> torch.Tensor:
@@ -217,7 +228,7 @@ class SpecGraphs:
             self._graphs["draft", shape].replay()
 
     # ---- capture --------------------------------------------------------------------------------
-    def _fill(self, shape: SpecShape) -> None:
+    def fill(self, shape: SpecShape) -> None:
         """A harmless batch of ``shape`` for warm-up and capture: every request padded (the
         trash row, no query token, slot -1), so nothing but the trash row is written."""
         fwd, t, bp = self.fwd, shape.num_tokens, shape.num_reqs
@@ -241,8 +252,7 @@ class SpecGraphs:
                 self._capture_cuda()
         except Exception as exc:  # noqa: BLE001 -- any capture failure decides the feature
             self.device.synchronize()
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            self.disable(f"capture failed: {type(exc).__name__}: {first}")
+            self.disable(capture_failure(exc))
 
     def _capture_cuda(self) -> None:
         pool = torch.cuda.graph_pool_handle()
@@ -250,12 +260,9 @@ class SpecGraphs:
         for bucket in reversed(self.buckets):
             shapes = [self.shape(bucket, v.all_greedy) for v in VARIANTS]
             with torch.cuda.stream(stream):
-                self._fill(shapes[0])
+                self.fill(shapes[0])
                 for _ in range(2):  # lazy inits and Triton compiles happen outside capture
-                    for shape in shapes:
-                        hidden = self._forward_body(shape)
-                        self._verify_body(shape, hidden)
-                        self._draft_body(shape, hidden)
+                    self.run_bodies(shapes)
             stream.synchronize()
             forward = torch.cuda.CUDAGraph()
             with torch.cuda.graph(forward, pool=pool, stream=stream):
@@ -279,6 +286,15 @@ class SpecGraphs:
         self.buckets = []
         self._graphs = {}
         self._hidden = {}
+
+
+def capture_failure(exc: BaseException) -> str:
+    """The reason a failed capture reports: the error's first line and the innermost frames of
+    this repository that raised it (``path:line (function)``, innermost first), so a device run
+    names the line to fix; CUDA's own messages carry no location."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    where = repo_frames(traceback.extract_tb(exc.__traceback__))
+    return f"capture failed: {type(exc).__name__}: {first}" + (f" [at {where}]" if where else "")
 
 
 def _forward_key(shape: SpecShape) -> SpecShape:

@@ -95,9 +95,10 @@ class PaddedSpecStep:
         raw_cu = t.packed[2 * bp + 1 : 3 * bp + 2].long()  # the first b + 1 entries are real
         live = qsl[1:] > qsl[:-1]  # [Bp]
         num_logits = torch.where(live, raw_cu[1:] - raw_cu[:-1], torch.zeros_like(rows))
-        cu = torch.zeros(bp + 2, dtype=torch.int64, device=dev)
-        cu[1 : bp + 1] = torch.cumsum(num_logits, 0)
-        cu[bp + 1] = n
+        # [0, cumsum, n], built on the device: ``cu[bp + 1] = n`` would copy a host scalar
+        # (not capturable).
+        zero1, n1 = torch.zeros(1, dtype=torch.int64, device=dev), torch.full_like(rows[:1], n)
+        cu = torch.cat([zero1, torch.cumsum(num_logits, 0), n1])
         flat = torch.arange(n, device=dev)
         req = torch.searchsorted(cu[1:], flat, right=True)  # [N] in [0, Bp]
         valid = req < bp

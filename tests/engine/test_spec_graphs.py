@@ -196,3 +196,30 @@ def test_decision_needs_graphs_triton_and_a_method() -> None:
     assert off.reason == "off as requested"
     with pytest.raises(ValueError, match="spec_cuda_graphs=True cannot be honoured"):
         decision(False, spec_method="ngram", num_spec_tokens=2, spec_cuda_graphs=True)
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle", "draft", "mtp"])
+def test_graph_bodies_move_no_host_data(checkpoint, models, method, monkeypatch):
+    """What a CUDA capture rejects and the CPU runs happily: the bodies (Triton kernels, both
+    sampling variants) copy no host data to the device and read no device value on the host
+    (engine.runner.capture_guard; the H200 found ``cu[bp + 1] = n`` in ``layout``)."""
+    from engine.device import CpuDevice
+    from engine.runner.capture_guard import HostDataGuard, device_tensors
+
+    host: list = []  # every host buffer of the engine (pinned on CUDA)
+    host_empty = CpuDevice.host_empty
+    monkeypatch.setattr(
+        CpuDevice, "host_empty", lambda self, *a: host.append(host_empty(self, *a)) or host[-1]
+    )
+    _force_spec_graphs(monkeypatch)
+    spec = dict(spec_method=method, spec_model=models[method], num_spec_tokens=3)
+    llm = LLM(model=checkpoint, triton_kernels=True, warmup=False, **ENGINE, **spec)
+    runner = llm.engine.runner
+    graphs = runner.spec_graphs
+    assert llm.engine.features.triton_kernels and graphs.enabled and host
+    shapes = [graphs.shape(graphs.buckets[0], greedy) for greedy in (True, False)]
+    graphs.fill(shapes[0])
+    with HostDataGuard(device_tensors(runner), host) as guard:
+        graphs.run_bodies(shapes)
+    llm.close()
+    assert guard.num_ops > 500 and not guard.violations, "\n".join(map(str, guard.violations))
