@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -100,7 +101,34 @@ def _key(t: torch.Tensor) -> int | None:
         storage = t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
-    return storage.data_ptr() if storage.nbytes() else None
+    return storage._cdata if storage.nbytes() else None
+
+
+class _Storages:
+    """A set of live storages: a freed storage leaves it (its address may be reused)."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor] = ()) -> None:
+        self._refs: dict[int, StorageWeakRef] = {}
+        for t in tensors:
+            self.add(t)
+
+    def add(self, t: torch.Tensor) -> None:
+        if (k := _key(t)) is not None:
+            self._refs[k] = StorageWeakRef(t.untyped_storage())
+
+    def discard(self, t: torch.Tensor) -> None:
+        if (k := _key(t)) is not None:
+            self._refs.pop(k, None)
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        k = _key(t)
+        ref = None if k is None else self._refs.get(k)
+        if ref is None:
+            return False
+        if ref.expired():
+            del self._refs[k]
+            return False
+        return True
 
 
 def device_tensors(*roots: Any) -> list[torch.Tensor]:
@@ -158,8 +186,8 @@ class HostDataGuard(TorchDispatchMode):
 
     def __init__(self, device: Iterable[torch.Tensor], host: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
-        self._host: set[int] = {k for t in host if (k := _key(t)) is not None}
-        self._device: set[int] = {k for t in device if (k := _key(t)) is not None} - self._host
+        self._host = _Storages(host)
+        self._device = _Storages(t for t in device if t not in self._host)
         self.violations: list[HostRead] = []
         self.num_ops = 0
 
@@ -176,8 +204,8 @@ class HostDataGuard(TorchDispatchMode):
         self.num_ops += 1
         if func in _LIFT:
             for t in _tensors(out):
-                if (k := _key(t)) is not None:
-                    self._host.add(k)
+                self._device.discard(t)
+                self._host.add(t)
             return out
         if func in _HOST_READS or (func in _INDEX and _bool_index(args)):
             self._record(func, "reads a device value on the host")
@@ -185,18 +213,17 @@ class HostDataGuard(TorchDispatchMode):
             # fill_'s value is read on the host as a scalar: only its destination must be device
             read = args[:1] if func in _READS_SCALAR else (args, kwargs)
             for t in _tensors(read):
-                k = _key(t)
-                if k is None or k in self._device:
+                if _key(t) is None or t in self._device:
                     continue
-                if k in self._host:
+                if t in self._host:
                     why = f"reads a host tensor (host data or a host buffer; shape {list(t.shape)})"
                 else:
                     why = f"reads a tensor that is no device buffer (shape {list(t.shape)})"
                 self._record(func, why)
                 break
         for t in _tensors(out):
-            if (k := _key(t)) is not None and k not in self._host:
-                self._device.add(k)
+            if t not in self._host:
+                self._device.add(t)
         return out
 
     def __enter__(self) -> HostDataGuard:
