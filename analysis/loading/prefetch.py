@@ -47,12 +47,14 @@ class TracePrefetch:
 
     def load(self, profile: Profile | str | None = None) -> TraceFrames:
         """The trace's frames, as :func:`~analysis.loading.load.load_trace` returns them."""
-        cols = self._job.result()
-        if cols is None:
-            return load_trace(self.path, profile, self.max_decompressed_mb)
+        # pandas and the Kineto loader are imported before waiting: while the child decodes.
         from analysis.loading.kineto_decode import columns_frame
         from analysis.loading.load_kineto import frames_of_columns
         from analysis.loading.profiles import get_profile
+
+        cols = self._job.result()
+        if cols is None:
+            return load_trace(self.path, profile, self.max_decompressed_mb)
 
         prof = get_profile(profile or "vllm")
         return finish_frames(
