@@ -69,6 +69,6 @@ def _columns_or_none(path: str, max_decompressed_mb: float) -> EventColumns | No
         data = read_trace_bytes(path, max_decompressed_mb)
         if not is_kineto_json(data):
             return None
-        return decode_columns(data)
+        return decode_columns(data, forked.keep_until_exit)
     except Exception:  # noqa: BLE001 -- load_trace reports it with its own message
         return None
