@@ -211,14 +211,22 @@ def _mark_waits(x: pd.DataFrame) -> None:
     d2h = copies["name"].str.contains("DtoH|Device -> Pageable|Pageable", regex=True)
     d2h_corr = set(copies["correlation"][d2h].tolist())
     pageable = set(copies["correlation"][copies["name"].str.contains("Pageable")].tolist())
-    runtime = x["cat"].isin(_RUNTIME_CATS)
-    is_sync = runtime & x["raw_name"].isin(SYNC_CALLS)
-    corr = x["correlation"]
-    blocking_copy = runtime & (
-        (x["raw_name"].isin(_BLOCKING_COPIES) & corr.isin(d2h_corr))
-        | (x["raw_name"].str.startswith(("cudaMemcpy", "hipMemcpy")) & corr.isin(pageable))
+    runtime = x["cat"].isin(_RUNTIME_CATS).to_numpy(bool)
+    raw = x["raw_name"]
+    is_sync = runtime & raw.isin(SYNC_CALLS).to_numpy(bool)
+    # Copy calls first (a few rows), then their correlations: no hash lookup per event.
+    copy_call = runtime & (
+        raw.isin(_BLOCKING_COPIES).to_numpy(bool)
+        | raw.str.startswith(("cudaMemcpy", "hipMemcpy")).to_numpy(bool)
     )
-    is_sync, blocking_copy = is_sync.to_numpy(), blocking_copy.to_numpy() & ~is_sync.to_numpy()
+    rows = np.flatnonzero(copy_call)
+    corr = x["correlation"].iloc[rows]
+    blocking_copy = np.zeros(len(x), bool)
+    blocking_copy[rows] = (
+        (raw.iloc[rows].isin(_BLOCKING_COPIES) & corr.isin(d2h_corr))
+        | (raw.iloc[rows].str.startswith(("cudaMemcpy", "hipMemcpy")) & corr.isin(pageable))
+    ).to_numpy(bool)
+    blocking_copy &= ~is_sync
     x["name"] = _with(x["name"], is_sync | blocking_copy, CpuSlice.WAIT_OUTPUT.value)
     x["kind"] = _with(_with(x["kind"], is_sync, WAIT_SYNC), blocking_copy, WAIT_D2H)
 

@@ -227,11 +227,14 @@ def _deepest_across_threads(
     s, e, owner = seg
     if s.size == 0:
         return seg
+    owner_track = track[owner]
+    if (owner_track == owner_track[0]).all():  # one thread (the usual case): disjoint segments,
+        order = np.argsort(s, kind="stable")  # which the sweep below would return in start order
+        return s[order], e[order], owner[order]
     edges = unique_sorted(np.concatenate((s, e)))
     lo, hi = edges[:-1], edges[1:]
     best_depth = np.full(lo.size, -1, dtype=np.int64)
     best_owner = np.full(lo.size, -1, dtype=np.int64)
-    owner_track = track[owner]
     for t in unique_sorted(owner_track):  # one pass per thread; segments of a thread are disjoint
         mine = np.flatnonzero(owner_track == t)
         mine = mine[np.argsort(s[mine], kind="stable")]
