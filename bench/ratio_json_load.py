@@ -50,6 +50,20 @@ def _timed(cmd: list[str], env: dict[str, str], stdout) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def peak_mb(root: Path, trace: Path) -> float:
+    """Peak memory of ``stepscope analyze --json TRACE`` run from ``root`` (see --memory)."""
+    sys.path.insert(0, str(ROOT))
+    from bench._kineto_vs_hta import _tree_mb
+
+    cmd = [sys.executable, "-c", _CLI, "analyze", str(trace), "--json"]
+    proc = subprocess.Popen(cmd, env=_env(root), stdout=subprocess.DEVNULL)
+    peak = 0.0
+    while proc.poll() is None:
+        peak = max(peak, _tree_mb(proc.pid))
+        time.sleep(0.005)
+    return peak
+
+
 def build(path: Path) -> None:
     """The ~193k-event vLLM serving trace of bench/README.md (issue 14), written to ``path``."""
     sys.path.insert(0, str(ROOT))
@@ -68,6 +82,12 @@ def main() -> None:
         "--root", type=Path, action="append", help="checkout the CLI runs from (repeatable)"
     )
     parser.add_argument("--build", action="store_true", help="build the large trace at TRACE first")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="then one untimed run per root: peak MB of the CLI's process tree (its RSS plus "
+        "its forked children's private pages, sampled every 5 ms, as bench_analysis.py --real)",
+    )
     args = parser.parse_args()
     roots = [r.resolve() for r in (args.root or [ROOT])]
     if args.build:
@@ -105,6 +125,8 @@ def main() -> None:
             )
     for root in roots:
         rs = ratios[root]
+        if args.memory:
+            print(f"{root}: peak {peak_mb(root, args.trace):.0f} MB")
         print(
             f"{root}: median wall ratio {statistics.median(rs):.2f} ({min(rs):.2f}..{max(rs):.2f}), "
             f"CPU ratio {statistics.median(cpu_ratios[root]):.2f}, "
