@@ -282,6 +282,9 @@ def _syncs(x: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+_NOT_AFTER_TRACKS = ["pid", "tid", "ts_us", "dur_us", "device", "device_index"]
+
+
 def _slices(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     x["ts_ns"] = np.round(x["ts_us"].to_numpy() * 1e3).astype(np.int64)
     dur_us = np.nan_to_num(x["dur_us"].to_numpy(), nan=0.0).clip(min=0)
@@ -290,7 +293,8 @@ def _slices(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     x["raw_name"] = x["name"]
     x["step"] = -1
     order = np.lexsort((-x["end_ns"].to_numpy(), x["ts_ns"].to_numpy()))
-    x = x.take(order).reset_index(drop=True)
+    # The sort moves only the columns read from here on (not the raw times, ids, devices).
+    x = x.drop(columns=_NOT_AFTER_TRACKS).take(order).reset_index(drop=True)
     x = _apply_profile(x, prof)
     _mark_waits(x)
     _assign_steps(x)
