@@ -40,11 +40,14 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def _timed(cmd: list[str], env: dict[str, str], stdout) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + sys of the process and the children it waited for)."""
+def _timed(cmd: list[str], root: Path, stdout) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + sys of the process and the children it waited for)
+    of ``cmd`` run in ``root`` (``python -c`` puts the working directory first on sys.path)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, stdout=stdout, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(
+        cmd, env=_env(root), cwd=root, stdout=stdout, stderr=subprocess.DEVNULL, check=True
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -56,7 +59,7 @@ def peak_mb(root: Path, trace: Path) -> float:
     from bench._kineto_vs_hta import _tree_mb
 
     cmd = [sys.executable, "-c", _CLI, "analyze", str(trace), "--json"]
-    proc = subprocess.Popen(cmd, env=_env(root), stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=_env(root), cwd=root, stdout=subprocess.DEVNULL)
     peak = 0.0
     while proc.poll() is None:
         peak = max(peak, _tree_mb(proc.pid))
@@ -90,6 +93,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     roots = [r.resolve() for r in (args.root or [ROOT])]
+    args.trace = args.trace.resolve()
     if args.build:
         build(args.trace)
     for root in roots:
@@ -99,7 +103,6 @@ def main() -> None:
             check=True,
             env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
         )
-    base = _env(ROOT)
     ratios: dict[Path, list[float]] = {r: [] for r in roots}
     cpu_ratios: dict[Path, list[float]] = {r: [] for r in roots}
     loads: list[float] = []
@@ -107,13 +110,13 @@ def main() -> None:
         for i in range(args.rounds):
             load = os.getloadavg()[0]
             loads.append(load)
-            t_json, c_json = _timed([sys.executable, "-c", _JSON_LOAD, str(args.trace)], base, None)
+            t_json, c_json = _timed([sys.executable, "-c", _JSON_LOAD, str(args.trace)], ROOT, None)
             cells = []
             for root in roots:
                 out.seek(0)
                 out.truncate()
                 cmd = [sys.executable, "-c", _CLI, "analyze", str(args.trace), "--json"]
-                t_cli, c_cli = _timed(cmd, _env(root), out)
+                t_cli, c_cli = _timed(cmd, root, out)
                 ratios[root].append(t_cli / t_json)
                 cpu_ratios[root].append(c_cli / c_json)
                 cells.append(
