@@ -164,6 +164,9 @@ def analyze_main(argv: list[str]) -> int:
     # forked child (analysis.loading.prefetch); one that has them (tests, the dashboard) would
     # gain nothing and loads in place.
     prefetch = TracePrefetch(args.trace, args.max_decompressed_mb, "pandas" not in sys.modules)
+    # pandas and the metrics (about as long as the child's decoding) are imported meanwhile;
+    # analysis.analyze_frames alone would import them only once the trace is loaded.
+    import analysis.report  # noqa: F401
     from analysis import analyze_frames
 
     try:
