@@ -24,6 +24,7 @@ Events are made, recorded, queried and read through an :class:`~instrument.devic
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,10 +49,13 @@ __all__ = [
     "PendingStage",
     "POLL_BATCH",
     "MAX_DEFERRED",
+    "POLL_CHUNK",
 ]
 
 POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
-MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway
+MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (background: wakes)
+POLL_CHUNK = 16  # stages the poller thread emits per stretch of holding the GIL
+POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 
 
 @dataclass(slots=True)
@@ -185,6 +189,8 @@ class DeviceTimeline:
         self._max_pending = max_pending
         self.poll_batch = poll_batch
         self.max_deferred = max_deferred
+        # Background: the engine thread polls inline only this far behind (the poller is stuck).
+        self._inline_limit = max(max_deferred, max_pending // 2)
         self._queues: dict[int, _StreamQueue] = {}  # by id(stream); the stream is kept too
         self._unordered: list[Any] = []  # stages queued through add(): no stream order known
         # Pending = recorded - emitted - dropped. Each count has one writer at a time: recorded the
@@ -343,10 +349,16 @@ class DeviceTimeline:
 
     # stepscope: hot
     def poll_if_due(self) -> int:
-        """The once-per-step hook on the hot path: :meth:`poll` only once ``max_deferred`` stages
-        are pending (the engine did not wait for the device meanwhile), else nothing. Returns how
-        many slices were emitted."""
-        if self.num_recorded - self.num_emitted - self.num_dropped < self.max_deferred:
+        """The once-per-step hook on the hot path: nothing until ``max_deferred`` stages are
+        pending (the engine did not wait for the device meanwhile); then, with ``background``,
+        wake the poller thread (one C-level lock release; inline only past ``max_pending // 2``,
+        a poller that cannot keep up), else :meth:`poll`. Returns how many slices were emitted
+        on this thread."""
+        pending = self.num_recorded - self.num_emitted - self.num_dropped
+        if pending < self.max_deferred:
+            return 0
+        if self.background and self.observer is None and pending < self._inline_limit:
+            self._wake()
             return 0
         return self.poll()
 
@@ -358,20 +370,25 @@ class DeviceTimeline:
         With ``background``, the poll runs on the timeline's poller thread instead (started on
         first use; a C-level lock release wakes it): the engine thread only checks and wakes,
         then blocks in its wait, which releases the GIL, while the poller queries, converts and
-        emits. Inline still when an ``observer`` is set (a kernel window reads its stages on the
-        engine thread). docs/design.md §4.3."""
+        emits, ``POLL_CHUNK`` stages per stretch of holding the GIL. Inline still when an
+        ``observer`` is set (a kernel window reads its stages on the engine thread).
+        docs/design.md §4.3."""
         if self.num_recorded - self.num_emitted - self.num_dropped < self.poll_batch or done():
             return 0
         if self.background and self.observer is None:
-            if self.poller_error is not None:
-                raise RuntimeError("the device timeline's poller failed") from self.poller_error
-            if self._poller is None:
-                self._start_poller()
-            kick = self._kick
-            if kick.locked():  # the poller is idle (or about to be): wake it; else it is polling
-                kick.release()
+            self._wake()
             return 0
         return self.poll()
+
+    def _wake(self) -> None:
+        """Wake the poller thread (start it on first use); raise what it failed with."""
+        if self.poller_error is not None:
+            raise RuntimeError("the device timeline's poller failed") from self.poller_error
+        if self._poller is None:
+            self._start_poller()
+        kick = self._kick
+        if kick.locked():  # released: the poller polls (again) once it is back at its acquire
+            kick.release()
 
     def _start_poller(self) -> None:
         self._stopping = False
@@ -391,7 +408,11 @@ class DeviceTimeline:
                 kick.release()
                 return
             try:
-                self.poll()
+                # Chunks, with a sleep between them: a query or an elapsed_time keeps the GIL
+                # (torch's C methods do not release it), so one long poll would stall an engine
+                # thread that wants the GIL back for up to the whole poll (docs/design.md §4.3).
+                while self.poll(POLL_CHUNK) >= POLL_CHUNK and not self._stopping:
+                    time.sleep(POLL_YIELD_S)
             except BaseException as exc:  # kept for the engine thread: never lost
                 self.poller_error = exc
                 return
@@ -407,17 +428,17 @@ class DeviceTimeline:
         poller.join()
         self._poller = None
 
-    def poll(self) -> int:
-        """Emit every pending stage whose end event has completed; never blocks (but for
-        another poll in progress).
+    def poll(self, limit: int | None = None) -> int:
+        """Emit every pending stage whose end event has completed (at most ``limit`` of them);
+        never blocks (but for another poll in progress).
 
         Per stream, the newest pending end event is queried first (complete: so is every earlier
         one), else the boundary is found by bisection. Returns how many slices were emitted.
         """
         with self._lock:
-            return self._poll_locked()
+            return self._poll_locked(limit)
 
-    def _poll_locked(self) -> int:
+    def _poll_locked(self, limit: int | None = None) -> int:
         if self._returned:
             self._take_back()
         if self.num_recorded == self.num_emitted + self.num_dropped:
@@ -425,7 +446,8 @@ class DeviceTimeline:
         done: list[Any] = []
         for queue in list(self._queues.values()):  # the engine thread may add a stream
             stages = queue.stages
-            for _ in range(self._completed(stages)):
+            left = len(stages) if limit is None else limit - len(done)
+            for _ in range(self._completed(stages, left)):
                 done.append(stages.popleft())
         if self._unordered:
             query = self._query
@@ -437,10 +459,10 @@ class DeviceTimeline:
             self._emit(done)
         return len(done)
 
-    def _completed(self, stages: deque[Any]) -> int:
-        """How many of a stream's oldest pending stages have completed (stream order: a
-        completed end event vouches for every earlier one)."""
-        n = len(stages)  # the engine thread may append meanwhile: look at these n only
+    def _completed(self, stages: deque[Any], limit: int) -> int:
+        """How many of a stream's oldest ``limit`` pending stages have completed (stream order:
+        a completed end event vouches for every earlier one)."""
+        n = min(len(stages), limit)  # the engine thread may append meanwhile: these n only
         if n == 0:
             return 0
         query = self._query
