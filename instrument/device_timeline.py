@@ -55,6 +55,7 @@ __all__ = [
 POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
 MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (background: wakes)
 POLL_CHUNK = 16  # stages the poller thread emits per stretch of holding the GIL
+ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 
 
@@ -209,6 +210,10 @@ class DeviceTimeline:
         self._free: list[Any] = []
         self._last: Any = None  # the stage recorded last (for ``contiguous``)
         self._held: Any = None  # an emitted stage whose end the next stage may still share
+        # Emitted ends a later stage begins (or may begin) at, by id(event): that stage starts at
+        # exactly this time, whatever poll emits it (two conversions of one event may differ by a
+        # nanosecond once the clock moved its reference, and abutting slices must not overlap).
+        self._end_ns: dict[int, int] = {}
         # Lent end events by id (-> their stage), and those the caller gave back (give_back: the
         # engine thread appends, the poll takes them back into the pool).
         self._lent: dict[int, Any] = {}
@@ -320,6 +325,7 @@ class DeviceTimeline:
                     self._resolve_held()
                     self._held = stage
                 else:
+                    self._end_ns.pop(id(event), None)
                     self._free.append(event)
 
     def _resolve_held(self) -> None:
@@ -328,6 +334,7 @@ class DeviceTimeline:
         if held is not None and held is not self._last:
             self._held = None  # its successor did not share its end: the event is free
             if not (held.end_shared or held.lent):
+                self._end_ns.pop(id(held.end), None)
                 self._free.append(held.end)
 
     def new_event(self) -> TimedEvent:
@@ -403,7 +410,14 @@ class DeviceTimeline:
         self.ops.bind_thread()
         kick = self._kick
         while True:
-            kick.acquire()
+            if not kick.acquire(timeout=ANCHOR_EVERY_S):  # idle: keep the clock's reference recent
+                try:
+                    with self._lock:
+                        self.ops.keep_anchored()
+                except BaseException as exc:  # kept for the engine thread: never lost
+                    self.poller_error = exc
+                    return
+                continue
             if self._stopping:
                 kick.release()
                 return
@@ -492,6 +506,7 @@ class DeviceTimeline:
                 for queue in self._queues.values():
                     queue.stages.clear()
                 self._unordered = []
+                self._end_ns.clear()
                 self._lent.clear()
                 self._returned.clear()
                 self.num_dropped += left
@@ -511,6 +526,7 @@ class DeviceTimeline:
         times = self.ops.host_ns_many(events)
         self._resolve_held()
         free, last, tracks, observer = self._free, self._last, self._lane_tracks, self.observer
+        shared_ns = self._end_ns
         out: list[RawEvent] = []
         i = 0
         prev_end = None
@@ -519,9 +535,12 @@ class DeviceTimeline:
             begin, end = stage.begin, stage.end
             if begin is prev_end:
                 start_ns = end_ns
+                shared_ns.pop(id(begin), None)  # stored just now, with its predecessor
             else:
                 start_ns = times[i]
                 i += 1
+                if shared_ns:  # begins at an end an earlier poll emitted: at that very time
+                    start_ns = shared_ns.pop(id(begin), start_ns)
             end_ns = max(times[i], start_ns)
             i += 1
             prev_end = end
@@ -530,11 +549,13 @@ class DeviceTimeline:
             # one stays with the caller, and the newest stage's end waits for the next stage
             # (which may share it).
             free.append(begin)
-            if stage.end_shared or stage.lent:
-                pass
-            elif stage is last:
-                self._held = stage
-            else:
+            if stage.end_shared:
+                shared_ns[id(end)] = end_ns
+            elif stage is last:  # the next stage may still begin at its end
+                shared_ns[id(end)] = end_ns
+                if not stage.lent:
+                    self._held = stage
+            elif not stage.lent:
                 free.append(end)
             args = stage.args
             if isinstance(stage, PendingStage):
