@@ -150,8 +150,8 @@ class CudaClock(EventOps):
     # ``calibrate``'s default: "auto" (the driver's calls if they pass their self-test), "driver"
     # (the same, but a failed self-test is an error) or "torch" (torch's C methods).
     DEFAULT_API = "auto"
-    # An elapsed time is a float32 of milliseconds: its rounding error is up to 2^-24 of it
-    # (15.6 us three minutes after a start-up reference). So the clock moves its reference
+    # An elapsed time is a float32 of milliseconds: its rounding error is up to half an ulp
+    # (8 us three minutes after a start-up reference, 31 us after fifteen). So the clock moves its reference
     # forward: once converted events lie ANCHOR_MS past it, it records an anchor event of its own
     # (on ``anchor_stream``), and once that completed its host time (read through the current
     # reference: <= 15 ns of rounding at 256 ms) makes it the new reference.

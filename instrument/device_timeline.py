@@ -12,7 +12,9 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
   runs at the engine's one consumption point, just before it blocks on a step's output, and only
   while the device is still busy with it (then the host would have waited anyway) and once
   ``poll_batch`` stages are pending; :meth:`DeviceTimeline.poll_if_due`, the once-per-step hook on
-  the hot path, polls only past ``max_deferred`` pending stages (an engine that never waits);
+  the hot path, acts only past ``max_deferred`` pending stages (an engine that never waits). With
+  ``background`` both only wake the poller thread, which emits ``POLL_CHUNK`` stages per stretch
+  of holding the GIL;
 * a poll queries each stream's pending stages newest first and by bisection (events on one stream
   complete in stream order, so one completed event vouches for every earlier one), converts the
   completed ones to host times in one pass and hands their slices to the tracer in one call.
