@@ -11,8 +11,13 @@ import time
 import pytest
 
 from analysis import load_trace
-from instrument.cuda_driver import CUDA_ERROR_NOT_READY, CudaDriverError, StandInDriver
-from instrument.device_events import StandInCudaEvent, StandInStream
+from instrument.cuda_driver import (
+    CUDA_ERROR_NOT_READY,
+    CudaDriver,
+    CudaDriverError,
+    StandInDriver,
+)
+from instrument.device_events import CudaClock, StandInCudaEvent, StandInStream
 from instrument.tracer import Tracer
 from tests.instrument.test_device_timeline_batching import EngineLoop, _device_slices, _run_async
 
@@ -139,3 +144,9 @@ def test_abutting_stages_split_across_polls_share_one_time(tmp_path, monkeypatch
     forward_end = written_forward[0][4]
     sample = [s for s in load_trace(path).slices.itertuples() if s.name == "sample"]
     assert sample[0].ts_ns == forward_end
+
+
+def test_driver_load_and_api_choice_fail_clearly():
+    assert CudaDriver.load("libstepscope-no-such-driver.so") is None  # then torch's calls
+    with pytest.raises(ValueError, match="api must be auto, driver or torch"):
+        CudaClock.calibrate(api="nvml")
