@@ -354,7 +354,14 @@ class StandInStream:
         self.auto = auto
         self.num_recorded = 0
         self.num_done = 0
-        self.cuda_stream = _register(self)  # its handle, for the stand-in driver
+        self._handle = 0
+
+    @property
+    def cuda_stream(self) -> int:
+        """Its handle, for :class:`~instrument.cuda_driver.StandInDriver` (given on first use)."""
+        if not self._handle:
+            self._handle = _register(self)
+        return self._handle
 
     def advance(self, num_events: int | None = None) -> None:
         """Complete the next ``num_events`` recorded events (all of them: None)."""
@@ -369,20 +376,24 @@ class StandInCudaEvent:
     Like CUDA, ``elapsed_time`` on an event that has not completed raises."""
 
     calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0, "create": 0}
-    __slots__ = ("_stream", "_seq", "ns", "cuda_handle", "__weakref__")
+    __slots__ = ("_stream", "_seq", "ns", "_handle", "__weakref__")
 
     def __init__(self, enable_timing: bool = False, **_: object) -> None:
         self.calls["create"] += 1
         self._stream: StandInStream | None = None
         self._seq = 0
         self.ns = 0
-        self.cuda_handle = _register(self)
+        self._handle = 0  # given on first use (the driver path only)
 
     @property
     def cuda_event(self) -> int:
         """Its handle, for :class:`~instrument.cuda_driver.StandInDriver`; 0 until its first
         record, like torch's (which creates CUDA events lazily)."""
-        return self.cuda_handle if self._stream is not None else 0
+        if self._stream is None:
+            return 0
+        if not self._handle:
+            self._handle = _register(self)
+        return self._handle
 
     @classmethod
     def reset_calls(cls) -> None:
