@@ -222,15 +222,16 @@ class CudaClock(EventOps):
         if api != "torch":
             driver = CudaDriver.load()
             reason = "libcuda or an event symbol not found" if driver is None else ""
-            if driver is not None:
-                with torch.cuda.device(device):
-                    stream = torch.cuda.current_stream(device)
-                    failed = driver.self_test(
-                        torch.cuda.Event,
-                        stream,
-                        lambda: torch.cuda.synchronize(device),
-                        lambda: torch.cuda._sleep(100_000),
-                    )
+            if driver is not None:  # on this thread as it is (the engine's records run here)
+                stream = torch.cuda.current_stream(device)
+
+                def spin() -> None:
+                    with torch.cuda.device(device), torch.cuda.stream(stream):
+                        torch.cuda._sleep(100_000)
+
+                failed = driver.self_test(
+                    torch.cuda.Event, stream, lambda: torch.cuda.synchronize(device), spin
+                )
                 if failed is not None:
                     driver, reason = None, failed
             if driver is None and api == "driver":
