@@ -83,9 +83,16 @@ def event_call_costs(n: int = 2000, batches: int = 5) -> dict[str, dict[str, flo
     stop = threading.Event()
     convert = (lambda: d.elapsed_ms(ref, nth(timing))) if driver else calls["elapsed_time (torch)"]
 
+    device = torch.cuda.current_device()
+    errors: list[str] = []
+
     def poller() -> None:
-        while not stop.is_set():
-            convert()
+        torch.cuda.set_device(device)  # the timeline's poller binds its thread the same way
+        try:
+            while not stop.is_set():
+                convert()
+        except Exception as exc:  # noqa: BLE001 -- reported with the table
+            errors.append(f"{type(exc).__name__}: {exc}")
 
     for name in [k for k in calls if k.startswith("record timing")]:
         thread = threading.Thread(target=poller, daemon=True)
@@ -95,6 +102,8 @@ def event_call_costs(n: int = 2000, batches: int = 5) -> dict[str, dict[str, flo
         stop.set()
         thread.join()
         stop.clear()
+        if errors:
+            raise RuntimeError(f"the converting thread failed: {errors[0]}")
         out[f"{name}, poller converting"] = {"cpu_us": cpu_us, "wall_us": wall_us}
     return out
 
