@@ -485,6 +485,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="after the rounds, one cProfile'd workload per mode: the N functions whose own time "
         "grew most over off (where the tracer's host time goes)",
     )
+    p.add_argument(
+        "--event-api",
+        choices=("auto", "driver", "torch"),
+        default="auto",
+        help="CUDA: which calls the device timeline records, queries and reads its events with "
+        "(CudaClock.calibrate's api; auto = the driver's if they pass their start-up self-test)",
+    )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
     if (args.model is None) == (args.model_config is None):
@@ -499,7 +506,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--modes must start with off and name only {list(MODES)}")
     trace_dir = tempfile.mkdtemp(prefix="stepscope-overhead-")
     micro_result = micro(["thread", "process"], args.micro_steps, 3, trace_dir)
+    event_costs: dict[str, Any] = {}
+    if args.device.startswith("cuda"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _event_cost import event_call_costs, print_costs
+
+        from instrument.device_events import CudaClock
+
+        CudaClock.DEFAULT_API = args.event_api
+        try:  # a side measurement: its failure must not cost the run
+            event_costs = event_call_costs()
+            print_costs(event_costs)
+        except Exception as exc:  # noqa: BLE001 -- printed and kept in the JSON
+            event_costs = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"CUDA event call costs not measured: {event_costs['error']}")
     modes = [build_mode(n, args, trace_dir) for n in names]
+    event_api = {}
+    for m in modes:
+        ops = m.llm.engine.runner.timeline.ops
+        event_api[m.name] = (
+            f"{getattr(ops, 'api', type(ops).__name__)} {getattr(ops, 'api_reason', '')}"
+        )
+        print(f"{m.name}: device timeline event calls: {event_api[m.name]}")
     seeds = iter(range(1, 1 << 30))
     # Warm-up: one workload per mode; it also sizes a timed run (workload repeats per run).
     warm = workload(args, next(seeds))
@@ -530,6 +558,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["direct"] = direct_result
     result["micro"] = micro_result
     result["profile"] = profiles
+    result["event_costs"] = event_costs
+    result["event_api"] = event_api
     result["config"] = vars(args) | {"repeats_per_run": int(repeats), "trace_dir": trace_dir}
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

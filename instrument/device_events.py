@@ -16,11 +16,15 @@ outside stages (the kernel window's clock markers).
 
 from __future__ import annotations
 
+import itertools
 import time
 import types
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+from instrument.cuda_driver import CudaDriver
 
 __all__ = [
     "TimedEvent",
@@ -70,6 +74,11 @@ class EventOps(ABC):
     def bind_thread(self) -> None:
         """Called first on another thread that will query and read events (the timeline's
         poller): make the events' device current there (nothing for host-stamped events)."""
+        return None
+
+    def keep_anchored(self) -> None:
+        """Called now and then by the timeline's idle poller, under the timeline's lock: keep
+        the conversion's reference recent (:class:`CudaClock`); nothing by default."""
         return None
 
 
@@ -138,12 +147,23 @@ class CudaClock(EventOps):
             needs an explicit stream.
     """
 
+    # ``calibrate``'s default: "auto" (the driver's calls if they pass their self-test), "driver"
+    # (the same, but a failed self-test is an error) or "torch" (torch's C methods).
+    DEFAULT_API = "auto"
+    # An elapsed time is a float32 of milliseconds: its rounding error is up to half an ulp
+    # (8 us three minutes after a start-up reference, 31 us after fifteen). So the clock moves its reference
+    # forward: once converted events lie ANCHOR_MS past it, it records an anchor event of its own
+    # (on ``anchor_stream``), and once that completed its host time (read through the current
+    # reference: <= 15 ns of rounding at 256 ms) makes it the new reference.
+    ANCHOR_MS = 256.0
+
     def __init__(
         self,
         reference: Any,
         reference_host_ns: int,
         uncertainty_ns: int = 0,
         event_cls: type | None = None,
+        driver: CudaDriver | None = None,
     ) -> None:
         if event_cls is None:
             import torch
@@ -152,17 +172,39 @@ class CudaClock(EventOps):
         self.event_cls = event_cls
         self.reference = reference
         self.reference_host_ns = reference_host_ns
+        # (reference, its host ns), replaced in one assignment: a reader on another thread never
+        # sees a new reference with the old time.
+        self._ref: tuple[Any, int] = (reference, reference_host_ns)
         self.uncertainty_ns = uncertainty_ns
         self.device: Any = None  # set by calibrate()
-        self.record = c_method(event_cls, "record")
-        self.query = c_method(event_cls, "query")
+        self.driver = driver
+        self.api = "torch" if driver is None else f"driver ({driver.name})"
+        self.api_reason = ""  # why the driver's calls are not used, when they are not
+        if driver is None:
+            self.record = c_method(event_cls, "record")
+            self.query = c_method(event_cls, "query")
+        else:
+            self.record = driver.record  # type: ignore[method-assign]
+            self.query = driver.query  # type: ignore[method-assign]
         self._elapsed_ms = c_method(event_cls, "elapsed_time")
+        self.anchor_stream: Any = None  # where anchors are recorded (None: never re-anchor)
+        self._next_anchor: Any = None  # recorded, not known complete yet
+        self._spare_anchor: Any = None  # the previous reference, recorded again as the next
+        self.num_anchors = 0  # references taken after the start-up one
+        self.num_anchor_records = 0  # anchors recorded (event calls besides the timeline's)
 
     @classmethod
-    def calibrate(cls, device: Any = None, tries: int = 5) -> CudaClock:
-        """Synchronise the device and take the reference event (start-up only)."""
+    def calibrate(cls, device: Any = None, tries: int = 5, api: str | None = None) -> CudaClock:
+        """Synchronise the device and take the reference event (start-up only). ``api``: which
+        calls record, query and read events (default ``DEFAULT_API``): ``"driver"`` /
+        ``"auto"`` the CUDA driver's (:class:`~instrument.cuda_driver.CudaDriver`), checked
+        against torch's on the device first (``"auto"`` falls back to torch's when they are
+        missing or disagree, and says why in ``api_reason``), ``"torch"`` torch's."""
         import torch
 
+        api = api or cls.DEFAULT_API
+        if api not in ("auto", "driver", "torch"):
+            raise ValueError(f"api must be auto, driver or torch, got {api!r}")
         device = torch.device(device if device is not None else "cuda")
         best: tuple[int, int, Any] | None = None
         with torch.cuda.device(device):
@@ -176,7 +218,27 @@ class CudaClock(EventOps):
                 if best is None or after - before < best[1] - best[0]:
                     best = (before, after, event)
         assert best is not None
-        clock = cls(best[2], best[0], best[1] - best[0])
+        driver, reason = None, ""
+        if api != "torch":
+            driver = CudaDriver.load()
+            reason = "libcuda or an event symbol not found" if driver is None else ""
+            if driver is not None:  # on this thread as it is (the engine's records run here)
+                stream = torch.cuda.current_stream(device)
+
+                def spin() -> None:
+                    with torch.cuda.device(device), torch.cuda.stream(stream):
+                        torch.cuda._sleep(100_000)
+
+                failed = driver.self_test(
+                    torch.cuda.Event, stream, lambda: torch.cuda.synchronize(device), spin
+                )
+                if failed is not None:
+                    driver, reason = None, failed
+            if driver is None and api == "driver":
+                raise RuntimeError(f"the CUDA driver's event calls cannot be used: {reason}")
+        clock = cls(best[2], best[0], best[1] - best[0], driver=driver)
+        clock.api_reason = reason
+        clock.anchor_stream = torch.cuda.Stream(device)  # idle: an anchor completes at once
         # With its index: a poller thread makes this device current (its default is device 0).
         clock.device = (
             device
@@ -200,12 +262,52 @@ class CudaClock(EventOps):
 
             torch.cuda.set_device(self.device)
 
+    def _elapsed(self, start: Any, end: Any) -> float:
+        if self.driver is not None:
+            return self.driver.elapsed_ms(start, end)
+        return float(self._elapsed_ms(start, end))
+
     def to_host_ns(self, event: Any) -> int:
-        return self.reference_host_ns + int(self._elapsed_ms(self.reference, event) * 1e6)
+        ref, base = self._ref
+        return base + round(self._elapsed(ref, event) * 1e6)
 
     def host_ns_many(self, events: Sequence[Any]) -> list[int]:
-        base, ref, elapsed_ms = self.reference_host_ns, self.reference, self._elapsed_ms
-        return [base + int(elapsed_ms(ref, event) * 1e6) for event in events]
+        """Under the timeline's lock (its polls): also moves the reference forward."""
+        self.keep_anchored()
+        ref, base = self._ref
+        if self.driver is not None:  # one driver call per event (torch's makes three)
+            ms = self.driver.elapsed_ms_many(ref, list(events))
+        else:
+            elapsed_ms = self._elapsed_ms
+            ms = [elapsed_ms(ref, event) for event in events]
+        if ms and max(ms) > self.ANCHOR_MS:
+            self._record_anchor()
+        return [base + round(m * 1e6) for m in ms]
+
+    def keep_anchored(self) -> None:
+        """Take a completed anchor as the reference; record one if the reference is older than
+        ``ANCHOR_MS`` on the host clock (the timeline's poller calls this when idle, so a long
+        pause keeps the reference recent). Off the hot path: polls and the poller only."""
+        anchor = self._next_anchor
+        if anchor is not None:
+            if not self.query(anchor):
+                return
+            ref, base = self._ref
+            self._ref = (anchor, base + round(self._elapsed(ref, anchor) * 1e6))
+            self.reference, self.reference_host_ns = self._ref
+            self._spare_anchor, self._next_anchor = ref, None
+            self.num_anchors += 1
+        if time.monotonic_ns() - self._ref[1] > self.ANCHOR_MS * 1e6:
+            self._record_anchor()
+
+    def _record_anchor(self) -> None:
+        if self._next_anchor is not None or self.anchor_stream is None:
+            return
+        anchor = self._spare_anchor if self._spare_anchor is not None else self.new()
+        self._spare_anchor = None
+        self.record(anchor, self.anchor_stream)
+        self._next_anchor = anchor
+        self.num_anchor_records += 1
 
     def __call__(self) -> CudaTimedEvent:
         return CudaTimedEvent(self)
@@ -234,6 +336,17 @@ class CudaTimedEvent:
         return self._clock.to_host_ns(self._event)
 
 
+STAND_IN_HANDLES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_stand_in_handles = itertools.count(1)
+
+
+def _register(obj: Any) -> int:
+    """A handle for a stand-in event or stream (``STAND_IN_HANDLES`` maps it back)."""
+    handle = next(_stand_in_handles)
+    STAND_IN_HANDLES[handle] = obj
+    return handle
+
+
 class StandInStream:
     """A stream for :class:`StandInCudaEvent`: events recorded on it complete when
     :meth:`advance` moves the simulated device past them (all at once with ``auto``)."""
@@ -242,6 +355,14 @@ class StandInStream:
         self.auto = auto
         self.num_recorded = 0
         self.num_done = 0
+        self._handle = 0
+
+    @property
+    def cuda_stream(self) -> int:
+        """Its handle, for :class:`~instrument.cuda_driver.StandInDriver` (given on first use)."""
+        if not self._handle:
+            self._handle = _register(self)
+        return self._handle
 
     def advance(self, num_events: int | None = None) -> None:
         """Complete the next ``num_events`` recorded events (all of them: None)."""
@@ -256,13 +377,24 @@ class StandInCudaEvent:
     Like CUDA, ``elapsed_time`` on an event that has not completed raises."""
 
     calls: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0, "create": 0}
-    __slots__ = ("_stream", "_seq", "ns")
+    __slots__ = ("_stream", "_seq", "ns", "_handle", "__weakref__")
 
     def __init__(self, enable_timing: bool = False, **_: object) -> None:
         self.calls["create"] += 1
         self._stream: StandInStream | None = None
         self._seq = 0
         self.ns = 0
+        self._handle = 0  # given on first use (the driver path only)
+
+    @property
+    def cuda_event(self) -> int:
+        """Its handle, for :class:`~instrument.cuda_driver.StandInDriver`; 0 until its first
+        record, like torch's (which creates CUDA events lazily)."""
+        if self._stream is None:
+            return 0
+        if not self._handle:
+            self._handle = _register(self)
+        return self._handle
 
     @classmethod
     def reset_calls(cls) -> None:
@@ -289,8 +421,11 @@ class StandInCudaEvent:
         return (end.ns - self.ns) / 1e6
 
     @staticmethod
-    def clock(stream: StandInStream | None = None) -> CudaClock:
-        """A :class:`CudaClock` over stand-in events (reference recorded now)."""
+    def clock(stream: StandInStream | None = None, driver: CudaDriver | None = None) -> CudaClock:
+        """A :class:`CudaClock` over stand-in events (reference recorded now); ``driver``: a
+        :class:`~instrument.cuda_driver.StandInDriver` for the driver's code path."""
         reference = StandInCudaEvent()
         reference.record(stream or StandInStream(auto=True))
-        return CudaClock(reference, reference.ns, 0, StandInCudaEvent)
+        clock = CudaClock(reference, reference.ns, 0, StandInCudaEvent, driver=driver)
+        clock.anchor_stream = StandInStream(auto=True)
+        return clock

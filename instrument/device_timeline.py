@@ -12,7 +12,9 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
   runs at the engine's one consumption point, just before it blocks on a step's output, and only
   while the device is still busy with it (then the host would have waited anyway) and once
   ``poll_batch`` stages are pending; :meth:`DeviceTimeline.poll_if_due`, the once-per-step hook on
-  the hot path, polls only past ``max_deferred`` pending stages (an engine that never waits);
+  the hot path, acts only past ``max_deferred`` pending stages (an engine that never waits). With
+  ``background`` both only wake the poller thread, which emits ``POLL_CHUNK`` stages per stretch
+  of holding the GIL;
 * a poll queries each stream's pending stages newest first and by bisection (events on one stream
   complete in stream order, so one completed event vouches for every earlier one), converts the
   completed ones to host times in one pass and hands their slices to the tracer in one call.
@@ -24,6 +26,7 @@ Events are made, recorded, queried and read through an :class:`~instrument.devic
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,10 +51,14 @@ __all__ = [
     "PendingStage",
     "POLL_BATCH",
     "MAX_DEFERRED",
+    "POLL_CHUNK",
 ]
 
 POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
-MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway
+MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (background: wakes)
+POLL_CHUNK = 16  # stages the poller thread emits per stretch of holding the GIL
+ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
+POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 
 
 @dataclass(slots=True)
@@ -185,6 +192,8 @@ class DeviceTimeline:
         self._max_pending = max_pending
         self.poll_batch = poll_batch
         self.max_deferred = max_deferred
+        # Background: the engine thread polls inline only this far behind (the poller is stuck).
+        self._inline_limit = max(max_deferred, max_pending // 2)
         self._queues: dict[int, _StreamQueue] = {}  # by id(stream); the stream is kept too
         self._unordered: list[Any] = []  # stages queued through add(): no stream order known
         # Pending = recorded - emitted - dropped. Each count has one writer at a time: recorded the
@@ -203,6 +212,10 @@ class DeviceTimeline:
         self._free: list[Any] = []
         self._last: Any = None  # the stage recorded last (for ``contiguous``)
         self._held: Any = None  # an emitted stage whose end the next stage may still share
+        # Emitted ends a later stage begins (or may begin) at, by id(event): that stage starts at
+        # exactly this time, whatever poll emits it (two conversions of one event may differ by a
+        # nanosecond once the clock moved its reference, and abutting slices must not overlap).
+        self._end_ns: dict[int, int] = {}
         # Lent end events by id (-> their stage), and those the caller gave back (give_back: the
         # engine thread appends, the poll takes them back into the pool).
         self._lent: dict[int, Any] = {}
@@ -314,6 +327,7 @@ class DeviceTimeline:
                     self._resolve_held()
                     self._held = stage
                 else:
+                    self._end_ns.pop(id(event), None)
                     self._free.append(event)
 
     def _resolve_held(self) -> None:
@@ -322,6 +336,7 @@ class DeviceTimeline:
         if held is not None and held is not self._last:
             self._held = None  # its successor did not share its end: the event is free
             if not (held.end_shared or held.lent):
+                self._end_ns.pop(id(held.end), None)
                 self._free.append(held.end)
 
     def new_event(self) -> TimedEvent:
@@ -343,10 +358,16 @@ class DeviceTimeline:
 
     # stepscope: hot
     def poll_if_due(self) -> int:
-        """The once-per-step hook on the hot path: :meth:`poll` only once ``max_deferred`` stages
-        are pending (the engine did not wait for the device meanwhile), else nothing. Returns how
-        many slices were emitted."""
-        if self.num_recorded - self.num_emitted - self.num_dropped < self.max_deferred:
+        """The once-per-step hook on the hot path: nothing until ``max_deferred`` stages are
+        pending (the engine did not wait for the device meanwhile); then, with ``background``,
+        wake the poller thread (one C-level lock release; inline only past ``max_pending // 2``,
+        a poller that cannot keep up), else :meth:`poll`. Returns how many slices were emitted
+        on this thread."""
+        pending = self.num_recorded - self.num_emitted - self.num_dropped
+        if pending < self.max_deferred:
+            return 0
+        if self.background and self.observer is None and pending < self._inline_limit:
+            self._wake()
             return 0
         return self.poll()
 
@@ -358,20 +379,25 @@ class DeviceTimeline:
         With ``background``, the poll runs on the timeline's poller thread instead (started on
         first use; a C-level lock release wakes it): the engine thread only checks and wakes,
         then blocks in its wait, which releases the GIL, while the poller queries, converts and
-        emits. Inline still when an ``observer`` is set (a kernel window reads its stages on the
-        engine thread). docs/design.md §4.3."""
+        emits, ``POLL_CHUNK`` stages per stretch of holding the GIL. Inline still when an
+        ``observer`` is set (a kernel window reads its stages on the engine thread).
+        docs/design.md §4.3."""
         if self.num_recorded - self.num_emitted - self.num_dropped < self.poll_batch or done():
             return 0
         if self.background and self.observer is None:
-            if self.poller_error is not None:
-                raise RuntimeError("the device timeline's poller failed") from self.poller_error
-            if self._poller is None:
-                self._start_poller()
-            kick = self._kick
-            if kick.locked():  # the poller is idle (or about to be): wake it; else it is polling
-                kick.release()
+            self._wake()
             return 0
         return self.poll()
+
+    def _wake(self) -> None:
+        """Wake the poller thread (start it on first use); raise what it failed with."""
+        if self.poller_error is not None:
+            raise RuntimeError("the device timeline's poller failed") from self.poller_error
+        if self._poller is None:
+            self._start_poller()
+        kick = self._kick
+        if kick.locked():  # released: the poller polls (again) once it is back at its acquire
+            kick.release()
 
     def _start_poller(self) -> None:
         self._stopping = False
@@ -386,12 +412,23 @@ class DeviceTimeline:
         self.ops.bind_thread()
         kick = self._kick
         while True:
-            kick.acquire()
+            if not kick.acquire(timeout=ANCHOR_EVERY_S):  # idle: keep the clock's reference recent
+                try:
+                    with self._lock:
+                        self.ops.keep_anchored()
+                except BaseException as exc:  # kept for the engine thread: never lost
+                    self.poller_error = exc
+                    return
+                continue
             if self._stopping:
                 kick.release()
                 return
             try:
-                self.poll()
+                # Chunks, with a sleep between them: a query or an elapsed_time keeps the GIL
+                # (torch's C methods do not release it), so one long poll would stall an engine
+                # thread that wants the GIL back for up to the whole poll (docs/design.md §4.3).
+                while self.poll(POLL_CHUNK) >= POLL_CHUNK and not self._stopping:
+                    time.sleep(POLL_YIELD_S)
             except BaseException as exc:  # kept for the engine thread: never lost
                 self.poller_error = exc
                 return
@@ -407,17 +444,17 @@ class DeviceTimeline:
         poller.join()
         self._poller = None
 
-    def poll(self) -> int:
-        """Emit every pending stage whose end event has completed; never blocks (but for
-        another poll in progress).
+    def poll(self, limit: int | None = None) -> int:
+        """Emit every pending stage whose end event has completed (at most ``limit`` of them);
+        never blocks (but for another poll in progress).
 
         Per stream, the newest pending end event is queried first (complete: so is every earlier
         one), else the boundary is found by bisection. Returns how many slices were emitted.
         """
         with self._lock:
-            return self._poll_locked()
+            return self._poll_locked(limit)
 
-    def _poll_locked(self) -> int:
+    def _poll_locked(self, limit: int | None = None) -> int:
         if self._returned:
             self._take_back()
         if self.num_recorded == self.num_emitted + self.num_dropped:
@@ -425,7 +462,8 @@ class DeviceTimeline:
         done: list[Any] = []
         for queue in list(self._queues.values()):  # the engine thread may add a stream
             stages = queue.stages
-            for _ in range(self._completed(stages)):
+            left = len(stages) if limit is None else limit - len(done)
+            for _ in range(self._completed(stages, left)):
                 done.append(stages.popleft())
         if self._unordered:
             query = self._query
@@ -437,10 +475,10 @@ class DeviceTimeline:
             self._emit(done)
         return len(done)
 
-    def _completed(self, stages: deque[Any]) -> int:
-        """How many of a stream's oldest pending stages have completed (stream order: a
-        completed end event vouches for every earlier one)."""
-        n = len(stages)  # the engine thread may append meanwhile: look at these n only
+    def _completed(self, stages: deque[Any], limit: int) -> int:
+        """How many of a stream's oldest ``limit`` pending stages have completed (stream order:
+        a completed end event vouches for every earlier one)."""
+        n = min(len(stages), limit)  # the engine thread may append meanwhile: these n only
         if n == 0:
             return 0
         query = self._query
@@ -470,6 +508,7 @@ class DeviceTimeline:
                 for queue in self._queues.values():
                     queue.stages.clear()
                 self._unordered = []
+                self._end_ns.clear()
                 self._lent.clear()
                 self._returned.clear()
                 self.num_dropped += left
@@ -489,6 +528,7 @@ class DeviceTimeline:
         times = self.ops.host_ns_many(events)
         self._resolve_held()
         free, last, tracks, observer = self._free, self._last, self._lane_tracks, self.observer
+        shared_ns = self._end_ns
         out: list[RawEvent] = []
         i = 0
         prev_end = None
@@ -497,9 +537,12 @@ class DeviceTimeline:
             begin, end = stage.begin, stage.end
             if begin is prev_end:
                 start_ns = end_ns
+                shared_ns.pop(id(begin), None)  # stored just now, with its predecessor
             else:
                 start_ns = times[i]
                 i += 1
+                if shared_ns:  # begins at an end an earlier poll emitted: at that very time
+                    start_ns = shared_ns.pop(id(begin), start_ns)
             end_ns = max(times[i], start_ns)
             i += 1
             prev_end = end
@@ -508,11 +551,13 @@ class DeviceTimeline:
             # one stays with the caller, and the newest stage's end waits for the next stage
             # (which may share it).
             free.append(begin)
-            if stage.end_shared or stage.lent:
-                pass
-            elif stage is last:
-                self._held = stage
-            else:
+            if stage.end_shared:
+                shared_ns[id(end)] = end_ns
+            elif stage is last:  # the next stage may still begin at its end
+                shared_ns[id(end)] = end_ns
+                if not stage.lent:
+                    self._held = stage
+            elif not stage.lent:
                 free.append(end)
             args = stage.args
             if isinstance(stage, PendingStage):

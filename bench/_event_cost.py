@@ -1,0 +1,131 @@
+"""What one CUDA event call costs the calling thread: torch's C methods vs the driver's calls.
+
+The device timeline makes, per engine step, 5 records on the engine thread, and about 8
+conversions and 1-2 queries on its poller thread (``bench_trace_overhead.py`` counts them). This
+times each kind of call alone, on this host and device, in the thread's CPU time and wall time
+per call (minimum over batches: other processes only ever add): ``record`` of a timing event
+through ``torch.cuda.Event.record``'s C method and through ``cuEventRecord`` on its handle
+(``instrument.cuda_driver.CudaDriver``), a non-timing record for comparison (the runner's sync
+events when tracing is off), ``query`` and ``elapsed_time`` both ways, and ``record`` while
+another thread converts events in a loop (the poller at work: driver lock and GIL contention).
+
+    python bench/_event_cost.py            # CUDA only; prints a table, --json writes it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["event_call_costs"]
+
+
+def _per_call(fn: Callable[[], Any], n: int, batches: int) -> tuple[float, float]:
+    """(CPU µs, wall µs) per call of ``fn``: minimum over ``batches`` batches of ``n`` calls."""
+    cpu_best = wall_best = float("inf")
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns
+    for _ in range(batches):
+        c0, w0 = cpu(), wall()
+        for _ in range(n):
+            fn()
+        c1, w1 = cpu(), wall()
+        cpu_best = min(cpu_best, (c1 - c0) / n / 1e3)
+        wall_best = min(wall_best, (w1 - w0) / n / 1e3)
+    return cpu_best, wall_best
+
+
+def event_call_costs(n: int = 2000, batches: int = 5) -> dict[str, dict[str, float]]:
+    """Per kind of call: ``{"cpu_us": ..., "wall_us": ...}`` per call (see the module doc)."""
+    import torch
+
+    from instrument.cuda_driver import CudaDriver
+    from instrument.device_events import c_method
+
+    stream = torch.cuda.Stream()
+    timing = [torch.cuda.Event(enable_timing=True) for _ in range(64)]
+    plain = [torch.cuda.Event() for _ in range(64)]
+    for event in timing + plain:  # created (torch creates CUDA events at their first record)
+        event.record(stream)
+    torch.cuda.synchronize()
+    record = c_method(torch.cuda.Event, "record")
+    query = c_method(torch.cuda.Event, "query")
+    elapsed = c_method(torch.cuda.Event, "elapsed_time")
+    driver = CudaDriver.load()
+    ref = timing[0]
+    cycle = iter(range(1 << 62))
+
+    def nth(events: list[Any]) -> Any:
+        return events[next(cycle) % len(events)]
+
+    calls: dict[str, Callable[[], Any]] = {
+        "record timing (torch)": lambda: record(nth(timing), stream),
+        "record no timing (torch)": lambda: record(nth(plain), stream),
+        "query (torch)": lambda: query(nth(timing)),
+        "elapsed_time (torch)": lambda: elapsed(ref, nth(timing)),
+    }
+    if driver is not None:
+        d = driver
+        calls |= {
+            "record timing (driver)": lambda: d.record(nth(timing), stream),
+            "query (driver)": lambda: d.query(nth(timing)),
+            "elapsed_time (driver)": lambda: d.elapsed_ms(ref, nth(timing)),
+        }
+    out: dict[str, dict[str, float]] = {}
+    for name, fn in calls.items():
+        torch.cuda.synchronize()
+        cpu_us, wall_us = _per_call(fn, n, batches)
+        out[name] = {"cpu_us": cpu_us, "wall_us": wall_us}
+    # Records while another thread converts events nonstop (the poller at work).
+    stop = threading.Event()
+    convert = (lambda: d.elapsed_ms(ref, nth(timing))) if driver else calls["elapsed_time (torch)"]
+
+    device = torch.cuda.current_device()
+    errors: list[str] = []
+
+    def poller() -> None:
+        torch.cuda.set_device(device)  # the timeline's poller binds its thread the same way
+        try:
+            while not stop.is_set():
+                convert()
+        except Exception as exc:  # noqa: BLE001 -- reported with the table
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    for name in [k for k in calls if k.startswith("record timing")]:
+        thread = threading.Thread(target=poller, daemon=True)
+        thread.start()
+        torch.cuda.synchronize()
+        cpu_us, wall_us = _per_call(calls[name], n, batches)
+        stop.set()
+        thread.join()
+        stop.clear()
+        if errors:
+            raise RuntimeError(f"the converting thread failed: {errors[0]}")
+        out[f"{name}, poller converting"] = {"cpu_us": cpu_us, "wall_us": wall_us}
+    return out
+
+
+def print_costs(costs: dict[str, dict[str, float]]) -> None:
+    print("CUDA event calls, per call on the calling thread (min over batches):")
+    print(f"  {'call':<46} {'CPU us':>7} {'wall us':>8}")
+    for name, c in costs.items():
+        print(f"  {name:<46} {c['cpu_us']:>7.2f} {c['wall_us']:>8.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, default=2000, help="calls per batch")
+    p.add_argument("--json", default=None, help="write the table here")
+    args = p.parse_args()
+    costs = event_call_costs(args.n)
+    print_costs(costs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(costs, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
