@@ -22,7 +22,10 @@ import json
 import time
 from typing import Any
 
+import engine.core
+from engine.config import FeatureDecision
 from engine.llm import LLM
+from engine.runner.model_runner import ModelRunner
 from engine.workload import WorkloadRequest, load_workload
 
 MODELS = "samples/models"
@@ -44,6 +47,36 @@ def workload(args: argparse.Namespace) -> list[WorkloadRequest]:
             params = dataclasses.replace(w.params, temperature=0.0, max_tokens=args.max_tokens)
             out.append(dataclasses.replace(w, id=f"{w.id}-{r}", arrival_time_s=0.0, params=params))
     return out
+
+
+def force_graphs() -> None:
+    """Resolve ``cuda_graphs`` and ``spec_cuda_graphs`` on as a CUDA device would, so that a CPU
+    run takes the same graph-or-eager decisions (the padded bodies then run eagerly there)."""
+    resolve = engine.core.resolve_features
+
+    def forced(config: Any, cuda_available: bool | None = None) -> Any:
+        features = resolve(config, cuda_available)
+        features.decisions = tuple(
+            FeatureDecision(d.feature, None, True, "forced on (--force-graphs)")
+            if d.feature in ("cuda_graphs", "spec_cuda_graphs")
+            else d
+            for d in features.decisions
+        )
+        return features
+
+    engine.core.resolve_features = forced
+
+
+def decide_only() -> None:
+    """Take every graph-or-eager decision but run each step eagerly (counted as a replay when a
+    graph would have run): the counts of a ``--force-graphs`` run at eager speed on the CPU."""
+
+    def launch(self: ModelRunner, batch: Any, shape: Any) -> Any:
+        self.spec_graphs.num_replays += 1
+        step = self._launch_forward(batch, with_logits=False)
+        return self._launch_sample(batch, step, None, contiguous=True)
+
+    ModelRunner._launch_spec_graphs = launch  # type: ignore[method-assign]
 
 
 def run_one(name: str, args: argparse.Namespace, requests: list[WorkloadRequest]) -> dict[str, Any]:
@@ -91,6 +124,7 @@ def run_one(name: str, args: argparse.Namespace, requests: list[WorkloadRequest]
         "acceptance": accepted / drafted if drafted else None,
         "graph_steps": graphs.num_replays,
         "eager_spec_steps": graphs.num_eager,
+        "eager_reasons": dict(graphs.eager_reasons),
         "spec_graph_buckets": graphs.describe(),
         "spec_cuda_graphs": None if decision is None else f"{decision.resolved}: {decision.reason}",
         "outputs": {o.id: o.output_token_ids for o in outs},
@@ -115,7 +149,23 @@ def main() -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized at start-up")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--force-graphs",
+        action="store_true",
+        help="resolve cuda_graphs and spec_cuda_graphs on (a CPU run then counts graph and "
+        "eager steps as CUDA would; the padded bodies run eagerly)",
+    )
+    p.add_argument(
+        "--decide-only",
+        action="store_true",
+        help="with --force-graphs: decide graph or eager per step but run every step eagerly "
+        "(counts only; fast on the CPU)",
+    )
     args = p.parse_args()
+    if args.force_graphs:
+        force_graphs()
+    if args.decide_only:
+        decide_only()
     requests = workload(args)
     rows = []
     for name in [r for r in args.runs.split(",") if r]:

@@ -329,8 +329,9 @@ class ModelRunner:
         dev.wait_event(compute, graphs.copied)
 
         def verify() -> None:
-            tokens, in_flight.num_accepted = graphs.verify(shape, batch.num_logits, batch.num_reqs)
-            in_flight.sampled = SamplerOutput(tokens)
+            in_flight.sampled, in_flight.num_accepted = graphs.verify(
+                shape, batch.num_logits, batch.num_reqs, batch.max_num_logprobs
+            )
 
         with tl.stage(DeviceSlice.VERIFY.value, step=step, stream=compute):
             dev.submit(compute, verify)

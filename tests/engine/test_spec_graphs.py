@@ -116,6 +116,31 @@ def test_graph_bodies_equal_eager_spec_when_sampling(checkpoint, models, method,
     assert got == eager
 
 
+def test_logprobs_steps_replay_and_match_the_eager_path(checkpoint, models, monkeypatch):
+    """Requests asking for logprobs next to plain greedy ones (the bench's pycode workload has
+    one in 16): the steps replay the logprobs variant (none eager), emitting the eager
+    speculative path's tokens and, per token, the same (id, logprob) pairs."""
+    params = [dataclasses.replace(GREEDY, logprobs=2 if i % 2 else None) for i in range(5)]
+    spec = dict(spec_method="eagle", spec_model=models["eagle"], num_spec_tokens=3)
+
+    def run() -> tuple[list, LLM]:
+        llm = LLM(model=checkpoint, debug_invariants=True, **ENGINE, **spec)
+        outs = llm.generate(PROMPTS, params)
+        llm.close()
+        return [(o.output_token_ids, o.logprobs) for o in outs], llm
+
+    eager, _ = run()
+    _force_spec_graphs(monkeypatch)
+    got, llm = run()
+    graphs = llm.engine.runner.spec_graphs
+    assert graphs.num_replays > 10 and graphs.num_eager == 0
+    for (ids, lps), (want_ids, want_lps) in zip(got, eager, strict=True):
+        assert ids == want_ids and (lps is None) == (want_lps is None)
+        for row, want in zip(lps or [], want_lps or [], strict=True):
+            assert [t for t, _ in row] == [t for t, _ in want]
+            assert [v for _, v in row] == pytest.approx([v for _, v in want], abs=1e-4)
+
+
 def test_sync_accepted_runs_the_graph_bodies_too(checkpoint, models, baseline, monkeypatch):
     _force_spec_graphs(monkeypatch)
     spec = dict(spec_method="eagle", spec_model=models["eagle"], num_spec_tokens=3)
