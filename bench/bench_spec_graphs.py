@@ -7,11 +7,18 @@ run is its own engine (start-up and warm-up excluded from the timing); runs go i
 by ``--runs`` (``METHOD`` = graphs on, ``METHOD-eager`` = ``spec_cuda_graphs`` off,
 ``METHOD-sync`` = ``--spec-sync-accepted``, ``none`` = no speculation). Per run it prints tok/s,
 the speedup over the first ``none`` run, acceptance (accepted / drafted), how many speculative
-steps replayed graphs / ran eagerly, and the share of requests whose tokens equal the ``none``
-run's (with bf16 a few differ: the padded and the unpadded batch round differently).
+steps replayed graphs / ran eagerly (and, per reason, why eagerly), and the share of requests
+whose tokens equal the ``none`` run's (with bf16 a few differ: the padded and the unpadded batch
+round differently). The workload keeps each prompt's other parameters: one request in 16 asks
+for logprobs (replayed by the verify graphs' logprobs variant), ``stop`` strings stay.
+
+On the CPU, ``--force-graphs --decide-only`` counts graph and eager steps with the same
+decision as CUDA while running every step eagerly (a small version of the H200 workload:
+``--device cpu --dtype float32 --repeat 2 --max-tokens 64``).
 
 Usage: python bench/bench_spec_graphs.py [--device cuda] [--dtype bfloat16] [--repeat 8]
        [--runs none,eagle,mtp,draft,ngram,eagle-sync,eagle-eager] [--json out.json]
+       [--force-graphs [--decide-only]]
 """
 
 from __future__ import annotations
@@ -185,6 +192,10 @@ def main() -> None:
             f"{acc:>7} {r['graph_steps']:>6} {r['eager_spec_steps']:>6} "
             f"{same_share(r['outputs'], base['outputs']):>5.2f} {r['startup_s']:>7.1f}"
         )
+    for r in rows:
+        if r["eager_reasons"]:
+            why = ", ".join(f"{k}: {n}" for k, n in sorted(r["eager_reasons"].items()))
+            print(f"eager steps of {r['run']}: {why}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if k != "outputs"} for r in rows], f, indent=2)
