@@ -254,6 +254,8 @@ class SpecGraphs:
         tokens, num_accepted = self.tokens[:num_logits], self.num_accepted[:num_reqs]
         if num_logprobs is None:
             return SamplerOutput(tokens), num_accepted
+        if not shape.logprobs:
+            raise RuntimeError(f"a step asking for logprobs replayed {shape} (no logprobs)")
         cols = 1 + num_logprobs
         ids = self.logprob_ids[:num_logits, :cols].contiguous()
         return SamplerOutput(
