@@ -7,11 +7,18 @@ run is its own engine (start-up and warm-up excluded from the timing); runs go i
 by ``--runs`` (``METHOD`` = graphs on, ``METHOD-eager`` = ``spec_cuda_graphs`` off,
 ``METHOD-sync`` = ``--spec-sync-accepted``, ``none`` = no speculation). Per run it prints tok/s,
 the speedup over the first ``none`` run, acceptance (accepted / drafted), how many speculative
-steps replayed graphs / ran eagerly, and the share of requests whose tokens equal the ``none``
-run's (with bf16 a few differ: the padded and the unpadded batch round differently).
+steps replayed graphs / ran eagerly (and, per reason, why eagerly), and the share of requests
+whose tokens equal the ``none`` run's (with bf16 a few differ: the padded and the unpadded batch
+round differently). The workload keeps each prompt's other parameters: one request in 16 asks
+for logprobs (replayed by the verify graphs' logprobs variant), ``stop`` strings stay.
+
+On the CPU, ``--force-graphs --decide-only`` counts graph and eager steps with the same
+decision as CUDA while running every step eagerly (a small version of the H200 workload:
+``--device cpu --dtype float32 --repeat 2 --max-tokens 64``).
 
 Usage: python bench/bench_spec_graphs.py [--device cuda] [--dtype bfloat16] [--repeat 8]
        [--runs none,eagle,mtp,draft,ngram,eagle-sync,eagle-eager] [--json out.json]
+       [--force-graphs [--decide-only]]
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ import json
 import time
 from typing import Any
 
+import engine.core
+from engine.config import FeatureDecision
 from engine.llm import LLM
+from engine.runner.model_runner import ModelRunner
 from engine.workload import WorkloadRequest, load_workload
 
 MODELS = "samples/models"
@@ -44,6 +54,36 @@ def workload(args: argparse.Namespace) -> list[WorkloadRequest]:
             params = dataclasses.replace(w.params, temperature=0.0, max_tokens=args.max_tokens)
             out.append(dataclasses.replace(w, id=f"{w.id}-{r}", arrival_time_s=0.0, params=params))
     return out
+
+
+def force_graphs() -> None:
+    """Resolve ``cuda_graphs`` and ``spec_cuda_graphs`` on as a CUDA device would, so that a CPU
+    run takes the same graph-or-eager decisions (the padded bodies then run eagerly there)."""
+    resolve = engine.core.resolve_features
+
+    def forced(config: Any, cuda_available: bool | None = None) -> Any:
+        features = resolve(config, cuda_available)
+        features.decisions = tuple(
+            FeatureDecision(d.feature, None, True, "forced on (--force-graphs)")
+            if d.feature in ("cuda_graphs", "spec_cuda_graphs")
+            else d
+            for d in features.decisions
+        )
+        return features
+
+    engine.core.resolve_features = forced
+
+
+def decide_only() -> None:
+    """Take every graph-or-eager decision but run each step eagerly (counted as a replay when a
+    graph would have run): the counts of a ``--force-graphs`` run at eager speed on the CPU."""
+
+    def launch(self: ModelRunner, batch: Any, shape: Any) -> Any:
+        self.spec_graphs.num_replays += 1
+        step = self._launch_forward(batch, with_logits=False)
+        return self._launch_sample(batch, step, None, contiguous=True)
+
+    ModelRunner._launch_spec_graphs = launch  # type: ignore[method-assign]
 
 
 def run_one(name: str, args: argparse.Namespace, requests: list[WorkloadRequest]) -> dict[str, Any]:
@@ -91,6 +131,7 @@ def run_one(name: str, args: argparse.Namespace, requests: list[WorkloadRequest]
         "acceptance": accepted / drafted if drafted else None,
         "graph_steps": graphs.num_replays,
         "eager_spec_steps": graphs.num_eager,
+        "eager_reasons": dict(graphs.eager_reasons),
         "spec_graph_buckets": graphs.describe(),
         "spec_cuda_graphs": None if decision is None else f"{decision.resolved}: {decision.reason}",
         "outputs": {o.id: o.output_token_ids for o in outs},
@@ -115,7 +156,23 @@ def main() -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized at start-up")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--force-graphs",
+        action="store_true",
+        help="resolve cuda_graphs and spec_cuda_graphs on (a CPU run then counts graph and "
+        "eager steps as CUDA would; the padded bodies run eagerly)",
+    )
+    p.add_argument(
+        "--decide-only",
+        action="store_true",
+        help="with --force-graphs: decide graph or eager per step but run every step eagerly "
+        "(counts only; fast on the CPU)",
+    )
     args = p.parse_args()
+    if args.force_graphs:
+        force_graphs()
+    if args.decide_only:
+        decide_only()
     requests = workload(args)
     rows = []
     for name in [r for r in args.runs.split(",") if r]:
@@ -135,6 +192,10 @@ def main() -> None:
             f"{acc:>7} {r['graph_steps']:>6} {r['eager_spec_steps']:>6} "
             f"{same_share(r['outputs'], base['outputs']):>5.2f} {r['startup_s']:>7.1f}"
         )
+    for r in rows:
+        if r["eager_reasons"]:
+            why = ", ".join(f"{k}: {n}" for k, n in sorted(r["eager_reasons"].items()))
+            print(f"eager steps of {r['run']}: {why}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if k != "outputs"} for r in rows], f, indent=2)

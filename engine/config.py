@@ -295,9 +295,10 @@ class FeatureRequests:
     spec_cuda_graphs: bool | None = _flag(
         None,
         kind="tristate",
-        help="CUDA graphs for steady speculative steps (every request a decode with k drafts): "
-        "target forward, verify and the draft chain replayed per padded batch size (auto: on "
-        "with CUDA graphs, Triton and a --spec-method)",
+        help="CUDA graphs for speculative steps (verifies with k drafts, prefill chunks and "
+        "trimmed drafts mixed in): target forward, verify and the draft chain replayed per "
+        "padded token bucket up to min(max_num_batched_tokens, 2 * max_num_seqs * (1+k)) "
+        "(auto: on with CUDA graphs, Triton and a --spec-method)",
     )
     triton_kernels: bool | None = _flag(
         None, kind="tristate", flag="--triton", help="Triton kernels (auto: on CUDA)"
@@ -647,10 +648,12 @@ def _mixed_graphs_decision(
 def _spec_graphs_decision(
     config: EngineConfig, decisions: list[FeatureDecision]
 ) -> FeatureDecision:
-    """``spec_cuda_graphs`` (docs/design.md §2.6): steady speculative steps (every request a
-    decode verifying ``k`` drafts, greedy or plain random sampling, no grammar, penalties or
-    logprobs) replay captured graphs of the target forward, verify and the draft chain; other
-    speculative steps run eagerly. Needs decode graphs, the Triton kernels and a proposer."""
+    """``spec_cuda_graphs`` (docs/design.md §2.6): speculative steps whose tokens fit a bucket
+    (verifies with ``k`` drafts, prefill chunks and trimmed drafts mixed in; greedy or plain
+    random sampling, logprobs included; no grammar, penalties or top-k/top-p/min-p) replay
+    captured graphs of the target forward, verify and the draft chain; other speculative steps
+    run eagerly (engine/runner/spec_graphs.py counts why). Needs decode graphs, the Triton
+    kernels and a proposer."""
     resolved = {d.feature: d.resolved for d in decisions}
     why_not = ""
     if resolved["spec_method"] == "none":
@@ -659,14 +662,20 @@ def _spec_graphs_decision(
         why_not = "cuda_graphs is off (speculative graphs are captured with the decode graphs)"
     elif not resolved["triton_kernels"]:
         why_not = "triton_kernels is off (the torch attention reference is not capturable)"
+    sched = config.scheduler
+    # engine/runner/spec_graphs.spec_buckets: the largest bucket.
+    top = min(
+        sched.max_num_batched_tokens, 2 * sched.max_num_seqs * (1 + config.spec.num_spec_tokens)
+    )
     return _decide(
         "spec_cuda_graphs",
         config.requested.spec_cuda_graphs,
         not why_not,
         why_not,
-        "steady speculative steps (decodes with k drafts) replay forward, verify and draft "
-        "graphs per padded batch size (the decode capture sizes); steps with prefills, "
-        "grammar, penalties, logprobs or top-k/top-p/min-p run eagerly",
+        f"speculative steps of <= {top} tokens (verifies with k drafts, prefill chunks and "
+        "trimmed drafts mixed in; greedy or plain random sampling, logprobs included) replay "
+        "forward, verify and draft graphs over padded token buckets; larger steps and steps "
+        "with grammar, penalties or top-k/top-p/min-p run eagerly",
     )
 
 

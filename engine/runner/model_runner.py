@@ -78,7 +78,7 @@ class ModelRunner:
         sampling); ``cuda_graphs``: the resolved decision (``ResolvedFeatures``, decided once);
         ``mixed_graph_max_tokens``: under the resolved ``mixed_cuda_graphs``, the largest token
         bucket of mixed-step graphs (0: mixed steps run eagerly; needs ``cuda_graphs``);
-        ``spec_cuda_graphs``: the resolved ``spec_cuda_graphs`` (steady speculative steps replay
+        ``spec_cuda_graphs``: the resolved ``spec_cuda_graphs`` (speculative steps replay
         forward / verify / draft graphs, :mod:`engine.runner.spec_graphs`; needs both)."""
         if not 0 <= mixed_graph_max_tokens <= max_num_tokens(limits):
             raise ValueError(
@@ -319,7 +319,7 @@ class ModelRunner:
 
     # stepscope: hot
     def _launch_spec_graphs(self, batch: InputBatch, shape: SpecShape) -> AsyncOutput:
-        """A steady speculative step from graphs (docs/design.md §2.6): h2d inputs and input prep
+        """A speculative step from graphs (docs/design.md §2.6): h2d inputs and input prep
         as any step, then the forward, verify and draft replays, the output copy overlapping the
         draft. One replay per stage whatever ``k``; the host reads nothing of the step."""
         dev, tl, step, graphs = self.device, self.timeline, batch.step, self.spec_graphs
@@ -329,8 +329,9 @@ class ModelRunner:
         dev.wait_event(compute, graphs.copied)
 
         def verify() -> None:
-            tokens, in_flight.num_accepted = graphs.verify(shape, batch.num_logits, batch.num_reqs)
-            in_flight.sampled = SamplerOutput(tokens)
+            in_flight.sampled, in_flight.num_accepted = graphs.verify(
+                shape, batch.num_logits, batch.num_reqs, batch.max_num_logprobs
+            )
 
         with tl.stage(DeviceSlice.VERIFY.value, step=step, stream=compute):
             dev.submit(compute, verify)

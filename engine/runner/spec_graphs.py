@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +40,19 @@ from engine.runner.capture_guard import repo_frames
 from engine.runner.cuda_graphs import mixed_buckets
 from engine.runner.forward_pass import ForwardPass
 from engine.runner.states import RequestStates
+from engine.sample.logprobs import compute_topk_logprobs
+from engine.sample.sampler import SamplerOutput
+from engine.sampling_params import MAX_LOGPROBS
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.decoder import SpecDecoder
 from engine.spec.graph_step import GraphFlags, PaddedSpecStep, StepBuffers
 
 __all__ = ["SpecGraphs", "SpecShape", "capture_failure", "spec_buckets"]
+
+# Why a step with drafts ran eagerly (:attr:`SpecGraphs.eager_reasons`).
+EAGER_GRAMMAR = "grammar or deferred sampling"
+EAGER_TOKENS = "tokens over the largest bucket"
+EAGER_SAMPLING = "penalties or top-k/top-p/min-p"
 
 VARIANTS = (GraphFlags(all_greedy=True), GraphFlags(all_greedy=False))
 
@@ -56,6 +65,7 @@ class SpecShape:
     num_reqs: int  # Bp = min(T, max_num_seqs)
     num_rows: int  # N = min(T, Bp * (1 + k))
     all_greedy: bool
+    logprobs: bool = False  # verify also computes the top-MAX_LOGPROBS logprobs of every row
 
 
 def spec_buckets(max_num_seqs: int, query_len: int, max_tokens: int) -> list[int]:
@@ -95,11 +105,17 @@ class SpecGraphs:
         self.failure: str | None = None  # why capture failed (then spec steps run eagerly)
         self.num_replays = 0  # steps replayed from graphs
         self.num_eager = 0  # steps with drafts that ran eagerly
+        self.eager_reasons: Counter[str] = Counter()  # why, per step (EAGER_* keys)
         self.step = None if spec is None else PaddedSpecStep(spec, fwd.cache.block_size)
         dev = device.torch_device
         # Outside the graph pool: read by the d2h copy on another stream.
         self.tokens = torch.zeros(max_batch * self.query_len, dtype=torch.int64, device=dev)
         self.num_accepted = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        # The logprobs variant's rows: [max rows, 1 + MAX_LOGPROBS] (column 0 = the token).
+        rows = (max_batch * self.query_len, 1 + MAX_LOGPROBS)
+        self.logprob_ids = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.logprobs = torch.zeros(rows, dtype=torch.float32, device=dev)
+        self.kernels = None if spec is None else spec.sampler.kernels
         self.copied: DeviceEvent = device.new_event()  # recorded after each step's output copy
         self._graphs: dict[tuple[str, SpecShape], Any] = {}  # CUDA graphs (none when eager)
         self._hidden: dict[int, torch.Tensor] = {}  # the forward graphs' outputs, by T
@@ -114,28 +130,38 @@ class SpecGraphs:
         """The captured token buckets, comma-separated ("" = none)."""
         return ",".join(map(str, self.buckets))
 
-    def shape(self, bucket: int, all_greedy: bool) -> SpecShape:
+    def shape(self, bucket: int, all_greedy: bool, logprobs: bool = False) -> SpecShape:
         bp = min(bucket, self.max_batch)
-        return SpecShape(bucket, bp, min(bucket, bp * self.query_len), all_greedy)
+        return SpecShape(bucket, bp, min(bucket, bp * self.query_len), all_greedy, logprobs)
+
+    def bucket_shapes(self, bucket: int) -> list[SpecShape]:
+        """Every captured shape of ``bucket``: greedy / random, without / with logprobs."""
+        return [self.shape(bucket, v.all_greedy, lp) for lp in (False, True) for v in VARIANTS]
 
     # stepscope: hot
     def shape_for(self, out: SchedulerOutput, graphable: bool) -> SpecShape | None:
         """The captured shape a step with drafts pads to, or None to run it eagerly (counted):
-        its tokens fit a bucket, sampling is greedy or plain random (no penalties, filters or
-        logprobs) and no grammar mask applies (``graphable``). O(1) host work per step."""
+        its tokens fit a bucket, sampling is greedy or plain random (no penalties or filters;
+        logprobs pick the variant that computes them) and no grammar mask applies
+        (``graphable``). Prefill chunks and trimmed drafts may share the step. O(1) host work."""
         if not out.scheduled_spec_decode_tokens or not self.buckets:
             return None
         i = bisect.bisect_left(self.buckets, out.total_num_scheduled_tokens)
-        if not graphable or i == len(self.buckets):
-            self.num_eager += 1
-            return None
+        if not graphable:
+            return self._eager(EAGER_GRAMMAR)
+        if i == len(self.buckets):
+            return self._eager(EAGER_TOKENS)
         flags = self.states.sampling_flags(self.states.rows_of(list(out.num_scheduled_tokens)))
         plain = flags.all_greedy or flags.no_top_k_top_p_min_p
-        if flags.any_penalties or flags.max_num_logprobs is not None or not plain:
-            self.num_eager += 1
-            return None
+        if flags.any_penalties or not plain:
+            return self._eager(EAGER_SAMPLING)
         # b <= total <= T and b <= max_num_seqs, so the step's requests fit Bp.
-        return self.shape(self.buckets[i], flags.all_greedy)
+        return self.shape(self.buckets[i], flags.all_greedy, flags.max_num_logprobs is not None)
+
+    def _eager(self, reason: str) -> None:
+        self.num_eager += 1
+        self.eager_reasons[reason] += 1
+        return None
 
     # ---- the bodies (plain functions: captured on CUDA, run eagerly on the CPU) ----------------
     def _buffers(self) -> StepBuffers:
@@ -171,6 +197,11 @@ class SpecGraphs:
         tokens, num_accepted = self.step.verify(bufs, lay, logits, flags)
         self.tokens[:n].copy_(tokens)
         self.num_accepted[:bp].copy_(num_accepted)
+        if shape.logprobs:  # every row at the largest k; a step slices its own k (verify)
+            k = min(MAX_LOGPROBS, logits.shape[1])
+            lp = compute_topk_logprobs(logits, k, tokens.clamp(min=0), self.kernels)
+            self.logprob_ids[:n, : 1 + k].copy_(lp.token_ids)
+            self.logprobs[:n, : 1 + k].copy_(lp.logprobs)
 
     def _draft_body(self, shape: SpecShape, hidden: torch.Tensor) -> torch.Tensor:
         """The proposer over the verify results: drafts ``[Bp, k]`` into the state table."""
@@ -188,12 +219,14 @@ class SpecGraphs:
 
     def run_bodies(self, shapes: list[SpecShape]) -> None:
         """The bodies of ``shapes`` (the sampling variants of one bucket) once, eagerly: one
-        forward, then verify and draft per variant (capture warm-up; the CPU check that the
-        bodies move no host data, tests/engine/test_spec_graphs.py)."""
+        forward, then verify per variant and draft per variant without logprobs (capture
+        warm-up; the CPU check that the bodies move no host data,
+        tests/engine/test_spec_graphs.py)."""
         hidden = self._forward_body(shapes[0])
         for shape in shapes:
             self._verify_body(shape, hidden)
-            self._draft_body(shape, hidden)
+            if not shape.logprobs:
+                self._draft_body(shape, hidden)
 
     # ---- replay (compute stream) ---------------------------------------------------------------
     # stepscope: hot
@@ -209,15 +242,25 @@ class SpecGraphs:
 
     # stepscope: hot
     def verify(
-        self, shape: SpecShape, num_logits: int, num_reqs: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Device: verify + commit; returns views of the step's ``tokens [num_logits]`` and
-        ``num_accepted [num_reqs]`` (the live requests' part)."""
+        self, shape: SpecShape, num_logits: int, num_reqs: int, num_logprobs: int | None
+    ) -> tuple[SamplerOutput, torch.Tensor]:
+        """Device: verify + commit; returns the step's output (views of ``tokens
+        [num_logits]``; the logprobs variant's ``[num_logits, 1 + num_logprobs]`` copied out of
+        the static buffers) and ``num_accepted [num_reqs]`` (the live requests' part)."""
         if self.replay_eagerly:
             self._verify_body(shape, self._hidden[shape.num_tokens])
         else:
             self._graphs["verify", shape].replay()
-        return self.tokens[:num_logits], self.num_accepted[:num_reqs]
+        tokens, num_accepted = self.tokens[:num_logits], self.num_accepted[:num_reqs]
+        if num_logprobs is None:
+            return SamplerOutput(tokens), num_accepted
+        if not shape.logprobs:
+            raise RuntimeError(f"a step asking for logprobs replayed {shape} (no logprobs)")
+        cols = 1 + num_logprobs
+        ids = self.logprob_ids[:num_logits, :cols].contiguous()
+        return SamplerOutput(
+            tokens, ids, self.logprobs[:num_logits, :cols].contiguous()
+        ), num_accepted
 
     # stepscope: hot
     def draft(self, shape: SpecShape) -> None:
@@ -225,7 +268,7 @@ class SpecGraphs:
         if self.replay_eagerly:
             self._draft_body(shape, self._hidden.pop(shape.num_tokens))
         else:
-            self._graphs["draft", shape].replay()
+            self._graphs["draft", _draft_key(shape)].replay()
 
     # ---- capture --------------------------------------------------------------------------------
     def fill(self, shape: SpecShape) -> None:
@@ -258,7 +301,7 @@ class SpecGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = self.device.compute_stream
         for bucket in reversed(self.buckets):
-            shapes = [self.shape(bucket, v.all_greedy) for v in VARIANTS]
+            shapes = self.bucket_shapes(bucket)
             with torch.cuda.stream(stream):
                 self.fill(shapes[0])
                 for _ in range(2):  # lazy inits and Triton compiles happen outside capture
@@ -270,7 +313,7 @@ class SpecGraphs:
             self._graphs["forward", _forward_key(shapes[0])] = forward
             self._hidden[bucket] = hidden
             for shape in shapes:
-                for kind in ("verify", "draft"):
+                for kind in ("verify", "draft") if not shape.logprobs else ("verify",):
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         if kind == "verify":
@@ -300,3 +343,8 @@ def capture_failure(exc: BaseException) -> str:
 def _forward_key(shape: SpecShape) -> SpecShape:
     """The forward graph does not depend on the sampling variant: one per padded size."""
     return SpecShape(shape.num_tokens, shape.num_reqs, shape.num_rows, True)
+
+
+def _draft_key(shape: SpecShape) -> SpecShape:
+    """The draft graph does not depend on logprobs: one per padded size and sampling mode."""
+    return SpecShape(shape.num_tokens, shape.num_reqs, shape.num_rows, shape.all_greedy)

@@ -116,6 +116,31 @@ def test_graph_bodies_equal_eager_spec_when_sampling(checkpoint, models, method,
     assert got == eager
 
 
+def test_logprobs_steps_replay_and_match_the_eager_path(checkpoint, models, monkeypatch):
+    """Requests asking for logprobs next to plain greedy ones (the bench's pycode workload has
+    one in 16): the steps replay the logprobs variant (none eager), emitting the eager
+    speculative path's tokens and, per token, the same (id, logprob) pairs."""
+    params = [dataclasses.replace(GREEDY, logprobs=2 if i % 2 else None) for i in range(5)]
+    spec = dict(spec_method="eagle", spec_model=models["eagle"], num_spec_tokens=3)
+
+    def run() -> tuple[list, LLM]:
+        llm = LLM(model=checkpoint, debug_invariants=True, **ENGINE, **spec)
+        outs = llm.generate(PROMPTS, params)
+        llm.close()
+        return [(o.output_token_ids, o.logprobs) for o in outs], llm
+
+    eager, _ = run()
+    _force_spec_graphs(monkeypatch)
+    got, llm = run()
+    graphs = llm.engine.runner.spec_graphs
+    assert graphs.num_replays > 10 and graphs.num_eager == 0
+    for (ids, lps), (want_ids, want_lps) in zip(got, eager, strict=True):
+        assert ids == want_ids and (lps is None) == (want_lps is None)
+        for row, want in zip(lps or [], want_lps or [], strict=True):
+            assert [t for t, _ in row] == [t for t, _ in want]
+            assert [v for _, v in row] == pytest.approx([v for _, v in want], abs=1e-4)
+
+
 def test_sync_accepted_runs_the_graph_bodies_too(checkpoint, models, baseline, monkeypatch):
     _force_spec_graphs(monkeypatch)
     spec = dict(spec_method="eagle", spec_model=models["eagle"], num_spec_tokens=3)
@@ -140,7 +165,7 @@ def _verify_step(drafts: dict[str, int], tokens: dict[str, int] | None = None) -
 
 
 def test_shape_for_pads_to_a_bucket_unless_sampling_needs_more(checkpoint, monkeypatch) -> None:
-    from engine.runner.spec_graphs import SpecShape
+    from engine.runner.spec_graphs import EAGER_GRAMMAR, EAGER_SAMPLING, EAGER_TOKENS, SpecShape
     from engine.scheduler.outputs import NewRequestData
 
     _force_spec_graphs(monkeypatch)
@@ -171,6 +196,14 @@ def test_shape_for_pads_to_a_bucket_unless_sampling_needs_more(checkpoint, monke
     states.add(NewRequestData("top", [1, 2], [], dataclasses.replace(SEEDED[0], top_k=5), [2], 2))
     assert graphs.shape_for(_verify_step({"r0": 3, "top": 3}), True) is None
     assert graphs.num_eager == 3
+    assert graphs.eager_reasons == {EAGER_GRAMMAR: 1, EAGER_SAMPLING: 2}
+    states.apply(states.flush())  # the staged rows reach the device, as each step does
+    states.remove({"pen"})
+    states.add(NewRequestData("lp", [1, 2], [], dataclasses.replace(GREEDY, logprobs=2), [3], 2))
+    with_logprobs = SpecShape(16, 5, 16, True, logprobs=True)  # the logprobs variant
+    assert graphs.shape_for(_verify_step({"r0": 3, "lp": 3}), True) == with_logprobs
+    assert graphs.shape_for(_verify_step({"r0": 3}, {"r0": 4, "lp": 40}), True) is None
+    assert graphs.eager_reasons[EAGER_TOKENS] == 1  # 44 tokens: over the largest bucket
     llm.close()
 
 
@@ -190,7 +223,7 @@ def test_decision_needs_graphs_triton_and_a_method() -> None:
                       triton_kernels=False)  # fmt: skip
     assert triton.resolved is False and "triton_kernels is off" in triton.reason
     if cuda.resolved:  # triton importable
-        assert "steady speculative steps" in cuda.reason
+        assert "speculative steps of <= 384 tokens" in cuda.reason
     off = decision(True, device="cuda", spec_method="ngram", num_spec_tokens=2,
                    spec_cuda_graphs=False)  # fmt: skip
     assert off.reason == "off as requested"
@@ -217,7 +250,8 @@ def test_graph_bodies_move_no_host_data(checkpoint, models, method, monkeypatch)
     runner = llm.engine.runner
     graphs = runner.spec_graphs
     assert llm.engine.features.triton_kernels and graphs.enabled and host
-    shapes = [graphs.shape(graphs.buckets[0], greedy) for greedy in (True, False)]
+    shapes = graphs.bucket_shapes(graphs.buckets[0])  # greedy / random, without / with logprobs
+    assert len(shapes) == 4 and shapes[-1].logprobs
     graphs.fill(shapes[0])
     with HostDataGuard(device_tensors(runner), host) as guard:
         graphs.run_bodies(shapes)

@@ -1,7 +1,8 @@
 """Speculative CUDA graphs on a CUDA device (run on the H200; docs/design.md §2.6, "Speculative
 graphs"): with real captured graphs, fp32 greedy speculation emits exactly the tokens of the run
 without speculation for every proposer, and exactly the tokens of the eager speculative path;
-seeded random sampling gives the eager path's tokens too."""
+seeded random sampling gives the eager path's tokens too, and steps with logprobs requests
+replay as well."""
 
 from __future__ import annotations
 
@@ -81,6 +82,36 @@ def test_replayed_spec_graphs_sample_as_eager(checkpoint, models, method):
     assert llm.engine.runner.spec_graphs.num_replays > 0
     eager, _ = _generate(checkpoint, SEEDED, spec_cuda_graphs=False, **spec)
     assert got == eager
+
+
+def test_bench_like_steps_replay_logprobs_included(checkpoint, models):
+    """The bench's pycode workload in small: more requests than ``max_num_seqs`` (prefill chunks
+    join verify steps), greedy, some asking for logprobs (before the logprobs variant ~92% of
+    the bench's speculative steps ran eagerly). Every step with drafts replays; tokens equal
+    the eager path's and logprobs match it."""
+    params = [
+        SamplingParams(
+            temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2 if i % 3 else None
+        )
+        for i in range(len(PROMPTS))
+    ]
+    spec = dict(spec_method="eagle", spec_model=models["eagle"], num_spec_tokens=3)
+
+    def run(**kw) -> tuple[list, LLM]:
+        llm = LLM(model=checkpoint, debug_invariants=True, **ENGINE, **spec, **kw)
+        outs = llm.generate(PROMPTS, params)
+        llm.close()
+        return [(o.output_token_ids, o.logprobs) for o in outs], llm
+
+    got, llm = run()
+    graphs = llm.engine.runner.spec_graphs
+    assert graphs.num_replays > 10 and graphs.num_eager == 0, dict(graphs.eager_reasons)
+    eager, _ = run(spec_cuda_graphs=False)
+    for (ids, lps), (want_ids, want_lps) in zip(got, eager, strict=True):
+        assert ids == want_ids and (lps is None) == (want_lps is None)
+        for row, want in zip(lps or [], want_lps or [], strict=True):
+            assert [t for t, _ in row] == [t for t, _ in want]
+            assert [v for _, v in row] == pytest.approx([v for _, v in want], abs=1e-4)
 
 
 def test_sync_accepted_replays_too(checkpoint, models, baseline):
