@@ -131,6 +131,11 @@ class KernelBackend(abc.ABC):
         """Gumbel-max sampling; shapes as :func:`engine.kernels.sampling.gumbel_sample_torch`."""
 
     @abc.abstractmethod
+    def sample_commit(self, a: sampling.SampleCommitArgs) -> torch.Tensor:
+        """Plain sampling (no penalties) read from and committed to the state table in place;
+        ``[N]`` int64. See :class:`engine.kernels.sampling.SampleCommitArgs`."""
+
+    @abc.abstractmethod
     def row_logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits: [N, V]`` f32 -> ``[N]`` f32."""
 
@@ -241,6 +246,10 @@ class TorchKernels(KernelBackend):
         )
 
     # stepscope: hot
+    def sample_commit(self, a: sampling.SampleCommitArgs) -> torch.Tensor:
+        return sampling.sample_commit_torch(a)
+
+    # stepscope: hot
     def row_logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
         return sampling.row_logsumexp_torch(logits)
 
@@ -349,6 +358,10 @@ class TritonKernels(KernelBackend):
         return sampling.gumbel_sample_triton(
             logits, temperature, keep_threshold, seeds, positions, stream
         )
+
+    # stepscope: hot
+    def sample_commit(self, a: sampling.SampleCommitArgs) -> torch.Tensor:
+        return sampling.sample_commit_triton(a)
 
     # stepscope: hot
     def row_logsumexp(self, logits: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ from engine.runner.input_batch import InputBatch, build_input_batch, packed_capa
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 from engine.runner.step_in_flight import StepInFlight
-from engine.sample.sampler import Sampler, SamplerOutput
+from engine.sample.sampler import Sampler, SamplerOutput, filter_thresholds
 from engine.sample.sampling_inputs import gather_sampling_metadata
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.decoder import SpecDecoder
@@ -351,19 +351,31 @@ class ModelRunner:
         logits_indices = self.fwd.logits_indices[: batch.num_logits]  # [N]
         logits = self._masked_logits(batch, in_flight, mask)  # [N, V] f32
         in_flight.hidden = None  # no draft reads it: free it
+        if not batch.any_penalties:  # one fused kernel: sample + commit (docs/design.md §2.7)
+            return self._sample_plain(batch, logits, logits_indices)
         logit_rows = self.fwd.packed(batch, "logit_rows").long()  # [N]
         commit_rows = self.fwd.packed(batch, "commit_rows").long()  # [N]
         # The noise key is the position the sampled token will occupy.
         sample_positions = self.fwd.positions[logits_indices] + 1  # [N]
-        if batch.all_greedy and not batch.any_penalties and batch.max_num_logprobs is None:
-            out = SamplerOutput(logits.argmax(dim=-1))  # nothing per row to gather: argmax
-        else:
-            meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
-            out = self.sampler.sample(logits, meta)
-        self.states.commit_sampled(
-            commit_rows, sample_positions, out.sampled_token_ids, batch.any_penalties
-        )
+        meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
+        out = self.sampler.sample(logits, meta)
+        self.states.commit_sampled(commit_rows, sample_positions, out.sampled_token_ids, True)
         return out
+
+    # stepscope: hot
+    def _sample_plain(
+        self, batch: InputBatch, logits: torch.Tensor, logits_indices: torch.Tensor
+    ) -> SamplerOutput:
+        """No row penalises: (filter thresholds,) sample + commit in one kernel, (logprobs)."""
+        logit_rows = self.fwd.packed(batch, "logit_rows")  # [N] int32
+        threshold = None
+        if not batch.all_greedy and not batch.no_top_k_top_p_min_p:
+            threshold = filter_thresholds(logits, self.states, logit_rows.long())  # [N]
+        sampled = self.states.sample_and_commit(
+            logits, logit_rows, self.fwd.packed(batch, "commit_rows"), logits_indices,
+            self.fwd.positions, threshold, batch.all_greedy,
+        )  # fmt: skip
+        return self.sampler.output(logits, sampled, batch.max_num_logprobs)
 
     def _host_buffers(self, batch: InputBatch, with_drafts: bool) -> HostOutputBuffers:
         n, k = batch.num_logits, batch.max_num_logprobs
