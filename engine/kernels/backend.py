@@ -97,9 +97,9 @@ class KernelBackend(abc.ABC):
 
     # ---- runner ---------------------------------------------------------------------------
     def prepare_inputs(self, a: InputPrepArgs) -> None:
-        """Fill the step's inputs on the device, then the padding past them."""
+        """Fill the step's inputs on the device, the padding past them and, when asked, the
+        gathered block table (:mod:`engine.kernels.input_prep`)."""
         self._prepare_inputs(a)
-        input_prep.fill_padding(a)
 
     @abc.abstractmethod
     def _prepare_inputs(self, a: InputPrepArgs) -> None: ...
@@ -217,6 +217,8 @@ class TorchKernels(KernelBackend):
     # stepscope: hot
     def _prepare_inputs(self, a: InputPrepArgs) -> None:
         input_prep.prepare_inputs_torch(a)
+        input_prep.fill_padding(a)
+        input_prep.gather_block_table(a)
 
     # stepscope: hot
     def apply_staged_writes(
