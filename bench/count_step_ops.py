@@ -138,7 +138,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     llm.engine.runner.device.synchronize()
     llm.close()
     keys = sorted({k for s in steady for k in counter.per_step.get(s, {})})
-    table = {k: statistics.median(counter.per_step.get(s, {}).get(k, 0) for s in steady) for k in keys}
+    table = {
+        k: statistics.median(counter.per_step.get(s, {}).get(k, 0) for s in steady) for k in keys
+    }
     table["total"] = statistics.median(sum(counter.per_step.get(s, {}).values()) for s in steady)
     return {"steady_steps": len(steady), "ops": table}
 

@@ -64,7 +64,9 @@ def _with_threshold(args: sk.SampleCommitArgs, params: list[SamplingParams], see
     from engine.sample.sampler import _thresholds
 
     positions = args.positions[args.logits_indices] + 1
-    meta = build_sampling_metadata(params, positions.tolist(), vocab_size=VOCAB, default_seeds=seeds)
+    meta = build_sampling_metadata(
+        params, positions.tolist(), vocab_size=VOCAB, default_seeds=seeds
+    )
     import dataclasses
 
     return dataclasses.replace(args, keep_threshold=_thresholds(args.logits, meta))
