@@ -33,7 +33,12 @@ import torch
 from engine.config import CacheConfig, SchedulerConfig
 from engine.device import Device
 from engine.kernels.backend import KernelBackend, TorchKernels
-from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
+from engine.runner.async_output import (
+    AsyncOutput,
+    HostOutputBuffers,
+    PendingSample,
+    SampledBufferPool,
+)
 from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.forward_pass import ForwardPass, max_num_tokens
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
@@ -116,6 +121,7 @@ class ModelRunner:
         self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
         num_rows = max_num_reqs * (1 + (0 if self.spec is None else self.spec.num_spec_tokens))
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
+        self.sampled_buffers = SampledBufferPool(device.host_empty, num_rows)
         graphs = CudaGraphRunner(
             cuda_graphs,
             max_batch=max_num_reqs,
@@ -288,7 +294,9 @@ class ModelRunner:
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
-        return AsyncOutput(batch, step, host, ready, release=tl.give_back)
+        return AsyncOutput(
+            batch, step, host, ready, release=tl.give_back, pool=self.sampled_buffers
+        )
 
     # stepscope: hot
     def _enqueue_verify(
@@ -381,8 +389,12 @@ class ModelRunner:
         n, k = batch.num_logits, batch.max_num_logprobs
         he = self.device.host_empty
         spec = self.spec
+        pool = self.sampled_buffers
+        # [max rows] int64, given back by AsyncOutput.get
+        base = pool.take() if n <= pool.capacity else he((n,), torch.int64)
         return HostOutputBuffers(
-            sampled=he((n,), torch.int64),
+            sampled=base[:n],
+            sampled_base=base if n <= pool.capacity else None,
             num_accepted=None if spec is None else he((batch.num_reqs,), torch.int64),
             logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
             logprobs=None if k is None else he((n, k + 1), torch.float32),

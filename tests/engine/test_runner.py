@@ -187,3 +187,19 @@ def test_triton_kernels_sample_the_torch_tokens(device: CpuDevice, penalised: bo
     assert [len(want[r]) for r in "ABC"] == [3, 4, 2]
     assert {r: got[r] for r in "ABC"} == {r: want[r] for r in "ABC"}
     assert [i for i, _ in got["B logprobs"][0]] == [i for i, _ in want["B logprobs"][0]]
+
+
+def test_sampled_buffers_are_reused_once_read(device: CpuDevice) -> None:
+    model = tiny_model()
+    runner = make_runner(device, model)
+    run_schedule(runner)  # six steps in flight before any output is read: six host buffers
+    assert runner.sampled_buffers.num_allocated == 6
+    first = step_output(
+        6, new=[new_req("D", PROMPT_A, [12, 13, 14])], tokens={"D": 7}, finished={"B", "C"}
+    )
+    tokens = runner.execute_model(first).get().sampled_token_ids[0]
+    for step in range(7, 11):  # one step in flight at a time: every buffer comes back
+        out = step_output(step, cached=[("D", [], step)], tokens={"D": 1})
+        tokens += runner.execute_model(out).get().sampled_token_ids[0]
+    assert tokens == reference_greedy(model, PROMPT_A, 5)
+    assert runner.sampled_buffers.num_allocated == 6
