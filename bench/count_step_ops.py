@@ -174,7 +174,7 @@ def main() -> None:
     child = [a for a in raw if a not in ("--baseline-tree", args.baseline_tree)]
     for name, tree in trees.items():
         env = dict(os.environ, PYTHONPATH=tree)
-        cmd = [sys.executable, os.path.abspath(__file__), *child, "--child-json"]
+        cmd = [sys.executable, os.path.abspath(__file__), "--child-json", *child]
         proc = subprocess.run(cmd, env=env, cwd=here, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
