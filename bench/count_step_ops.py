@@ -2,7 +2,8 @@
 
 Every piece of device work the engine enqueues goes through ``Device.submit(stream, fn)``. This
 script wraps ``submit`` so that each body runs under a ``TorchDispatchMode`` that counts the aten
-ops it dispatches (each one a kernel launch, or a copy/fill, on CUDA) and counts Triton kernel
+ops it dispatches (``aten``: a kernel launch, copy or fill on CUDA; ``view``: no device work;
+``alloc``: ``empty*``) and counts Triton kernel
 launches (``JITFunction[grid](...)``; torch ops inside a Triton launch, the interpreter's own, are
 not counted). Bodies are grouped by name (``sample``, ``kernel`` = a staged-write apply,
 ``copy`` = an h2d copy, ``<lambda>`` = input prep, ...); ``forward`` is left out: on CUDA a
@@ -38,6 +39,16 @@ from host_phases import _engine_argv, _workload  # noqa: E402
 SKIPPED = ("forward",)  # a graph replay on CUDA
 
 
+def _kind(func: Any) -> str:
+    """``view`` (no device work: slices, transposes), ``alloc`` (``empty*``: allocator calls)
+    or ``aten`` (a kernel, copy or fill on the device)."""
+    if func.is_view:
+        return "view"
+    if func.__name__.startswith("empty"):
+        return "alloc"
+    return "aten"
+
+
 class _OpCounter(TorchDispatchMode):
     def __init__(self, books: collections.Counter[str], key: str, paused: threading.local) -> None:
         super().__init__()
@@ -45,7 +56,7 @@ class _OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not getattr(self.paused, "on", False):
-            self.books[f"{self.key}:aten"] += 1
+            self.books[f"{self.key}:{_kind(func)}"] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -141,7 +152,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     table = {
         k: statistics.median(counter.per_step.get(s, {}).get(k, 0) for s in steady) for k in keys
     }
-    table["total"] = statistics.median(sum(counter.per_step.get(s, {}).values()) for s in steady)
+    table["launches"] = statistics.median(
+        sum(v for k, v in counter.per_step.get(s, {}).items() if k.endswith((":aten", ":triton")))
+        for s in steady
+    )
     return {"steady_steps": len(steady), "ops": table}
 
 
@@ -179,8 +193,8 @@ def main() -> None:
         if proc.returncode != 0:
             raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
         columns[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-    keys = sorted({k for c in columns.values() for k in c["ops"]} - {"total"}) + ["total"]
-    print("ops per steady decode step (median; 'forward' left out)")
+    keys = sorted({k for c in columns.values() for k in c["ops"]} - {"launches"}) + ["launches"]
+    print("ops per steady decode step (median; 'forward' left out; launches = aten + triton)")
     print(f"{'body:kind':<24}" + "".join(f"{n:>10}" for n in columns))
     for k in keys:
         print(f"{k:<24}" + "".join(f"{c['ops'].get(k, 0):>10g}" for c in columns.values()))

@@ -111,6 +111,9 @@ class RequestStates:
             self.top_k,
             self.seeds,
         )
+        # Fixed views the fused sampler reads (the staged tensors never move).
+        self._temperature_col = self.sampling_f32.gpu[:, _F32_COLUMN["temperature"]]  # [R+1]
+        self._seeds_col = self.seeds.gpu[:, 0]  # [R+1]
         # Written only by device work.
         self.last_sampled = torch.zeros(rows, dtype=torch.int64, device=dev)  # [R+1]
         self.output_bin_counts = torch.zeros(rows, vocab_size, dtype=torch.int32, device=dev)
@@ -360,8 +363,8 @@ class RequestStates:
                 commit_rows=commit_rows,
                 logits_indices=logits_indices,
                 positions=positions,
-                temperature=self.sampling_f32.gpu[:, _F32_COLUMN["temperature"]],
-                seeds=self.seeds.gpu[:, 0],
+                temperature=self._temperature_col,
+                seeds=self._seeds_col,
                 keep_threshold=keep_threshold,
                 last_sampled=self.last_sampled,
                 token_ids=self.token_ids.gpu,
