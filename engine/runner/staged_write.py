@@ -156,7 +156,7 @@ class StagedWriteTensor:
         slot = self._acquire(index, num_writes, num_values)
         if num_writes == 1:
             row, start, values = self._pending[0]
-            slot.host_values.numpy()[:num_values] = values
+            self._pack_values(slot, values)
             single: tuple[int, int] | None = (row, start)
         else:
             self._pack(slot, lengths)
@@ -187,6 +187,10 @@ class StagedWriteTensor:
         max_values = max(old.max_values, 1 << (num_values - 1).bit_length())
         self._slots[index] = self._new_slot(max_writes, max_values)
         return self._slots[index]
+
+    def _pack_values(self, slot: _Slot, values: np.ndarray) -> None:
+        """One write's values into the slot's host buffer (a host tensor: no device read)."""
+        slot.host_values.numpy()[: values.shape[0]] = values
 
     def _pack(self, slot: _Slot, lengths: np.ndarray) -> None:
         num_writes = lengths.shape[0]
