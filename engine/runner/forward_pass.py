@@ -186,4 +186,7 @@ class ForwardPass:
     # stepscope: hot
     def logits(self, batch: InputBatch, hidden: torch.Tensor) -> torch.Tensor:
         """Device: logits of the sampled rows, ``[N, V]`` f32."""
-        return self.model.compute_logits(hidden[self.logits_indices[: batch.num_logits]])
+        n = batch.num_logits
+        if n == batch.num_tokens:  # every token sampled (decode): the indices are 0..n-1
+            return self.model.compute_logits(hidden[:n])
+        return self.model.compute_logits(hidden[self.logits_indices[:n]])
