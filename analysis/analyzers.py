@@ -32,7 +32,11 @@ from analysis.metrics.phases import phase_table
 from analysis.metrics.runs import clip_to_runs, idle_in_runs, measured_ns, run_spans
 from analysis.metrics.steps import step_table
 from analysis.metrics.syncs import hot_sync_count, sync_summary
-from analysis.metrics.waits import accepted_wait_by_step
+from analysis.metrics.waits import (
+    accepted_wait_by_step,
+    exposed_wait_summary,
+    output_wait_by_step,
+)
 from analysis.metrics.window import Window, device_busy, select_window
 from analysis.records import clean, records
 from instrument.schema import CaptureArg
@@ -50,6 +54,7 @@ TABLE_ORDER = (
     "bubbles",
     "blame",
     "waits",
+    "output_waits",
     "grammar",
     "syncs",
     "decisions",
@@ -197,7 +202,8 @@ def blame(p: Pass) -> None:
 
 
 def waits(p: Pass) -> None:
-    """§5.5: accepted-count waits, exposed (on idle) and hidden (under busy)."""
+    """§5.5: accepted-count waits, exposed (on idle) and hidden (under busy); every output wait
+    by kind and its exposed cost per step (``Report.extra["output_wait"]``)."""
     table = accepted_wait_by_step(p.slices, p.busy, p.idle)
     p.head |= {
         "wait_accepted_total_us": int(table["wait_ns"].sum()) / 1e3,
@@ -205,6 +211,10 @@ def waits(p: Pass) -> None:
         "wait_accepted_hidden_us": int(table["hidden_ns"].sum()) / 1e3,
     }
     p.tables["waits"] = table
+    assert p.window is not None
+    outputs = output_wait_by_step(p.slices, p.busy, p.idle)
+    p.tables["output_waits"] = outputs
+    p.extra["output_wait"] = exposed_wait_summary(outputs, p.window.num_steps, p.span_ns)
 
 
 def grammar(p: Pass) -> None:

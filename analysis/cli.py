@@ -164,6 +164,9 @@ def analyze_main(argv: list[str]) -> int:
     # forked child (analysis.loading.prefetch); one that has them (tests, the dashboard) would
     # gain nothing and loads in place.
     prefetch = TracePrefetch(args.trace, args.max_decompressed_mb, "pandas" not in sys.modules)
+    # pandas and the metrics (about as long as the child's decoding) are imported meanwhile;
+    # analysis.analyze_frames alone would import them only once the trace is loaded.
+    import analysis.report  # noqa: F401
     from analysis import analyze_frames
 
     try:
@@ -223,6 +226,10 @@ def compare_main(argv: list[str]) -> int:
         print(f"* {note}")
     if cmp.outputs_agree is not None:
         print(f"* outputs {'agree' if cmp.outputs_agree else 'DIFFER'} (digests).")
+    if cmp.exposed_wait is not None:
+        from analysis.compare import exposed_wait_line
+
+        print(f"* {exposed_wait_line(cmp.exposed_wait)}")
     import pandas as pd
 
     rows = [{"metric": k, **v} for k, v in cmp.deltas.items()]

@@ -8,9 +8,17 @@ from typing import Any
 from analysis.loading.derive import OUTPUT_DIGEST_KEY
 from analysis.metrics_registry import COMPARED
 from analysis.report import Report
-from instrument.schema import MEASURED_CONFIG_ARGS
+from instrument.schema import MEASURED_CONFIG_ARGS, WaitKind
 
-__all__ = ["Comparison", "compare_reports", "DERIVED_KEYS", "VOLATILE_KEYS"]
+__all__ = [
+    "Comparison",
+    "compare_reports",
+    "exposed_wait_comparison",
+    "compare_output_waits",
+    "exposed_wait_line",
+    "DERIVED_KEYS",
+    "VOLATILE_KEYS",
+]
 
 # Config/metadata keys that differ between any two runs and say nothing about the contract.
 VOLATILE_KEYS = (
@@ -27,7 +35,9 @@ class Comparison:
     """``contract_ok``: configs equal except the declared variables (True when neither trace
     carries a config: nothing contradicts it, and ``checked`` is False); ``differences``: key ->
     (A, B) for every differing config key; ``violations``: differing keys not declared;
-    ``deltas``: name -> {a, b, delta}; ``outputs_agree``: True/False, None without digests."""
+    ``deltas``: name -> {a, b, delta}; ``outputs_agree``: True/False, None without digests;
+    ``exposed_wait``: :func:`exposed_wait_comparison` when either trace is a speculative run
+    (None otherwise)."""
 
     contract_ok: bool
     differences: dict[str, tuple[Any, Any]]
@@ -36,6 +46,7 @@ class Comparison:
     outputs_agree: bool | None
     notes: list[str] = field(default_factory=list)
     checked: bool = True
+    exposed_wait: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +57,7 @@ class Comparison:
             "deltas": self.deltas,
             "outputs_agree": self.outputs_agree,
             "notes": self.notes,
+            "exposed_wait": self.exposed_wait,
         }
 
 
@@ -87,4 +99,107 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
     if agree is None:
         notes.append(f"outputs not compared: '{OUTPUT_DIGEST_KEY}' missing from one or both traces")
     checked = bool(ca or cb)
-    return Comparison(not violations, diffs, violations, deltas, agree, notes, checked)
+    exposed = exposed_wait_comparison(a, b) if _is_spec(a) or _is_spec(b) else None
+    return Comparison(not violations, diffs, violations, deltas, agree, notes, checked, exposed)
+
+
+def _is_spec(r: Report) -> bool:
+    """A speculative run: its config names a proposer, or it waited for accepted counts."""
+    method = r.frames.config.get("spec_method")
+    waits = r.extra.get("output_wait", {}).get("by_kind", {})
+    return method not in (None, "", "None", "none") or WaitKind.ACCEPTED_COUNT.value in waits
+
+
+def exposed_wait_comparison(a: Report, b: Report) -> dict[str, Any]:
+    """The host's waits for step output that left the device idle, per step, on both sides
+    (docs/design.md §5.5, §5.12): :func:`compare_output_waits` of the reports'
+    ``extra["output_wait"]``."""
+    return compare_output_waits(a.extra.get("output_wait"), b.extra.get("output_wait"))
+
+
+def compare_output_waits(
+    wait_a: dict[str, Any] | None, wait_b: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Two ``analysis.metrics.waits.exposed_wait_summary`` results side by side. Per side
+    (``a``, ``b``): ``exposed_us_per_step`` (Σ over every ``wait_output`` kind),
+    ``exposed_share`` (of the measured step time), ``num_steps`` and ``by_kind`` (exposed µs
+    per step, share, and µs per step of the wait before the step's output reached the host);
+    then ``delta_us_per_step`` and ``delta_share`` (b − a; None where a side has no steps)."""
+    sides = {}
+    for name, ow in (("a", wait_a or {}), ("b", wait_b or {})):
+        sides[name] = {
+            "exposed_us_per_step": ow.get("exposed_us_per_step"),
+            "exposed_share": ow.get("exposed_share"),
+            "num_steps": ow.get("num_steps", 0),
+            "by_kind": {
+                k: {
+                    "exposed_us_per_step": v["exposed_us_per_step"],
+                    "exposed_share": v["exposed_share"],
+                    "device_wait_us_per_step": v.get("device_wait_us_per_step"),
+                }
+                for k, v in (ow.get("by_kind") or {}).items()
+            },
+        }
+
+    def delta(key: str) -> float | None:
+        va, vb = sides["a"][key], sides["b"][key]
+        return None if va is None or vb is None else vb - va
+
+    return {
+        **sides,
+        "delta_us_per_step": delta("exposed_us_per_step"),
+        "delta_share": delta("exposed_share"),
+    }
+
+
+def exposed_wait_line(cmp: dict[str, Any]) -> str:
+    """One sentence: each side's exposed output waits (kind, µs/step, share of step time, and
+    the part spent before the step's output reached the host) and the difference; ``cmp`` from
+    :func:`exposed_wait_comparison`. Ends with a warning when neither side waited for the
+    device (each wait's part before the copy ended under 5% of its exposed time)."""
+
+    def kind(k: str, v: dict[str, Any]) -> str:
+        dev = v.get("device_wait_us_per_step")
+        tail = (
+            ""
+            if dev is None
+            else f"; {_us(dev)}/step of the wait before the output reached the host"
+        )
+        return (
+            f"wait_output({k}) {_us(v['exposed_us_per_step'])}/step "
+            f"({_pct(v['exposed_share'])} of step time{tail})"
+        )
+
+    def side(name: str) -> str:
+        kinds = [kind(k, v) for k, v in cmp[name]["by_kind"].items()]
+        return f"{name.upper()} " + (", ".join(kinds) if kinds else "no wait_output slices")
+
+    d_us, d_share = cmp["delta_us_per_step"], cmp["delta_share"]
+    diff = (
+        "n/a"
+        if d_us is None or d_share is None
+        else f"{d_us:+,.1f} µs/step ({100 * d_share:+.2f} points of step time)"
+    )
+    line = (
+        "exposed wait for step output (device idle while the host waits): "
+        f"{side('a')}; {side('b')}; B − A {diff}."
+    )
+    kinds = [v for name in ("a", "b") for v in cmp[name]["by_kind"].values()]
+    if kinds and all(
+        v.get("device_wait_us_per_step") is not None
+        and v["device_wait_us_per_step"] < 0.05 * (v["exposed_us_per_step"] or 0.0)
+        for v in kinds
+    ):
+        line += (
+            " Neither side waited for the device: each output had reached the host before the"
+            " wait began, so the waits hold host work (reading the output), not device time."
+        )
+    return line
+
+
+def _us(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.1f} µs"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"

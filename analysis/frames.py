@@ -149,7 +149,8 @@ def categorical_from_codes(codes: np.ndarray, labels: list[str] | np.ndarray) ->
     categories, inverse = np.unique(labels[used], return_inverse=True)
     remap = np.full(labels.size, -1, dtype=np.int64)
     remap[used] = inverse
-    return pd.Categorical.from_codes(remap[codes], categories=categories)
+    # The codes are valid by construction: pandas' range check of every row is skipped.
+    return pd.Categorical.from_codes(remap[codes], categories=categories, validate=False)
 
 
 def categorize(df: pd.DataFrame, columns: tuple[str, ...] = CATEGORY_COLUMNS) -> pd.DataFrame:

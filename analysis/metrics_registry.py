@@ -553,6 +553,12 @@ COMPARED: tuple[Compared, ...] = (
     _headline("wait_accepted_exposed_us"),
     _headline("grammar_hidden_frac"),
     _headline("grammar_wait_exposed_us"),
+    Compared(
+        "output_wait_exposed_us_per_step",
+        ("extra", "output_wait", "exposed_us_per_step"),
+        "µs",
+        "lower",
+    ),
     Compared("step_ms_p50", ("extra", "step_ms", "p50"), "ms", "lower"),
     _headline("tpot_ms", "p50"),
     _headline("ttft_ms", "p50"),

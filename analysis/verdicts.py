@@ -71,6 +71,19 @@ def _empty_window(window: dict[str, Any], frames: TraceFrames) -> str:
     )
 
 
+def _device_part(extra: dict[str, Any], total_us: float) -> str:
+    """How much of the accepted-count wait came before its step's output reached the host
+    (``device_wait``, §5.5), ending the sentence; a plain ``.`` without copy slices."""
+    kinds = (extra.get("output_wait") or {}).get("by_kind") or {}
+    device = (kinds.get("accepted_count") or {}).get("device_wait_us")
+    if device is None:
+        return "."
+    part = f"; {_duration(device)} of the wait came before the step's output reached the host"
+    if device < 0.05 * total_us:
+        return part + ": the rest is host work reading the output, not a wait for the device."
+    return part + "."
+
+
 def verdicts(headline: Mapping[str, Any], frames: TraceFrames, extra: dict[str, Any]) -> list[str]:
     """Sentences a person reads before any table."""
     out: list[str] = []
@@ -106,7 +119,8 @@ def verdicts(headline: Mapping[str, Any], frames: TraceFrames, extra: dict[str, 
         exposed = headline["wait_accepted_exposed_us"]
         out.append(
             f"Waiting for accepted counts took {_duration(total)}; {_duration(exposed)} of it "
-            f"({_pct(exposed / total)}) left the device idle (recoverable)."
+            f"({_pct(exposed / total)}) left the device idle (recoverable)"
+            + _device_part(extra, total)
         )
     grammar = _grammar(headline)
     if grammar:

@@ -1,12 +1,25 @@
-"""Speculative decoding on the sample models: acceptance, speedup, and accepted-count wait exposure.
+"""Speculative decoding on the sample models, warm and alternated: speed, acceptance, output
+waits and tokens against the run without speculation.
 
-For each proposer (none, ngram, draft, eagle, mtp) runs the same workload (greedy, so every run
-emits the same tokens) with async scheduling, then EAGLE again with ``spec_sync_accepted`` (the
-CPU waits for accepted counts before preparing the next step). Prints acceptance rate (accepted /
-drafted, from the trace's ``update_from_output`` args), output tok/s, speedup over no
-speculation, and the exposed/hidden accepted-count wait from the analysis.
+Every variant (``none``, then each proposer at its k, and EAGLE with ``--spec-sync-accepted``)
+gets one engine and one trace, built once and reused by every pass. On CUDA the engine warms
+itself (engine/warmup.py: every decode size, mixed-step bucket, sampling variant, verify and draft
+path); then each engine runs one untimed pass of the workload (``--warm-repeat`` copies of the
+sample prompts). The measured workload is ``--repeat`` copies of the 64 sample prompts (greedy,
+all arriving at once, ``--max-tokens`` each, fresh request ids per copy); without ``--repeat`` it
+is sized from the untimed passes so that the fastest variant's run lasts ``--min-run-s``. Rounds
+alternate every variant ``--rounds`` times in this process (the order rotates each round); each
+round's output tok/s is divided by the no-speculation run of the same round.
 
-Usage: python bench/bench_spec.py [--device cuda] [--k 3] [--json out.json]
+Per variant: output tok/s and its ratio to ``none`` (median, min..max over rounds), acceptance
+(accepted / drafted), output tokens per request per target step, the exposed wait for step output
+per step (device idle while the host waited in ``wait_output``: kind ``accepted_count`` with
+``--spec-sync-accepted``, ``sampled`` otherwise; docs/design.md §5.5), and the tokens against
+``none`` (share of identical sequences, first-divergence position). In float32 (or with
+``--check-tokens``) any difference from ``none`` exits 1.
+
+Usage: python bench/bench_spec.py [--device cuda] [--dtype bfloat16] [--variants ...]
+       [--pick-k ngram=1,2,3] [--rounds 3] [--min-run-s 10 | --repeat N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -14,112 +27,357 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import multiprocessing
 import os
+import sys
 import tempfile
-import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
-from analysis import analyze_trace
-from engine.llm import LLM
-from engine.workload import load_workload
-from instrument.tracer import Tracer
+from analysis.compare import compare_output_waits, exposed_wait_line
+from bench._spec_engines import TARGET, SpecEngine, Variant, parse_variants
+from bench._spec_summary import analyse_passes, divergence, summarise_variant
+from engine.workload import WorkloadRequest, load_workload
 
-MODELS = "samples/models"
-TARGET = f"{MODELS}/pycoder-14m"
-SPEC_MODELS = {
-    "ngram": None,
-    "draft": f"{MODELS}/pycoder-draft-2m",
-    "eagle": f"{MODELS}/pycoder-14m-eagle",
-    "mtp": f"{TARGET}/mtp",
-}
+DEFAULT_VARIANTS = "none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync"
 
 
-def run_one(method: str | None, sync_accepted: bool, args: argparse.Namespace, tmp: str) -> dict:
-    tag = f"{method or 'none'}{'-sync' if sync_accepted else ''}"
-    path = os.path.join(tmp, f"spec_{tag}.pftrace")
-    workload = [
+def base_workload(args: argparse.Namespace) -> list[WorkloadRequest]:
+    """The sample prompts, greedy, all at time 0, ``--max-tokens`` output tokens each."""
+    return [
         dataclasses.replace(
-            w, arrival_time_s=0.0, params=dataclasses.replace(w.params, temperature=0.0)
+            w,
+            arrival_time_s=0.0,
+            params=dataclasses.replace(
+                w.params, temperature=0.0, max_tokens=args.max_tokens, seed=None
+            ),
         )
         for w in load_workload(args.workload)[: args.limit]
     ]
-    spec = {}
-    if method is not None:
-        spec = {
-            "spec_method": method,
-            "spec_model": SPEC_MODELS[method],
-            "num_spec_tokens": args.k,
-            "spec_sync_accepted": sync_accepted,
-        }
-    tracer = Tracer(path)
-    llm = LLM(
-        tracer=tracer,
-        trace_requests=False,
-        model=args.target,
+
+
+def copies(base: list[WorkloadRequest], n: int, label: str) -> list[WorkloadRequest]:
+    """``n`` copies of ``base`` with fresh ids ``<label>-c<copy>-<id>`` (the same ids on every
+    variant of one round, so their tokens can be compared request by request)."""
+    return [dataclasses.replace(w, id=f"{label}-c{c}-{w.id}") for c in range(n) for w in base]
+
+
+def build(
+    args: argparse.Namespace, v: Variant, trace_dir: str, base: list[WorkloadRequest]
+) -> SpecEngine:
+    e = SpecEngine(
+        v,
+        trace_dir,
+        model=args.model,
         device=args.device,
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
-        **spec,
     )
-    llm.run_workload([dataclasses.replace(w, id=f"warm-{w.id}") for w in workload[:4]])
-    start = time.monotonic()
-    outs = llm.run_workload(workload)
-    elapsed = time.monotonic() - start
-    llm.close()
-    tracer.close()
-    report = analyze_trace(path)
-    steps = report.frames.slices
-    upd = steps[steps["name"] == "update_from_output"]
-    accepted = int(upd["num_accepted"].fillna(0).sum()) if "num_accepted" in upd else 0
-    rejected = int(upd["num_rejected"].fillna(0).sum()) if "num_rejected" in upd else 0
-    h = report.headline
-    return {
-        "run": tag,
-        "tokens": sum(len(o.output_token_ids) for o in outs),
-        "elapsed_s": elapsed,
-        "tok_per_s": sum(len(o.output_token_ids) for o in outs) / elapsed,
-        "acceptance": accepted / (accepted + rejected) if accepted + rejected else None,
-        "overlap": h.get("overlap"),
-        "wait_accepted_exposed_us": h.get("wait_accepted_exposed_us"),
-        "wait_accepted_hidden_us": h.get("wait_accepted_hidden_us"),
-        "outputs": {o.id: o.output_token_ids for o in outs},
-        "trace": path,
-    }
+    warm = e.run("warm", copies(base, args.warm_repeat, "warm"))
+    print(
+        f"  {v.name:<16} built + warmed up in {e.build_s:6.1f} s; untimed pass "
+        f"{warm.output_tokens} tokens in {warm.elapsed_s:6.2f} s ({warm.tok_s:,.0f} tok/s)",
+        flush=True,
+    )
+    return e
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--target", default=TARGET)
+def pick_k(
+    args: argparse.Namespace, variants: list[Variant], trace_dir: str, base: list[WorkloadRequest]
+) -> tuple[list[Variant], dict[str, Any], dict[Variant, SpecEngine]]:
+    """``--pick-k METHOD=K1,K2,...``: each candidate k runs the untimed pass; the fastest one
+    replaces the method's k in ``variants`` (its sync variant too). Returns the variants, what
+    was tried, and the kept engines."""
+    tried: dict[str, Any] = {}
+    kept: dict[Variant, SpecEngine] = {}
+    for item in args.pick_k:
+        method, _, ks = item.partition("=")
+        cands = {}
+        for k in [int(x) for x in ks.split(",") if x]:
+            e = build(args, Variant(method, k), trace_dir, base)
+            cands[k] = e
+        best = max(cands, key=lambda k: cands[k].passes[0].tok_s)
+        tried[method] = {"tok_s": {k: e.passes[0].tok_s for k, e in cands.items()}, "chose": best}
+        for k, e in cands.items():
+            if k == best:
+                kept[e.variant] = e
+            else:
+                e.close()
+        variants = [dataclasses.replace(v, k=best) if v.method == method else v for v in variants]
+    return list(dict.fromkeys(variants)), tried, kept
+
+
+def measured_repeat(args: argparse.Namespace, engines: list[SpecEngine]) -> tuple[int, str]:
+    """``--repeat``, or the copies that make the fastest variant's run last ``--min-run-s``
+    (from the untimed passes' tok/s and tokens per copy), lowered where ``--time-budget-s``
+    cannot hold every round at that size; returns it and how it was chosen."""
+    if args.repeat:
+        return args.repeat, "--repeat"
+    warm = [e.passes[0] for e in engines]
+    per_copy = max(p.output_tokens for p in warm) / args.warm_repeat
+    need = math.ceil(args.min_run_s * max(p.tok_s for p in warm) / per_copy)
+    how = f"fastest untimed pass {max(p.tok_s for p in warm):,.0f} tok/s x {args.min_run_s:g} s"
+    if args.time_budget_s:
+        round_s_per_copy = sum(per_copy / p.tok_s for p in warm)
+        fits = math.floor(args.time_budget_s / (args.rounds * round_s_per_copy))
+        if fits < need:
+            need = fits
+            how += f"; LOWERED to fit --time-budget-s {args.time_budget_s:g}: runs shorter than {args.min_run_s:g} s"
+    return max(1, min(need, args.max_repeat)), how
+
+
+def run_rounds(
+    args: argparse.Namespace,
+    engines: list[SpecEngine],
+    repeat: int,
+    base: list[WorkloadRequest],
+    out: dict[str, Any],
+) -> dict[str, list[dict[str, Any]]]:
+    """Every variant once per round, the order rotated each round; JSON rewritten after each."""
+    rows: dict[str, list[dict[str, Any]]] = {e.variant.name: [] for e in engines}
+    for r in range(args.rounds):
+        workload = copies(base, repeat, f"r{r}")
+        order = engines[r % len(engines) :] + engines[: r % len(engines)]
+        for e in order:
+            p = e.run(f"round {r + 1}", workload)
+            rows[e.variant.name].append(
+                {
+                    "round": r + 1,
+                    "tok_s": p.tok_s,
+                    "elapsed_s": p.elapsed_s,
+                    "output_tokens": p.output_tokens,
+                }
+            )
+            print(
+                f"  round {r + 1}/{args.rounds} {e.variant.name:<16} {p.tok_s:>10,.0f} tok/s  {p.elapsed_s:6.2f} s",
+                flush=True,
+            )
+        none_tok_s = rows["none"][-1]["tok_s"]
+        for name in rows:
+            rows[name][-1]["ratio_to_none"] = rows[name][-1]["tok_s"] / none_tok_s
+        out["rounds_done"] = r + 1
+        write_json(args, out | {"rounds": rows})
+    return rows
+
+
+def add_trace_metrics(
+    engines: list[SpecEngine], rows: dict[str, list[dict[str, Any]]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Close every engine, then analyse each measured pass's steps in its trace (one worker
+    process per trace). Returns the untimed passes' build time and tok/s by variant, and per
+    sync variant ``stepscope compare``'s exposed-wait comparison of its first round against
+    the same method and k without sync."""
+    for e in engines:
+        e.close()
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds a CUDA context
+    workers = max(1, min(len(engines), os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        jobs = {
+            e.variant: pool.submit(
+                analyse_passes,
+                e.trace_path,
+                [dataclasses.replace(p, tokens={}) for p in e.passes[1:]],
+            )
+            for e in engines
+        }
+        for v, job in jobs.items():
+            for row, metrics in zip(rows[v.name], job.result(), strict=True):
+                row |= metrics
+    warm = {e.variant.name: {"build_s": e.build_s, "tok_s": e.passes[0].tok_s} for e in engines}
+    pairs = {}
+    for v in jobs:
+        other = dataclasses.replace(v, sync=False)
+        if v.sync and other in jobs:
+            cmp = compare_output_waits(
+                rows[v.name][0]["output_wait"], rows[other.name][0]["output_wait"]
+            )
+            pairs[f"{v.name} vs {other.name}"] = cmp | {"line": exposed_wait_line(cmp)}
+    return warm, pairs
+
+
+def token_agreement(engines: list[SpecEngine]) -> dict[str, Any]:
+    """Per variant against ``none``, round by round: :func:`divergence` of the first round (the
+    rounds repeat one workload), the worst identical share over rounds, and whether the variant
+    gave the same tokens in every round."""
+    ref = engines[0].passes[1:]
+    out = {}
+    for e in engines[1:]:
+        per_round = [divergence(a.tokens, b.tokens) for a, b in zip(ref, e.passes[1:], strict=True)]
+        stable = all(
+            list(p.tokens.values()) == list(e.passes[1].tokens.values()) for p in e.passes[2:]
+        )
+        out[e.variant.name] = {
+            **per_round[0],
+            "identical_share_min": min(d["identical_share"] for d in per_round),
+            "same_tokens_every_round": stable,
+        }
+    return out
+
+
+def _fmt(s: dict[str, float | None], spec: str, pct: bool = False) -> str:
+    if s["median"] is None:
+        return "-"
+    k = 100.0 if pct else 1.0
+    return f"{s['median'] * k:{spec}} ({s['min'] * k:{spec}}..{s['max'] * k:{spec}})"
+
+
+def print_table(
+    summary: dict[str, Any], agreement: dict[str, Any], rounds: dict[str, list[dict[str, Any]]]
+) -> None:
+    print(
+        f"\n{'variant':<16} {'output tok/s median (min..max)':>32} {'x none (min..max)':>22} "
+        f"{'accept':>6} {'tok/req-step':>12} {'exposed wait µs/step (share)':>30} {'same tokens':>11} "
+        f"{'1st diff med/min':>16}"
+    )
+    for name, s in summary.items():
+        a = agreement.get(name)
+        same = "-" if a is None else f"{100 * a['identical_share']:.0f}%"
+        first = (
+            "-"
+            if a is None or a["first_divergence_median"] is None
+            else f"{a['first_divergence_median']:g}/{a['first_divergence_min']}"
+        )
+        kinds = ",".join(rounds[name][0].get("wait_kinds", {})) or "-"
+        wait = s["exposed_wait_us_per_step"]["median"]
+        share = s["exposed_wait_share"]["median"]
+        wait_s = "-" if wait is None else f"{wait:,.0f} {kinds} ({100 * (share or 0):.1f}%)"
+        acc = s["acceptance"]["median"]
+        tps = s["tokens_per_request_step"]["median"]
+        print(
+            f"{name:<16} {_fmt(s['tok_s'], ',.0f'):>32} {_fmt(s['ratio_to_none'], '.2f'):>22} "
+            f"{'-' if acc is None else f'{acc:.3f}':>6} {'-' if tps is None else f'{tps:.2f}':>12} "
+            f"{wait_s:>30} {same:>11} {first:>16}"
+        )
+
+
+def write_json(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    if not args.json:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default=TARGET)
     p.add_argument("--workload", default="samples/workloads/pycode_prompts.jsonl")
+    p.add_argument("--limit", type=int, default=None, help="only the first N sample prompts")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--methods", default="ngram,draft,eagle,mtp")
-    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    tmp = tempfile.mkdtemp(prefix="stepscope-spec-")
-    methods = [m for m in args.methods.split(",") if m]
-    rows = [run_one(None, False, args, tmp)] + [run_one(m, False, args, tmp) for m in methods]
-    if "eagle" in methods:
-        rows.append(run_one("eagle", True, args, tmp))
-    base = rows[0]
-    print(
-        f"{'run':<12} {'accept':>7} {'tok/s':>9} {'speedup':>7} {'overlap':>7} "
-        f"{'exposed us':>11} {'hidden us':>10} {'same tokens':>11}"
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="output tokens per request (greedy, EOS ends it earlier)",
     )
-    for r in rows:
-        acc = f"{r['acceptance']:.3f}" if r["acceptance"] is not None else "-"
-        ov = r["overlap"] if r["overlap"] is not None else float("nan")
-        print(
-            f"{r['run']:<12} {acc:>7} {r['tok_per_s']:>9.1f} {r['tok_per_s'] / base['tok_per_s']:>7.2f} "
-            f"{ov:>7.2f} {r['wait_accepted_exposed_us'] or 0:>11.0f} "
-            f"{r['wait_accepted_hidden_us'] or 0:>10.0f} {str(r['outputs'] == base['outputs']):>11}"
-        )
+    p.add_argument(
+        "--variants",
+        default=DEFAULT_VARIANTS,
+        help="METHOD:K[:sync] list; 'none' is always run (default %(default)s)",
+    )
+    p.add_argument(
+        "--pick-k",
+        action="append",
+        default=[],
+        metavar="METHOD=K1,K2",
+        help="try these k on the untimed pass and keep the fastest (repeatable)",
+    )
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--warm-repeat", type=int, default=4, help="copies of the prompts in each untimed pass"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="copies of the prompts in each measured pass (default: sized by --min-run-s)",
+    )
+    p.add_argument(
+        "--min-run-s",
+        type=float,
+        default=10.0,
+        help="the fastest variant's measured run lasts at least this long",
+    )
+    p.add_argument("--max-repeat", type=int, default=64)
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="seconds all measured rounds may take (estimated from the untimed passes); "
+        "--min-run-s yields to it, and the output says so",
+    )
+    p.add_argument(
+        "--check-tokens",
+        action="store_true",
+        help="exit 1 unless every variant emits none's tokens (on by default in float32)",
+    )
+    p.add_argument(
+        "--trace-dir", default=None, help="where the traces go (default: a temporary folder)"
+    )
+    p.add_argument(
+        "--json", default=None, help="default on CUDA: bench/results/h200/spec_<dtype>.json"
+    )
+    args = p.parse_args(argv)
+    if args.json is None and args.device.startswith("cuda"):
+        args.json = f"bench/results/h200/spec_{args.dtype}.json"
+    args.check_tokens = args.check_tokens or args.dtype in ("float32", "fp32")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    variants = parse_variants(args.variants)
+    base = base_workload(args)
+    trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="stepscope-spec-")
+    print(f"building and warming every variant (traces in {trace_dir})", flush=True)
+    variants, tried, kept = pick_k(args, variants, trace_dir, base)
+    engines = [kept.get(v) or build(args, v, trace_dir, base) for v in variants]
+    repeat, how = measured_repeat(args, engines)
+    out: dict[str, Any] = {
+        "config": {k: v for k, v in vars(args).items() if k != "pick_k"}
+        | {
+            "repeat": repeat,
+            "num_requests": repeat * len(base),
+            "variants": [v.name for v in variants],
+        },
+        "picked_k": tried,
+    }
+    print(
+        f"measured pass: {repeat} x {len(base)} requests ({how}), {args.rounds} rounds", flush=True
+    )
+    rows = run_rounds(args, engines, repeat, base, out)
+    warm, pairs = add_trace_metrics(engines, rows)
+    summary = {name: summarise_variant(r) for name, r in rows.items()}
+    agreement = token_agreement(engines)
+    print_table(summary, agreement, rows)
+    for name, pair in pairs.items():
+        print(f"\n{name}, round 1, as `stepscope compare` says it (A = sync, B = async):")
+        print(f"  {pair['line']}")
+    differ = [n for n, a in agreement.items() if a["identical_share_min"] < 1.0]
+    out |= {
+        "rounds": rows,
+        "untimed_pass": warm,
+        "summary": summary,
+        "tokens_vs_none": agreement,
+        "sync_vs_async": pairs,
+        "trace_dir": trace_dir,
+    }
+    write_json(args, out)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{k: v for k, v in r.items() if k != "outputs"} for r in rows], f, indent=2)
+        print(f"JSON: {args.json}")
+    if args.check_tokens and differ:
+        print(
+            f"TOKENS DIFFER from the run without speculation ({args.dtype}): {', '.join(differ)}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

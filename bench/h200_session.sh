@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec structured kernelwin overhead mixed phases ops e2e-short e2e-long e2e-8b
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specgraph structured kernelwin overhead mixed phases ops e2e-short e2e-long e2e-8b
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -23,7 +23,10 @@ for stage in $stages; do
     tune) timeout 240 python3 bench/tune_decode_attention.py --block-n 32,64,128 --warps 2,4,8 --stages 2,3 --json "$OUT/tune_attention.json" 2>&1 | tee "$OUT/tune_attention.log" | grep -v "^    " ;;
     profile) timeout 120 python3 bench/bench_decode.py --profile --batches 256 --json "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" | tail -22 ;;
     async) timeout 240 python3 bench/bench_async.py --json "$OUT/async.json" 2>&1 | tee "$OUT/async.log" | tail -10 ;;
-    spec) timeout 300 python3 bench/bench_spec.py --json "$OUT/spec.json" 2>&1 | tee "$OUT/spec.log" | tail -12 ;;
+    spec) timeout 450 python3 bench/bench_spec.py --device cuda --dtype bfloat16 --warm-repeat 2 --min-run-s 10 --time-budget-s ${SPEC_BUDGET_S:-300} ${SPEC_ARGS:-} --json "$OUT/spec_bfloat16.json" 2>&1 | tee "$OUT/spec_bfloat16.log" | grep -v "^  round" | tail -24
+          timeout 130 python3 bench/bench_spec.py --device cuda --dtype float32 --rounds 1 --repeat 1 --warm-repeat 1 ${SPEC_ARGS:-} --json "$OUT/spec_float32.json" 2>&1 | tee "$OUT/spec_float32.log" | tail -12; echo "fp32 token check rc=${PIPESTATUS[0]}" ;;
+    specgraph) timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_spec_graphs_gpu.py 2>&1 | tee "$OUT/spec_graphs_gpu.log" | tail -8
+      timeout ${SPECGRAPH_TIMEOUT:-420} python3 bench/bench_spec_graphs.py --json "$OUT/spec_graphs.json" ${SPECGRAPH_ARGS:-} 2>&1 | tee "$OUT/spec_graphs.log" | tail -16 ;;
     structured) timeout 300 python3 bench/bench_structured.py --model-config ${STRUCTURED_MODEL:-qwen3-8b} --dtype ${STRUCTURED_DTYPE:-bfloat16} --tokenizer samples/models/pycoder-14m --repeat 8 --json "$OUT/structured.json" 2>&1 | tee "$OUT/structured.log" | tail -16 ;;
     launch) for b in 1 256; do timeout 150 python3 bench/launch_breakdown.py --batch $b ${LAUNCH_ARGS:-} 2>&1 | tee "$OUT/launch_b$b.log" | head -60; done ;;
     cpuprof) for b in 1 256; do timeout 150 python3 bench/profile_cpu_step.py --batch $b --top 25 > "$OUT/cpuprof_b$b.log" 2>&1; grep -E "ms per step|graph.replay" "$OUT/cpuprof_b$b.log"; done ;;

@@ -292,6 +292,13 @@ class FeatureRequests:
         "(16, 32, .., 256, then multiples of 256; larger steps run eagerly); default: "
         "--max-num-batched-tokens when CUDA graphs and Triton are on; 0: mixed steps run eagerly",
     )
+    spec_cuda_graphs: bool | None = _flag(
+        None,
+        kind="tristate",
+        help="CUDA graphs for steady speculative steps (every request a decode with k drafts): "
+        "target forward, verify and the draft chain replayed per padded batch size (auto: on "
+        "with CUDA graphs, Triton and a --spec-method)",
+    )
     triton_kernels: bool | None = _flag(
         None, kind="tristate", flag="--triton", help="Triton kernels (auto: on CUDA)"
     )
@@ -475,6 +482,10 @@ class ResolvedFeatures:
         return bool(self._get("mixed_cuda_graphs"))
 
     @property
+    def spec_cuda_graphs(self) -> bool:
+        return bool(self._get("spec_cuda_graphs"))
+
+    @property
     def pinned_memory(self) -> bool:
         return bool(self._get("pinned_memory"))
 
@@ -593,6 +604,7 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
     )
     decisions.append(_trace_kernels_decision(config, on_cuda))
     decisions.append(_mixed_graphs_decision(config, decisions))
+    decisions.append(_spec_graphs_decision(config, decisions))
     decisions.append(_warmup_decision(config.requested.warmup, on_cuda))
     return ResolvedFeatures(tuple(decisions))
 
@@ -629,6 +641,32 @@ def _mixed_graphs_decision(
         why_not,
         f"mixed/prefill steps of <= {top} tokens replay CUDA graphs over padded token buckets "
         "(engine_config mixed_graph_buckets); larger steps run eagerly",
+    )
+
+
+def _spec_graphs_decision(
+    config: EngineConfig, decisions: list[FeatureDecision]
+) -> FeatureDecision:
+    """``spec_cuda_graphs`` (docs/design.md §2.6): steady speculative steps (every request a
+    decode verifying ``k`` drafts, greedy or plain random sampling, no grammar, penalties or
+    logprobs) replay captured graphs of the target forward, verify and the draft chain; other
+    speculative steps run eagerly. Needs decode graphs, the Triton kernels and a proposer."""
+    resolved = {d.feature: d.resolved for d in decisions}
+    why_not = ""
+    if resolved["spec_method"] == "none":
+        why_not = "no speculative decoding"
+    elif not resolved["cuda_graphs"]:
+        why_not = "cuda_graphs is off (speculative graphs are captured with the decode graphs)"
+    elif not resolved["triton_kernels"]:
+        why_not = "triton_kernels is off (the torch attention reference is not capturable)"
+    return _decide(
+        "spec_cuda_graphs",
+        config.requested.spec_cuda_graphs,
+        not why_not,
+        why_not,
+        "steady speculative steps (decodes with k drafts) replay forward, verify and draft "
+        "graphs per padded batch size (the decode capture sizes); steps with prefills, "
+        "grammar, penalties, logprobs or top-k/top-p/min-p run eagerly",
     )
 
 

@@ -142,7 +142,15 @@ class EngineCore:
             resolved, self.features, self.device, self.model, self.tracer, self.kernels
         )
         # Before the first request: compile every kernel specialization (engine/warmup.py).
-        self.warmup: WarmupReport = warm_up(self.runner, resolved, self.features, self.tracer)
+        try:
+            self.warmup: WarmupReport = warm_up(self.runner, resolved, self.features, self.tracer)
+        except BaseException:
+            # Stop the device's worker threads before the error leaves: a CPU stream thread
+            # still inside a torch op when the interpreter exits aborts the process (SIGABRT)
+            # instead of printing the error.
+            self.compiles.uninstall()
+            self.device.close()
+            raise
         self.compiles_at_start = self.compiles.count
         if tp is not None:  # rank 0: each runner call is first sent to the other ranks
             self.runner = tp.attach(self.runner, self.tracer)

@@ -153,7 +153,8 @@ def build_runner(
     A CUDA-graph capture that failed is reported into ``features`` here, before
     :func:`record_start` writes the decisions: under auto the runner stays eager and the
     decision says why; an explicit ``cuda_graphs=True`` is a :class:`ConfigError`. A failed
-    decode capture turns ``mixed_cuda_graphs`` off too; a failed mixed capture only that."""
+    decode capture turns ``mixed_cuda_graphs`` and ``spec_cuda_graphs`` off too; a failed mixed
+    (speculative) capture only that one."""
     runner = ModelRunner(
         model,
         device,
@@ -167,6 +168,7 @@ def build_runner(
         mixed_graph_max_tokens=(
             mixed_graph_max_tokens(config) if features.mixed_cuda_graphs else 0
         ),
+        spec_cuda_graphs=features.spec_cuda_graphs and features.cuda_graphs,
     )
     graphs = runner.graphs
     fallen: list[tuple[str, str, str]] = []  # (feature, reason, what runs eagerly)
@@ -175,6 +177,9 @@ def build_runner(
     mixed_failure = graphs.failure if graphs.failure is not None else graphs.mixed_failure
     if mixed_failure is not None and features.mixed_cuda_graphs:
         fallen.append(("mixed_cuda_graphs", mixed_failure, "mixed steps"))
+    spec_failure = graphs.failure if graphs.failure is not None else runner.spec_graphs.failure
+    if spec_failure is not None and features.spec_cuda_graphs:
+        fallen.append(("spec_cuda_graphs", spec_failure, "speculative steps"))
     for feature, failure, what in fallen:
         try:
             features.fall_back(feature, failure)

@@ -14,6 +14,7 @@ shape (a string timestamp, an event that is not an object, ...; the caller decod
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -125,10 +126,11 @@ def _label_code(text: tuple[np.ndarray, list[str]], value: str) -> np.ndarray:
     return np.isin(codes, hits) if hits else np.zeros(codes.shape, bool)
 
 
-def decode_columns(data: bytes) -> EventColumns:
+def decode_columns(data: bytes, keep: Callable[[Any], None] | None = None) -> EventColumns:
     """Columns of a Kineto JSON trace held in ``data`` (already decompressed); see the module
     docstring for what it raises. A JSON object without ``traceEvents`` raises
-    :class:`NoTraceEvents`."""
+    :class:`NoTraceEvents`. ``keep``: given the decoded events before they are dropped (a forked
+    child keeps them until it exits instead of freeing them, ``analysis.forked.keep_until_exit``)."""
     first = data.lstrip()[:1]
     if first == b"[":
         events, extra = _LIST.decode(data), {}
@@ -165,6 +167,8 @@ def decode_columns(data: bytes) -> EventColumns:
         for i in np.flatnonzero(meta).tolist()
     }  # one per thread, not per event
     counters = counters_of(data) if "C" in text["ph"][1] else []
+    if keep is not None:
+        keep(events)
     return EventColumns(n, text, numbers, thread_names, counters, extra, len(data))
 
 

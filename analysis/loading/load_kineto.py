@@ -211,14 +211,22 @@ def _mark_waits(x: pd.DataFrame) -> None:
     d2h = copies["name"].str.contains("DtoH|Device -> Pageable|Pageable", regex=True)
     d2h_corr = set(copies["correlation"][d2h].tolist())
     pageable = set(copies["correlation"][copies["name"].str.contains("Pageable")].tolist())
-    runtime = x["cat"].isin(_RUNTIME_CATS)
-    is_sync = runtime & x["raw_name"].isin(SYNC_CALLS)
-    corr = x["correlation"]
-    blocking_copy = runtime & (
-        (x["raw_name"].isin(_BLOCKING_COPIES) & corr.isin(d2h_corr))
-        | (x["raw_name"].str.startswith(("cudaMemcpy", "hipMemcpy")) & corr.isin(pageable))
+    runtime = x["cat"].isin(_RUNTIME_CATS).to_numpy(bool)
+    raw = x["raw_name"]
+    is_sync = runtime & raw.isin(SYNC_CALLS).to_numpy(bool)
+    # Copy calls first (a few rows), then their correlations: no hash lookup per event.
+    copy_call = runtime & (
+        raw.isin(_BLOCKING_COPIES).to_numpy(bool)
+        | raw.str.startswith(("cudaMemcpy", "hipMemcpy")).to_numpy(bool)
     )
-    is_sync, blocking_copy = is_sync.to_numpy(), blocking_copy.to_numpy() & ~is_sync.to_numpy()
+    rows = np.flatnonzero(copy_call)
+    corr = x["correlation"].iloc[rows]
+    blocking_copy = np.zeros(len(x), bool)
+    blocking_copy[rows] = (
+        (raw.iloc[rows].isin(_BLOCKING_COPIES) & corr.isin(d2h_corr))
+        | (raw.iloc[rows].str.startswith(("cudaMemcpy", "hipMemcpy")) & corr.isin(pageable))
+    ).to_numpy(bool)
+    blocking_copy &= ~is_sync
     x["name"] = _with(x["name"], is_sync | blocking_copy, CpuSlice.WAIT_OUTPUT.value)
     x["kind"] = _with(_with(x["kind"], is_sync, WAIT_SYNC), blocking_copy, WAIT_D2H)
 
@@ -274,6 +282,9 @@ def _syncs(x: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+_NOT_AFTER_TRACKS = ["pid", "tid", "ts_us", "dur_us", "device", "device_index"]
+
+
 def _slices(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     x["ts_ns"] = np.round(x["ts_us"].to_numpy() * 1e3).astype(np.int64)
     dur_us = np.nan_to_num(x["dur_us"].to_numpy(), nan=0.0).clip(min=0)
@@ -282,7 +293,8 @@ def _slices(x: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     x["raw_name"] = x["name"]
     x["step"] = -1
     order = np.lexsort((-x["end_ns"].to_numpy(), x["ts_ns"].to_numpy()))
-    x = x.take(order).reset_index(drop=True)
+    # The sort moves only the columns read from here on (not the raw times, ids, devices).
+    x = x.drop(columns=_NOT_AFTER_TRACKS).take(order).reset_index(drop=True)
     x = _apply_profile(x, prof)
     _mark_waits(x)
     _assign_steps(x)

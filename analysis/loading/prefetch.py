@@ -47,12 +47,14 @@ class TracePrefetch:
 
     def load(self, profile: Profile | str | None = None) -> TraceFrames:
         """The trace's frames, as :func:`~analysis.loading.load.load_trace` returns them."""
-        cols = self._job.result()
-        if cols is None:
-            return load_trace(self.path, profile, self.max_decompressed_mb)
+        # pandas and the Kineto loader are imported before waiting: while the child decodes.
         from analysis.loading.kineto_decode import columns_frame
         from analysis.loading.load_kineto import frames_of_columns
         from analysis.loading.profiles import get_profile
+
+        cols = self._job.result()
+        if cols is None:
+            return load_trace(self.path, profile, self.max_decompressed_mb)
 
         prof = get_profile(profile or "vllm")
         return finish_frames(
@@ -67,6 +69,6 @@ def _columns_or_none(path: str, max_decompressed_mb: float) -> EventColumns | No
         data = read_trace_bytes(path, max_decompressed_mb)
         if not is_kineto_json(data):
             return None
-        return decode_columns(data)
+        return decode_columns(data, forked.keep_until_exit)
     except Exception:  # noqa: BLE001 -- load_trace reports it with its own message
         return None

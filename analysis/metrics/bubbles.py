@@ -54,6 +54,7 @@ __all__ = [
 NO_CPU = "(no cpu slice)"
 CPU_WAITING = "(cpu waiting)"
 _CANONICAL = {s.value for s in CpuSlice} - {CpuSlice.STEP.value}
+_BLAME_INPUT = ["name", "raw_name", "kind", "track_id", "ts_ns", "end_ns", "depth"]
 BUBBLE_COLUMNS = {"bubble_id": "int64", "start_ns": "int64", "end_ns": "int64", "dur_ns": "int64"}
 # The profiler's own spans over the whole capture (Kineto "cat": "Trace" events).
 _PROFILER_SPAN = re.compile(
@@ -107,14 +108,16 @@ def launch_tracks(slices: pd.DataFrame) -> np.ndarray:
     """Track ids of the CPU threads that put work on a device: a launch/memcpy runtime call, a
     slice sharing a device slice's ``correlation`` (Kineto), or a canonical slice (the engine
     thread). Empty when none is known."""
-    cpu = slices[(slices["role"] == ROLE_CPU).to_numpy(bool)]
-    hit = _name_flags(cpu["raw_name"], _LAUNCH_CALL) | cpu["name"].isin(_CANONICAL).to_numpy(bool)
+    cpu = (slices["role"] == ROLE_CPU).to_numpy(bool)  # row masks, no frame copies
+    hit = _name_flags(slices["raw_name"], _LAUNCH_CALL) | slices["name"].isin(_CANONICAL).to_numpy(
+        bool
+    )
     if "correlation" in slices.columns:
         dev = slices["role"].isin([ROLE_COMPUTE, ROLE_COPY]).to_numpy(bool)
         corr = slices["correlation"].to_numpy(np.float64, na_value=np.nan)
         dev_corr = unique_sorted(corr[dev & ~np.isnan(corr)])
-        hit |= _member(corr[(slices["role"] == ROLE_CPU).to_numpy(bool)], dev_corr)
-    return unique_sorted(cpu["track_id"].to_numpy(np.int64)[hit])
+        hit[cpu] |= _member(corr[cpu], dev_corr)
+    return unique_sorted(slices["track_id"].to_numpy(np.int64)[cpu & hit])
 
 
 def _waiting(cpu: pd.DataFrame) -> np.ndarray:
@@ -153,10 +156,11 @@ def blame_label(name: np.ndarray, kind: np.ndarray) -> np.ndarray:
     return out
 
 
-def _exclusive_segments(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(start, end, owner row)`` pieces where each candidate slice is the deepest one running."""
-    track = cpu["track_id"].to_numpy(np.int64)
-    ts, end = cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64)
+def _exclusive_segments(
+    track: np.ndarray, ts: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(start, end, owner row)`` pieces where each candidate slice (int64 track, start and end
+    per row) is the deepest one running."""
     n = ts.size
     if n == 0:
         empty = np.zeros(0, np.int64)
@@ -205,10 +209,12 @@ def _tier_pieces(
     return pieces, intersect(left, complement(union(s, e), lo, hi))
 
 
-def _segments(cpu: pd.DataFrame, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exclusive segments of the deepest slice among ``cpu[keep]``; owners index ``cpu``."""
+def _segments(
+    track: np.ndarray, ts: np.ndarray, end: np.ndarray, keep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exclusive segments of the deepest slice among the rows ``keep``; owners index all rows."""
     rows = np.flatnonzero(keep)
-    s, e, o = _exclusive_segments(cpu.iloc[rows])
+    s, e, o = _exclusive_segments(track[rows], ts[rows], end[rows])
     return s, e, rows[o]
 
 
@@ -221,11 +227,14 @@ def _deepest_across_threads(
     s, e, owner = seg
     if s.size == 0:
         return seg
+    owner_track = track[owner]
+    if (owner_track == owner_track[0]).all():  # one thread (the usual case): disjoint segments,
+        order = np.argsort(s, kind="stable")  # which the sweep below would return in start order
+        return s[order], e[order], owner[order]
     edges = unique_sorted(np.concatenate((s, e)))
     lo, hi = edges[:-1], edges[1:]
     best_depth = np.full(lo.size, -1, dtype=np.int64)
     best_owner = np.full(lo.size, -1, dtype=np.int64)
-    owner_track = track[owner]
     for t in unique_sorted(owner_track):  # one pass per thread; segments of a thread are disjoint
         mine = np.flatnonzero(owner_track == t)
         mine = mine[np.argsort(s[mine], kind="stable")]
@@ -247,14 +256,13 @@ def blame_bubbles(
     time). ``pieces`` has one row per (bubble, label): ``bubble_id``, ``label``, ``idle_ns``.
     """
     require_columns(bubbles, BUBBLE_COLUMNS, "blame_bubbles")
-    require_columns(
-        slices,
-        ["role", "name", "raw_name", "kind", "track_id", "ts_ns", "end_ns", "depth"],
-        "blame_bubbles",
-    )
-    cpu = slices[(slices["role"] == ROLE_CPU).to_numpy(bool)]
-    cpu = cpu[~cpu["name"].isin(envelopes).to_numpy(bool) & ~is_profiler_span(cpu["raw_name"])]
-    cpu = cpu.reset_index(drop=True)
+    require_columns(slices, ["role", *_BLAME_INPUT], "blame_bubbles")
+    candidate = (
+        (slices["role"] == ROLE_CPU).to_numpy(bool)
+        & ~slices["name"].isin(envelopes).to_numpy(bool)
+        & ~is_profiler_span(slices["raw_name"])
+    )  # one take of the columns used here, not of the whole frame
+    cpu = slices.loc[candidate, _BLAME_INPUT].reset_index(drop=True)
     labels = blame_label(cpu["name"].to_numpy(object), cpu["kind"].to_numpy(object))
     waiting = _waiting(cpu)
     canonical = cpu["name"].isin(_CANONICAL).to_numpy(bool) & ~waiting
@@ -266,11 +274,12 @@ def blame_bubbles(
     )
     depth = cpu["depth"].to_numpy(np.int64)
     track = cpu["track_id"].to_numpy(np.int64)
-    seg_all = _segments(cpu, np.ones(len(cpu), bool))
+    ts, end = cpu["ts_ns"].to_numpy(np.int64), cpu["end_ns"].to_numpy(np.int64)
+    seg_all = _exclusive_segments(track, ts, end)
     working = ~waiting[seg_all[2]]
     launcher_seg = on_launcher[seg_all[2]]
     tiers = [
-        (_segments(cpu, canonical), labels),
+        (_segments(track, ts, end, canonical), labels),
         (tuple(a[working & launcher_seg] for a in seg_all), labels),
         (tuple(a[working & ~launcher_seg] for a in seg_all), labels),
         (

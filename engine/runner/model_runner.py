@@ -26,6 +26,7 @@ and the output copy later. With a proposer, a masked step also copies its drafts
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ from engine.runner.async_output import (
 from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.forward_pass import ForwardPass, max_num_tokens
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
+from engine.runner.spec_graphs import SpecGraphs, SpecShape
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 from engine.runner.step_in_flight import StepInFlight
@@ -74,12 +76,15 @@ class ModelRunner:
         seed: int = 0,
         cuda_graphs: bool = False,
         mixed_graph_max_tokens: int = 0,
+        spec_cuda_graphs: bool = False,
     ) -> None:
         """``limits`` / ``cache``: the engine config's scheduler part (``max_model_len``
         resolved) and KV cache part, as they are; ``seed``: the engine seed (unseeded requests'
         sampling); ``cuda_graphs``: the resolved decision (``ResolvedFeatures``, decided once);
         ``mixed_graph_max_tokens``: under the resolved ``mixed_cuda_graphs``, the largest token
-        bucket of mixed-step graphs (0: mixed steps run eagerly; needs ``cuda_graphs``)."""
+        bucket of mixed-step graphs (0: mixed steps run eagerly; needs ``cuda_graphs``);
+        ``spec_cuda_graphs``: the resolved ``spec_cuda_graphs`` (steady speculative steps replay
+        forward / verify / draft graphs, :mod:`engine.runner.spec_graphs`; needs both)."""
         if not 0 <= mixed_graph_max_tokens <= max_num_tokens(limits):
             raise ValueError(
                 f"mixed_graph_max_tokens must be in [0, {max_num_tokens(limits)}], "
@@ -89,6 +94,8 @@ class ModelRunner:
             raise ValueError("mixed_graph_max_tokens > 0 needs cuda_graphs=True")
         if mixed_graph_max_tokens and proposer is not None:
             raise ValueError("mixed-step CUDA graphs do not cover speculative decoding")
+        if spec_cuda_graphs and (proposer is None or not cuda_graphs):
+            raise ValueError("spec_cuda_graphs needs a proposer and cuda_graphs=True")
         kernels = kernels or TorchKernels()  # the engine passes the one backend it chose
         self.model = model
         self.device = device
@@ -131,6 +138,9 @@ class ModelRunner:
         self.fwd = ForwardPass(
             model, device, limits, cache, self.states, self.step_inputs, graphs, kernels
         )
+        # Not after a failed decode capture (the engine turns both features off then).
+        spec_graphs = spec_cuda_graphs and self.fwd.graphs.failure is None
+        self.spec_graphs = SpecGraphs(spec_graphs, self.fwd, self.spec, self.states, device)
 
     @property
     def graphs(self) -> CudaGraphRunner:
@@ -159,12 +169,14 @@ class ModelRunner:
         ``bitmask`` (``[num_logits, ceil(V / 32)]`` int32, host): the grammar mask, applied to the
         logits on the device before sampling (structured requests whose mask is already known).
         """
-        batch = self._prepare_step(out)
+        batch, spec_shape = self._prepare_step(out, graphable=bitmask is None)
         if batch is None:
             return AsyncOutput.empty(out.step)
         with self.tracer.span(
             CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
         ):
+            if spec_shape is not None:
+                return self._launch_spec_graphs(batch, spec_shape)
             step = self._launch_forward(batch, with_logits=bitmask is not None)
             handle = self._launch_sample(batch, step, bitmask, contiguous=True)
         return handle
@@ -175,7 +187,7 @@ class ModelRunner:
 
         :meth:`execute_sample` enqueues the rest once the host has built the grammar bitmask.
         """
-        batch = self._prepare_step(out)
+        batch, _ = self._prepare_step(out, graphable=False)
         if batch is None:
             return PendingSample(out.step, None)
         with self.tracer.span(
@@ -196,8 +208,12 @@ class ModelRunner:
         return handle
 
     # stepscope: hot
-    def _prepare_step(self, out: SchedulerOutput) -> InputBatch | None:
-        """Host side of a step: state-table diffs and the packed batch (None: nothing to run)."""
+    def _prepare_step(
+        self, out: SchedulerOutput, graphable: bool
+    ) -> tuple[InputBatch | None, SpecShape | None]:
+        """Host side of a step: state-table diffs and the packed batch (None: nothing to run),
+        and the speculative graph shape it replays (None: not a captured speculative step;
+        ``graphable`` False: a grammar mask or deferred sampling, never replayed)."""
         self.timeline.poll_if_due()
         with self.tracer.span(CpuSlice.PREPARE_INPUTS.value, step=out.step):
             if out.scheduled_spec_decode_tokens and self.spec is None:
@@ -209,23 +225,34 @@ class ModelRunner:
             num_tokens = out.num_scheduled_tokens
             # Every scheduled request runs >= 1 token: one each iff the total is the count.
             uniform = out.total_num_scheduled_tokens == len(num_tokens)
+            spec_shape = self.spec_graphs.shape_for(out, graphable) if self.spec else None
             shape = self.fwd.graphs.shape_for(
                 len(num_tokens), out.total_num_scheduled_tokens, uniform
             )
-            if shape is None:
+            if spec_shape is not None:
+                batch, packed = build_input_batch(
+                    out, self.states, spec_shape.num_reqs, spec_shape.num_tokens
+                )
+            elif shape is None:
                 batch, packed = build_input_batch(out, self.states)
             else:
                 batch, packed = build_input_batch(
                     out, self.states, shape.num_reqs, shape.num_tokens
                 )
             if batch.num_reqs == 0:
-                return None
+                return None, None
             self.step_inputs.stage(0, 0, packed)
-        return batch
+        return batch, spec_shape
 
     # stepscope: hot
-    def _launch_forward(self, batch: InputBatch, with_logits: bool) -> StepInFlight:
-        """h2d inputs, input prep and forward (plus the sampled rows' logits when asked)."""
+    def _launch_forward(
+        self,
+        batch: InputBatch,
+        with_logits: bool,
+        run_forward: Callable[[], torch.Tensor] | None = None,
+    ) -> StepInFlight:
+        """h2d inputs, input prep and forward (plus the sampled rows' logits when asked);
+        ``run_forward``: what computes the hidden states (default ``ForwardPass.forward``)."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, h2d = dev.compute_stream, dev.h2d_stream
         with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
@@ -236,7 +263,7 @@ class ModelRunner:
         in_flight = StepInFlight()
 
         def forward() -> None:
-            in_flight.hidden = self.fwd.forward(batch)
+            in_flight.hidden = self.fwd.forward(batch) if run_forward is None else run_forward()
 
         def logits() -> None:
             in_flight.logits = self.fwd.logits(batch, in_flight.require("hidden"))
@@ -294,6 +321,36 @@ class ModelRunner:
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
+        return AsyncOutput(
+            batch, step, host, ready, release=tl.give_back, pool=self.sampled_buffers
+        )
+
+    # stepscope: hot
+    def _launch_spec_graphs(self, batch: InputBatch, shape: SpecShape) -> AsyncOutput:
+        """A steady speculative step from graphs (docs/design.md §2.6): h2d inputs and input prep
+        as any step, then the forward, verify and draft replays, the output copy overlapping the
+        draft. One replay per stage whatever ``k``; the host reads nothing of the step."""
+        dev, tl, step, graphs = self.device, self.timeline, batch.step, self.spec_graphs
+        compute, d2h = dev.compute_stream, dev.d2h_stream
+        in_flight = self._launch_forward(batch, False, lambda: graphs.forward(shape))
+        # verify rewrites the static outputs the previous step's copy reads: wait for that copy
+        dev.wait_event(compute, graphs.copied)
+
+        def verify() -> None:
+            tokens, in_flight.num_accepted = graphs.verify(shape, batch.num_logits, batch.num_reqs)
+            in_flight.sampled = SamplerOutput(tokens)
+
+        with tl.stage(DeviceSlice.VERIFY.value, step=step, stream=compute):
+            dev.submit(compute, verify)
+        sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
+        dev.wait_event(d2h, sampled_ready)
+        with tl.stage(DeviceSlice.DRAFT.value, step=step, stream=compute):
+            dev.submit(compute, lambda: graphs.draft(shape))
+        host = self._host_buffers(batch, with_drafts=False)
+        with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
+            dev.submit(d2h, lambda: self._copy_out(in_flight, host))
+        ready = tl.event_after_stage(d2h, dev.new_event)
+        graphs.copied.record(d2h)
         return AsyncOutput(
             batch, step, host, ready, release=tl.give_back, pool=self.sampled_buffers
         )

@@ -35,6 +35,21 @@ def test_forked_call_runs_in_a_child_and_returns_its_value() -> None:
     assert not plain.forked and plain.result() == (os.getpid(), 42)
 
 
+def _keep_and_report(x: list[int]) -> tuple[bool, int]:
+    forked.keep_until_exit(x)
+    return forked.in_child(), len(forked._KEPT)
+
+
+@can_fork
+def test_keep_until_exit_holds_objects_only_in_a_child() -> None:
+    """A child holds what it is given until its os._exit; this process (and a call made here
+    without a child) keeps nothing."""
+    kept_before = len(forked._KEPT)
+    assert forked.start(_keep_and_report, [1, 2]).result() == (True, 1)
+    assert forked.start(_keep_and_report, [1, 2], fork=False).result() == (False, kept_before)
+    assert len(forked._KEPT) == kept_before == 0 and not forked.in_child()
+
+
 @can_fork
 def test_forked_call_that_raises_raises_the_same_here() -> None:
     job = forked.start(_fails, 3)

@@ -236,3 +236,22 @@ def test_ab_contract_ignores_what_start_up_measured(tiny_hf_checkpoint: str, tmp
     assert a.frames.config[ConfigArg.WARMUP_S.value] != b.frames.config[ConfigArg.WARMUP_S.value]
     comparison = compare_reports(a, b)
     assert comparison.contract_ok and comparison.differences == {}
+
+
+def test_a_failing_warmup_stops_the_device_threads(tiny_hf_checkpoint: str, monkeypatch) -> None:
+    """An error inside warm-up leaves LLM construction with the CPU streams' worker threads
+    stopped: one still running a torch op at interpreter exit aborted the process (SIGABRT,
+    "terminate called without an active exception") instead of printing the error."""
+    import threading
+
+    import engine.core
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise IndexError("injected warm-up failure")
+
+    monkeypatch.setattr(engine.core, "warm_up", failing)
+    before = {t for t in threading.enumerate() if t.name.startswith("cpu-stream-")}
+    with pytest.raises(IndexError, match="injected"):
+        LLM(model=tiny_hf_checkpoint, warmup=True, **SMALL)  # type: ignore[arg-type]
+    after = {t for t in threading.enumerate() if t.name.startswith("cpu-stream-")}
+    assert after - before == set()

@@ -144,3 +144,43 @@ def test_cli_pauses_the_cycle_collector_and_restores_it_in_process(
     via_main = capsys.readouterr().out
     assert analyze_main([str(VLLM), "--json"]) == 0
     assert via_main == capsys.readouterr().out
+
+
+_SPY = """
+import sys
+import analysis.forked as forked
+joined = []
+result = forked.Forked.result
+def spy(self):
+    joined.append(("pandas" in sys.modules, "analysis.report" in sys.modules))
+    return result(self)
+forked.Forked.result = spy
+import atexit
+atexit.register(lambda: print("joined", joined, file=sys.stderr))
+from stepscope.cli import main
+sys.exit(main())
+"""
+
+
+@can_fork
+def test_cli_imports_the_analysis_while_the_child_decodes_and_exits_cleanly(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The decode child is joined only after pandas and the metrics are imported (the overlap
+    the fork is for); the whole-process CLI ends with os._exit after its output and the atexit
+    handlers (stepscope/cli.py): same JSON as in-process, same exit codes and messages."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-c", _SPY, "analyze", str(VLLM), "--json"]
+    fresh = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "joined [(True, True)" in fresh.stderr  # the first join, the decoder's: imported
+    assert analyze_main([str(VLLM), "--json"]) == 0
+    assert fresh.stdout == capsys.readouterr().out
+    bad = tmp_path / "cut.json"
+    bad.write_text('{"traceEvents": [')
+    failed = subprocess.run(
+        [sys.executable, "-c", _SPY, "analyze", str(bad)], capture_output=True, text=True, env=env
+    )
+    assert failed.returncode == 2
+    assert failed.stderr.startswith("stepscope analyze: not valid JSON")
+    assert "joined" in failed.stderr  # atexit handlers ran on the error path too

@@ -1,0 +1,184 @@
+"""Output waits of speculative runs: the CPU engine runs EAGLE with ``--spec-sync-accepted`` (the
+host waits for step N's accepted counts before preparing N+1) and without (the async loop waits
+for step N's output only after launching N+1). ``stepscope compare`` names each side's exposed
+wait and its cost per step; the numbers are checked against an interval computation written here
+in plain Python on the trace's raw slices."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from analysis import Report, analyze_trace, compare_reports
+from analysis.cli import compare_main
+from analysis.compare import exposed_wait_line
+from engine.llm import LLM
+from engine.workload import load_workload
+from instrument.tracer import Tracer
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "samples" / "models"
+WORKLOAD = ROOT / "samples" / "workloads" / "pycode_prompts.jsonl"
+
+
+def _trace(path: Path, sync: bool) -> Path:
+    workload = [
+        dataclasses.replace(
+            w,
+            arrival_time_s=0.0,
+            params=dataclasses.replace(w.params, temperature=0.0, max_tokens=16),
+        )
+        for w in load_workload(str(WORKLOAD))[:6]
+    ]
+    tracer = Tracer(str(path))
+    llm = LLM(
+        tracer=tracer,
+        model=str(MODELS / "pycoder-14m"),
+        device="cpu",
+        dtype="float32",
+        async_scheduling=True,
+        spec_method="eagle",
+        spec_model=str(MODELS / "pycoder-14m-eagle"),
+        num_spec_tokens=3,
+        spec_sync_accepted=sync,
+    )
+    llm.run_workload(workload)
+    llm.close()
+    tracer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("spec_waits")
+    return _trace(tmp / "sync.pftrace", True), _trace(tmp / "async.pftrace", False)
+
+
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _overlap(s: int, e: int, merged: list[tuple[int, int]]) -> int:
+    return sum(max(0, min(e, b) - max(s, a)) for a, b in merged)
+
+
+def _reference(report: Report) -> dict[str, tuple[float, float]]:
+    """By wait kind, per window step: the exposed µs |wait ∩ [t0, t1)| − |wait ∩ busy ∩ [t0, t1)|
+    (busy = every compute slice of the trace: the CPU trace is one kept run, no kernels), and
+    the µs of the wait before its step's d2h_output copy ended."""
+    sl = report.frames.slices
+    win = report.headline["window"]
+    t0, t1 = win["start_ns"], win["end_ns"]
+    compute = sl[sl["role"] == "compute"]
+    busy = [
+        (max(int(s), t0), min(int(e), t1))
+        for s, e in zip(compute["ts_ns"], compute["end_ns"], strict=True)
+        if e > t0 and s < t1
+    ]
+    busy = _merged(busy)
+    waits = sl[
+        (sl["name"] == "wait_output")
+        & (sl["step"] >= win["first_step"])
+        & (sl["step"] <= win["last_step"])
+    ]
+    copies = sl[sl["name"] == "d2h_output"]
+    copy_end = dict(zip(copies["step"], copies["end_ns"], strict=True))
+    exposed: dict[str, int] = {}
+    device: dict[str, int] = {}
+    for w in waits.itertuples():
+        before = min(int(w.end_ns), int(copy_end[w.step])) - int(w.ts_ns)
+        device[w.kind] = device.get(w.kind, 0) + max(before, 0)
+        s, e = max(int(w.ts_ns), t0), min(int(w.end_ns), t1)
+        if e > s:
+            exposed[w.kind] = exposed.get(w.kind, 0) + (e - s) - _overlap(s, e, busy)
+        else:
+            exposed.setdefault(w.kind, 0)
+    n = win["num_steps"]
+    return {k: (v / 1e3 / n, device[k] / 1e3 / n) for k, v in exposed.items()}
+
+
+def test_compare_names_each_sides_exposed_wait_per_step(traces: tuple[Path, Path]) -> None:
+    sync, asyn = (analyze_trace(p, window="all") for p in traces)
+    cmp = compare_reports(sync, asyn)
+    assert cmp.contract_ok and set(cmp.differences) == {"spec_sync_accepted"}
+    ew = cmp.exposed_wait
+    assert ew is not None
+    # The sync loop waits for accepted counts, the async loop for the sampled output.
+    assert set(ew["a"]["by_kind"]) == {"accepted_count"}
+    assert set(ew["b"]["by_kind"]) == {"sampled"}
+    for side, report in (("a", sync), ("b", asyn)):
+        ref = _reference(report)
+        got = {k: v["exposed_us_per_step"] for k, v in ew[side]["by_kind"].items()}
+        assert got == pytest.approx({k: v[0] for k, v in ref.items()}, abs=1e-6)
+        dev = {k: v["device_wait_us_per_step"] for k, v in ew[side]["by_kind"].items()}
+        assert dev == pytest.approx({k: v[1] for k, v in ref.items()}, abs=1e-6)
+        win = report.headline["window"]  # the share's denominator: the window's device span
+        exposed_ns = sum(v[0] for v in ref.values()) * win["num_steps"] * 1e3
+        share = exposed_ns / (win["end_ns"] - win["start_ns"])
+        assert ew[side]["exposed_share"] == pytest.approx(share, rel=1e-9)
+        assert ew[side]["num_steps"] == win["num_steps"]
+    assert ew["delta_us_per_step"] == pytest.approx(
+        ew["b"]["exposed_us_per_step"] - ew["a"]["exposed_us_per_step"]
+    )
+    # The headline accepted-count wait is the sync side's accepted_count kind, in total.
+    total = sync.extra["output_wait"]["by_kind"]["accepted_count"]["exposed_us"]
+    assert sync.headline["wait_accepted_exposed_us"] == pytest.approx(total)
+    assert asyn.headline["wait_accepted_total_us"] == 0.0
+    # On the CPU device the sync loop's wait covers the device work of its own step (nothing
+    # else is queued), so nearly all of it comes before the step's output reached the host.
+    sync_kind = ew["a"]["by_kind"]["accepted_count"]
+    total_us = sync.extra["output_wait"]["by_kind"]["accepted_count"]["wait_us"]
+    assert (
+        sync_kind["device_wait_us_per_step"] * sync.headline["window"]["num_steps"] > 0.5 * total_us
+    )
+    (said,) = [v for v in sync.verdicts if v.startswith("Waiting for accepted counts")]
+    assert "came before the step's output reached the host." in said  # not host work alone
+    line = exposed_wait_line(ew)
+    assert "A wait_output(accepted_count)" in line and "B wait_output(sampled)" in line
+    assert f"{ew['a']['exposed_us_per_step']:,.1f} µs/step" in line
+
+
+def test_compare_cli_prints_the_exposed_wait_line(
+    traces: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert compare_main([str(traces[0]), str(traces[1]), "--window", "all"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("* exposed wait for step output")]
+    assert "wait_output(accepted_count)" in line and "B − A" in line
+    assert "output_wait_exposed_us_per_step" in out  # the delta table row
+
+
+def test_no_exposed_wait_line_without_speculation() -> None:
+    """A trace without a proposer or accepted-count waits (a Kineto trace whose waits are a
+    blocking d2h copy and a sync): its output waits are tabled, compare adds no spec line."""
+    report = analyze_trace(ROOT / "tests" / "data" / "kineto_gpu_small.json")
+    assert set(report.extra["output_wait"]["by_kind"]) == {"d2h_copy", "sync"}
+    assert compare_reports(report, report).exposed_wait is None
+
+
+@pytest.mark.parametrize(("device_a", "warned"), [(0.0, True), (100.0, False), (None, False)])
+def test_line_warns_when_no_wait_was_for_the_device(device_a: float | None, warned: bool) -> None:
+    """As on the H200 today: both outputs were on the host before the waits began."""
+
+    def side(kind: str, us: float, dev: float | None) -> dict:
+        v = {"exposed_us_per_step": us, "exposed_share": us / 20e3, "device_wait_us_per_step": dev}
+        return {"exposed_us_per_step": us, "exposed_share": us / 20e3, "by_kind": {kind: v}}
+
+    cmp = {
+        "a": side("accepted_count", 1112.7, device_a),
+        "b": side("sampled", 920.0, 0.0),
+        "delta_us_per_step": -192.7,
+        "delta_share": -192.7 / 20e3,
+    }
+    line = exposed_wait_line(cmp)
+    assert "A wait_output(accepted_count) 1,112.7 µs/step (5.6% of step time" in line
+    assert "B − A -192.7 µs/step (-0.96 points of step time)" in line
+    assert ("Neither side waited for the device" in line) is warned
