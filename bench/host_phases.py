@@ -228,7 +228,7 @@ def run_alternating(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]
     for round_ in range(args.rounds):
         for name, tree in trees.items():
             env = dict(os.environ, PYTHONPATH=tree)
-            cmd = [sys.executable, os.path.abspath(__file__), *child_argv, "--child-json"]
+            cmd = [sys.executable, os.path.abspath(__file__), "--child-json", *child_argv]
             proc = subprocess.run(cmd, env=env, cwd=here, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name} run failed:\n{proc.stderr[-4000:]}")

@@ -97,9 +97,9 @@ class KernelBackend(abc.ABC):
 
     # ---- runner ---------------------------------------------------------------------------
     def prepare_inputs(self, a: InputPrepArgs) -> None:
-        """Fill the step's inputs on the device, then the padding past them."""
+        """Fill the step's inputs on the device, the padding past them and, when asked, the
+        gathered block table (:mod:`engine.kernels.input_prep`)."""
         self._prepare_inputs(a)
-        input_prep.fill_padding(a)
 
     @abc.abstractmethod
     def _prepare_inputs(self, a: InputPrepArgs) -> None: ...
@@ -129,6 +129,11 @@ class KernelBackend(abc.ABC):
         stream: int = NoiseStream.SAMPLE,
     ) -> torch.Tensor:
         """Gumbel-max sampling; shapes as :func:`engine.kernels.sampling.gumbel_sample_torch`."""
+
+    @abc.abstractmethod
+    def sample_commit(self, a: sampling.SampleCommitArgs) -> torch.Tensor:
+        """Plain sampling (no penalties) read from and committed to the state table in place;
+        ``[N]`` int64. See :class:`engine.kernels.sampling.SampleCommitArgs`."""
 
     @abc.abstractmethod
     def row_logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
@@ -212,6 +217,8 @@ class TorchKernels(KernelBackend):
     # stepscope: hot
     def _prepare_inputs(self, a: InputPrepArgs) -> None:
         input_prep.prepare_inputs_torch(a)
+        input_prep.fill_padding(a)
+        input_prep.gather_block_table(a)
 
     # stepscope: hot
     def apply_staged_writes(
@@ -239,6 +246,10 @@ class TorchKernels(KernelBackend):
         return sampling.gumbel_sample_torch(
             logits, temperature, keep_threshold, seeds, positions, stream
         )
+
+    # stepscope: hot
+    def sample_commit(self, a: sampling.SampleCommitArgs) -> torch.Tensor:
+        return sampling.sample_commit_torch(a)
 
     # stepscope: hot
     def row_logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
@@ -349,6 +360,10 @@ class TritonKernels(KernelBackend):
         return sampling.gumbel_sample_triton(
             logits, temperature, keep_threshold, seeds, positions, stream
         )
+
+    # stepscope: hot
+    def sample_commit(self, a: sampling.SampleCommitArgs) -> torch.Tensor:
+        return sampling.sample_commit_triton(a)
 
     # stepscope: hot
     def row_logsumexp(self, logits: torch.Tensor) -> torch.Tensor:

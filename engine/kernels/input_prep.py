@@ -13,7 +13,10 @@ already written) token ``t`` of that range sits at position ``p = nc + (t - quer
   tokens of the request (1 normally; 1 + drafts when verifying speculative tokens).
 
 Then ``num_computed[r] += q_len``: the device advances its own frontier, so steady decode needs no
-host write. Entries past the live batch (CUDA-graph padding) get id 0, position 0, slot -1.
+host write. Entries past the live batch (CUDA-graph padding) get id 0, position 0, slot -1, and
+padded requests ``seq_len`` 0. With ``attn_block_table`` given, row ``b < num_padded_reqs`` of it
+becomes ``block_table[idx_mapping[b]]`` (the trash row's for padded requests): the attention's
+per-batch block table. The Triton version does all of it in one launch (docs/design.md §2.6).
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ except ImportError:  # the engine runs without triton; only the torch path is av
     triton = None
     tl = None
 
-__all__ = ["InputPrepArgs", "fill_padding", "prepare_inputs_torch", "prepare_inputs_triton"]
+__all__ = [
+    "InputPrepArgs",
+    "fill_padding",
+    "gather_block_table",
+    "prepare_inputs_torch",
+    "prepare_inputs_triton",
+]
 
 HAS_TRITON = triton is not None
 
@@ -64,6 +73,8 @@ class InputPrepArgs:
     max_query_len: int
     num_padded_tokens: int
     num_padded_reqs: int
+    # [>= num_padded_reqs, max_blocks] int32 out: block_table rows gathered by idx_mapping
+    attn_block_table: torch.Tensor | None = None
 
 
 # stepscope: hot
@@ -97,7 +108,7 @@ def prepare_inputs_torch(a: InputPrepArgs) -> None:
 def _build_kernel() -> Any:
     """Define the kernel on first use, so TRITON_INTERPRET set by then is honoured."""
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "num_padded_tokens"])
     def _prepare_inputs_kernel(
         idx_mapping_ptr,
         qsl_ptr,
@@ -114,12 +125,38 @@ def _build_kernel() -> Any:
         slot_mapping_ptr,
         seq_lens_ptr,
         logits_indices_ptr,
+        attn_block_table_ptr,
+        attn_block_table_stride,
+        num_block_cols,
         block_size,
         max_model_len,
+        num_reqs,
+        num_tokens,
+        num_padded_tokens,
         BLOCK: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+        GATHER_BLOCK_TABLE: tl.constexpr,
     ):
+        # Programs 0..num_padded_reqs-1: one batch position each; the last one: token padding.
         b = tl.program_id(0)
+        if b == tl.num_programs(0) - 1:
+            for off in range(num_tokens, num_padded_tokens, BLOCK):
+                i = off + tl.arange(0, BLOCK)
+                mask = i < num_padded_tokens
+                tl.store(input_ids_ptr + i, tl.zeros((BLOCK,), tl.int64), mask=mask)
+                tl.store(positions_ptr + i, tl.zeros((BLOCK,), tl.int64), mask=mask)
+                tl.store(slot_mapping_ptr + i, tl.full((BLOCK,), -1, tl.int64), mask=mask)
+            return
         row = tl.load(idx_mapping_ptr + b).to(tl.int64)
+        if GATHER_BLOCK_TABLE:
+            for off in range(0, num_block_cols, BLOCK_COLS):
+                c = off + tl.arange(0, BLOCK_COLS)
+                cols = c < num_block_cols
+                blocks = tl.load(block_table_ptr + row * block_table_stride + c, mask=cols)
+                tl.store(attn_block_table_ptr + b * attn_block_table_stride + c, blocks, mask=cols)
+        if b >= num_reqs:  # a padded request: no tokens
+            tl.store(seq_lens_ptr + b, 0)
+            return
         q_start = tl.load(qsl_ptr + b).to(tl.int64)
         q_end = tl.load(qsl_ptr + b + 1).to(tl.int64)
         nc = tl.load(num_computed_ptr + row).to(tl.int64)
@@ -158,13 +195,16 @@ def _build_kernel() -> Any:
 
 # stepscope: hot
 def prepare_inputs_triton(a: InputPrepArgs) -> None:
-    """One program per request; loops over its query tokens in blocks."""
+    """One launch: a program per (padded) request, looping over its query tokens in blocks (and
+    copying its block-table row), plus one program for the padding tokens."""
     if triton is None:
         raise RuntimeError("prepare_inputs_triton needs triton, which is not installed")
-    if a.num_reqs == 0:
+    if a.num_padded_reqs == 0 and a.num_padded_tokens == 0:
         return
     block = max(16, min(1024, triton.next_power_of_2(max(a.max_query_len, 1))))
-    _build_kernel()[(a.num_reqs,)](
+    table = a.attn_block_table
+    num_cols = a.block_table.shape[1]
+    _build_kernel()[(a.num_padded_reqs + 1,)](
         a.idx_mapping,
         a.query_start_loc,
         a.cu_num_logits,
@@ -180,10 +220,27 @@ def prepare_inputs_triton(a: InputPrepArgs) -> None:
         a.slot_mapping,
         a.seq_lens,
         a.logits_indices,
+        a.block_table if table is None else table,  # unread without a table
+        a.block_table.stride(0) if table is None else table.stride(0),
+        num_cols,
         a.block_size,
         a.token_ids.shape[1],
+        a.num_reqs,
+        a.num_tokens,
+        a.num_padded_tokens,
         BLOCK=block,
+        BLOCK_COLS=max(16, min(1024, triton.next_power_of_2(num_cols))),
+        GATHER_BLOCK_TABLE=table is not None,
     )
+
+
+# stepscope: hot
+def gather_block_table(a: InputPrepArgs) -> None:
+    """``attn_block_table[:num_padded_reqs] = block_table[idx_mapping]`` (when given)."""
+    if a.attn_block_table is not None and a.num_padded_reqs > 0:
+        bp = a.num_padded_reqs
+        rows = a.idx_mapping[:bp].long()
+        torch.index_select(a.block_table, 0, rows, out=a.attn_block_table[:bp])
 
 
 # stepscope: hot

@@ -7,6 +7,8 @@ the same uniforms and pick the same token.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.kernels import noise
@@ -21,6 +23,9 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 __all__ = [
     "HAS_TRITON",
+    "SampleCommitArgs",
+    "sample_commit_torch",
+    "sample_commit_triton",
     "gumbel_sample_torch",
     "gumbel_sample_triton",
     "row_logsumexp_torch",
@@ -61,6 +66,49 @@ def gumbel_sample_torch(
     return score.argmax(dim=-1)
 
 
+@dataclass(frozen=True)
+class SampleCommitArgs:
+    """One plain sampling step (no penalties) read from and committed to the state table.
+
+    Logits row ``j`` samples for state row ``logit_rows[j]`` (its temperature and seed are read
+    there) at position ``p_j = positions[logits_indices[j]] + 1``; the token goes to
+    ``last_sampled[commit_rows[j]]`` and ``token_ids[commit_rows[j], min(p_j, L - 1)]``
+    (``commit_rows[j]`` is the trash row when the sample is discarded).
+    """
+
+    logits: torch.Tensor  # [N, V] f32
+    logit_rows: torch.Tensor  # [N] int32/int64 state rows
+    commit_rows: torch.Tensor  # [N] int32/int64 state rows (trash = discard)
+    logits_indices: torch.Tensor  # [N] int64: token index of each logits row
+    positions: torch.Tensor  # [>= T] int64: the step's token positions
+    temperature: torch.Tensor  # [R + 1] f32, the state table's column (may be strided)
+    seeds: torch.Tensor  # [R + 1] int64, the state table's column (may be strided)
+    keep_threshold: torch.Tensor | None  # [N] f32 scaled-logit threshold; None: keep all
+    last_sampled: torch.Tensor  # [R + 1] int64, written
+    token_ids: torch.Tensor  # [R + 1, L] int64, written
+    all_greedy: bool  # host flag: every row has temperature 0 (argmax, no noise)
+    stream: int = noise.NoiseStream.SAMPLE
+
+
+def sample_commit_torch(a: SampleCommitArgs) -> torch.Tensor:
+    """Reference: gather, Gumbel-max (or argmax), commit, as separate torch ops. [N] int64."""
+    commit = a.commit_rows.long()  # [N]
+    positions = a.positions[a.logits_indices] + 1  # [N]
+    if a.all_greedy:
+        sampled = a.logits.argmax(dim=-1)
+    else:
+        rows = a.logit_rows.long()  # [N]
+        threshold = a.keep_threshold
+        if threshold is None:
+            threshold = torch.full_like(a.temperature[rows], float("-inf"))
+        sampled = gumbel_sample_torch(
+            a.logits, a.temperature[rows], threshold, a.seeds[rows], positions, a.stream
+        )
+    a.last_sampled[commit] = sampled
+    a.token_ids[commit, positions.clamp(max=a.token_ids.shape[1] - 1)] = sampled
+    return sampled
+
+
 def row_logsumexp_torch(logits: torch.Tensor) -> torch.Tensor:
     """log sum_v exp(l_v) per row. logits: [N, V] f32 -> [N] f32."""
     return torch.logsumexp(logits, dim=-1)
@@ -92,6 +140,46 @@ if HAS_TRITON:
         return _mix32(h ^ ((position >> 32) & 0xFFFFFFFF))
 
     @triton.jit
+    def _gumbel_argmax(row_ptr, vocab_size, temp, threshold, key1, key2, BLOCK: tl.constexpr):
+        # argmax_v (x_v / T + g_v) over {x_v / T >= threshold}; argmax_v x_v when T == 0.
+        greedy = temp == 0.0
+        safe_t = tl.where(greedy, 1.0, temp)
+        best_val = tl.full((), float("-inf"), tl.float32)
+        best_idx = tl.full((), 0, tl.int32)
+        for start in range(0, vocab_size, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            in_vocab = offs < vocab_size
+            x = tl.load(row_ptr + offs, mask=in_vocab, other=float("-inf"))
+            scaled = tl.div_rn(x, safe_t)  # IEEE division, as torch's
+            h = _mix32(_mix32(offs.to(tl.int64) ^ key1) ^ key2)
+            u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
+            gumbel = -tl.log(-tl.log(u))
+            score = tl.where(scaled >= threshold, scaled + gumbel, float("-inf"))
+            score = tl.where(greedy, x, score)
+            score = tl.where(in_vocab, score, float("-inf"))
+            block_max = tl.max(score, axis=0)
+            block_idx = tl.argmax(score, axis=0)
+            better = block_max > best_val  # strict: ties keep the first index, like torch
+            best_idx = tl.where(better, start + block_idx, best_idx)
+            best_val = tl.where(better, block_max, best_val)
+        return best_idx
+
+    @triton.jit
+    def _argmax_row(row_ptr, vocab_size, BLOCK: tl.constexpr):
+        # argmax_v x_v, the first index among ties (torch.argmax's rule).
+        best_val = tl.full((), float("-inf"), tl.float32)
+        best_idx = tl.full((), 0, tl.int32)
+        for start in range(0, vocab_size, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
+            block_max = tl.max(x, axis=0)
+            block_idx = tl.argmax(x, axis=0)
+            better = block_max > best_val
+            best_idx = tl.where(better, start + block_idx, best_idx)
+            best_val = tl.where(better, block_max, best_val)
+        return best_idx
+
+    @triton.jit
     def _gumbel_sample_kernel(
         logits_ptr,
         logits_stride,
@@ -107,36 +195,64 @@ if HAS_TRITON:
     ):
         row = tl.program_id(0)
         temp = tl.load(temperature_ptr + row)
-        greedy = temp == 0.0
-        safe_t = tl.where(greedy, 1.0, temp)
         threshold = tl.load(threshold_ptr + row)
         seed = tl.load(seeds_ptr + row).to(tl.int64)
         position = tl.load(positions_ptr + row).to(tl.int64)
         key1 = _row_key(KEY1_INIT, seed, position)
         key2 = _row_key(KEY2_INIT, seed, position)
-        best_val = tl.full((), float("-inf"), tl.float32)
-        best_idx = tl.full((), 0, tl.int32)
-        for start in range(0, vocab_size, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            in_vocab = offs < vocab_size
-            x = tl.load(
-                logits_ptr + row.to(tl.int64) * logits_stride + offs,
-                mask=in_vocab,
-                other=float("-inf"),
-            )
-            scaled = tl.div_rn(x, safe_t)  # IEEE division, as torch's
-            h = _mix32(_mix32(offs.to(tl.int64) ^ key1) ^ key2)
-            u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
-            gumbel = -tl.log(-tl.log(u))
-            score = tl.where(scaled >= threshold, scaled + gumbel, float("-inf"))
-            score = tl.where(greedy, x, score)
-            score = tl.where(in_vocab, score, float("-inf"))
-            block_max = tl.max(score, axis=0)
-            block_idx = tl.argmax(score, axis=0)
-            better = block_max > best_val  # strict: ties keep the first index, like torch
-            best_idx = tl.where(better, start + block_idx, best_idx)
-            best_val = tl.where(better, block_max, best_val)
+        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        best_idx = _gumbel_argmax(row_ptr, vocab_size, temp, threshold, key1, key2, BLOCK)
         tl.store(out_ptr + row, best_idx.to(tl.int64))
+
+    @triton.jit
+    def _sample_commit_kernel(
+        logits_ptr,
+        logits_stride,
+        logit_rows_ptr,
+        commit_rows_ptr,
+        logits_indices_ptr,
+        positions_ptr,
+        temperature_ptr,
+        temperature_stride,
+        seeds_ptr,
+        seeds_stride,
+        threshold_ptr,
+        out_ptr,
+        last_sampled_ptr,
+        token_ids_ptr,
+        token_ids_stride,
+        max_model_len,
+        vocab_size,
+        KEY1_INIT: tl.constexpr,
+        KEY2_INIT: tl.constexpr,
+        ALL_GREEDY: tl.constexpr,  # no noise hashed at all
+        HAS_THRESHOLD: tl.constexpr,  # False: keep every token
+        BLOCK: tl.constexpr,
+    ):
+        j = tl.program_id(0)
+        # position the sampled token will occupy = the logits row's token position + 1
+        token = tl.load(logits_indices_ptr + j).to(tl.int64)
+        position = tl.load(positions_ptr + token).to(tl.int64) + 1
+        row_ptr = logits_ptr + j.to(tl.int64) * logits_stride
+        if ALL_GREEDY:
+            best_idx = _argmax_row(row_ptr, vocab_size, BLOCK)
+        else:
+            state_row = tl.load(logit_rows_ptr + j).to(tl.int64)
+            temp = tl.load(temperature_ptr + state_row * temperature_stride)
+            seed = tl.load(seeds_ptr + state_row * seeds_stride).to(tl.int64)
+            if HAS_THRESHOLD:
+                threshold = tl.load(threshold_ptr + j)
+            else:
+                threshold = tl.full((), float("-inf"), tl.float32)
+            key1 = _row_key(KEY1_INIT, seed, position)
+            key2 = _row_key(KEY2_INIT, seed, position)
+            best_idx = _gumbel_argmax(row_ptr, vocab_size, temp, threshold, key1, key2, BLOCK)
+        sampled = best_idx.to(tl.int64)
+        tl.store(out_ptr + j, sampled)
+        commit_row = tl.load(commit_rows_ptr + j).to(tl.int64)
+        tl.store(last_sampled_ptr + commit_row, sampled)
+        column = tl.minimum(position, max_model_len - 1)
+        tl.store(token_ids_ptr + commit_row * token_ids_stride + column, sampled)
 
     @triton.jit
     def _row_logsumexp_kernel(logits_ptr, logits_stride, out_ptr, vocab_size, BLOCK: tl.constexpr):
@@ -192,6 +308,44 @@ def gumbel_sample_triton(
         vocab_size,
         KEY1_INIT=(noise.KEY1_INIT + int(stream)) & noise.MASK32,
         KEY2_INIT=(noise.KEY2_INIT + int(stream)) & noise.MASK32,
+        BLOCK=block,
+    )
+    return out
+
+
+def sample_commit_triton(a: SampleCommitArgs, block: int = SAMPLE_BLOCK) -> torch.Tensor:
+    """Triton version of :func:`sample_commit_torch`: one program per logits row reads its
+    parameters from the state table, samples in one pass over V and commits: one launch."""
+    _require_triton()
+    num_rows, vocab_size = a.logits.shape
+    logits = a.logits.contiguous()
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return out
+    threshold = a.keep_threshold
+    block = min(block, triton.next_power_of_2(vocab_size))
+    _sample_commit_kernel[(num_rows,)](
+        logits,
+        logits.stride(0),
+        a.logit_rows,
+        a.commit_rows,
+        a.logits_indices,
+        a.positions,
+        a.temperature,
+        a.temperature.stride(0),
+        a.seeds,
+        a.seeds.stride(0),
+        out if threshold is None else threshold.contiguous(),  # unread without a threshold
+        out,
+        a.last_sampled,
+        a.token_ids,
+        a.token_ids.stride(0),
+        a.token_ids.shape[1],
+        vocab_size,
+        KEY1_INIT=(noise.KEY1_INIT + int(a.stream)) & noise.MASK32,
+        KEY2_INIT=(noise.KEY2_INIT + int(a.stream)) & noise.MASK32,
+        ALL_GREEDY=a.all_greedy,
+        HAS_THRESHOLD=threshold is not None,
         BLOCK=block,
     )
     return out

@@ -12,7 +12,7 @@ from engine.runner.input_batch import InputBatch
 from engine.runner.step_in_flight import StepInFlight
 from engine.scheduler.outputs import ModelRunnerOutput
 
-__all__ = ["AsyncOutput", "HostOutputBuffers", "PendingSample"]
+__all__ = ["AsyncOutput", "HostOutputBuffers", "PendingSample", "SampledBufferPool"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,35 @@ class HostOutputBuffers:
     # [num_reqs, num_spec_tokens] int64: the drafts the next step verifies (structured + spec:
     # the grammar walks them to build the next step's per-draft-position bitmask rows)
     draft_ids: torch.Tensor | None = None
+    # the pooled buffer ``sampled`` is a view of (given back once the output is read), or None
+    sampled_base: torch.Tensor | None = None
+
+
+class SampledBufferPool:
+    """Host buffers for the sampled tokens, reused once a step's output has been read.
+
+    A buffer holds ``capacity`` int64 (pinned on CUDA); a step takes a view of its first
+    ``num_logits`` entries and :meth:`AsyncOutput.get` gives the buffer back after converting
+    it to Python ints, so steady steps allocate no host memory (and on CUDA skip the pinned
+    allocator's per-allocation event bookkeeping). A buffer never given back (an output nobody
+    read) is simply left to the garbage collector; an empty pool allocates a new one.
+    """
+
+    def __init__(self, host_empty: Callable[..., torch.Tensor], capacity: int) -> None:
+        self._host_empty = host_empty
+        self.capacity = capacity
+        self._free: list[torch.Tensor] = []
+        self.num_allocated = 0
+
+    def take(self) -> torch.Tensor:
+        """A free buffer: ``[capacity]`` int64."""
+        if self._free:
+            return self._free.pop()
+        self.num_allocated += 1
+        return self._host_empty((self.capacity,), torch.int64)
+
+    def give_back(self, buffer: torch.Tensor) -> None:
+        self._free.append(buffer)
 
 
 @dataclass
@@ -48,6 +77,7 @@ class AsyncOutput:
         host: HostOutputBuffers | None,
         ready: DeviceEvent | None,
         release: Callable[[DeviceEvent], None] | None = None,
+        pool: SampledBufferPool | None = None,
     ) -> None:
         self.batch = batch
         self.step = step
@@ -56,6 +86,7 @@ class AsyncOutput:
         # Told the event once it has been waited for (the device timeline takes a lent end event
         # back into its pool: docs/design.md §4.3).
         self._release = release
+        self._pool = pool  # takes ``host.sampled_base`` back once read
         self._result: ModelRunnerOutput | None = None
 
     @classmethod
@@ -75,6 +106,11 @@ class AsyncOutput:
             if ready is not None:
                 ready.synchronize()
             self._result = self._build()
+            host = self._host
+            if self._pool is not None and host is not None and host.sampled_base is not None:
+                self._pool.give_back(host.sampled_base)  # read into Python ints: free again
+                if host.draft_ids is None:  # nothing left to read (draft_token_ids reads these)
+                    self._host = None
             if ready is not None:
                 self._ready = None  # done: is_ready() stays True without the event
                 if self._release is not None:

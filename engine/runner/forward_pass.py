@@ -133,10 +133,9 @@ class ForwardPass:
             max_query_len=batch.max_query_len,
             num_padded_tokens=batch.num_padded_tokens,
             num_padded_reqs=batch.num_padded_reqs,
+            attn_block_table=self.attn_block_table,
         )
         self.kernels.prepare_inputs(args)
-        bp = batch.num_padded_reqs
-        torch.index_select(s.block_table.gpu, 0, idx_mapping.long(), out=self.attn_block_table[:bp])
 
     def attn_metadata(self, num_reqs: int, num_tokens: int, max_q: int, max_s: int) -> Any:
         return AttentionMetadata(
@@ -187,4 +186,7 @@ class ForwardPass:
     # stepscope: hot
     def logits(self, batch: InputBatch, hidden: torch.Tensor) -> torch.Tensor:
         """Device: logits of the sampled rows, ``[N, V]`` f32."""
-        return self.model.compute_logits(hidden[self.logits_indices[: batch.num_logits]])
+        n = batch.num_logits
+        if n == batch.num_tokens:  # every token sampled (decode): the indices are 0..n-1
+            return self.model.compute_logits(hidden[:n])
+        return self.model.compute_logits(hidden[self.logits_indices[:n]])

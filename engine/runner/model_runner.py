@@ -34,7 +34,12 @@ import torch
 from engine.config import CacheConfig, SchedulerConfig
 from engine.device import Device
 from engine.kernels.backend import KernelBackend, TorchKernels
-from engine.runner.async_output import AsyncOutput, HostOutputBuffers, PendingSample
+from engine.runner.async_output import (
+    AsyncOutput,
+    HostOutputBuffers,
+    PendingSample,
+    SampledBufferPool,
+)
 from engine.runner.cuda_graphs import CudaGraphRunner
 from engine.runner.forward_pass import ForwardPass, max_num_tokens
 from engine.runner.input_batch import InputBatch, build_input_batch, packed_capacity
@@ -42,7 +47,7 @@ from engine.runner.spec_graphs import SpecGraphs, SpecShape
 from engine.runner.staged_write import StagedWriteTensor
 from engine.runner.states import RequestStates
 from engine.runner.step_in_flight import StepInFlight
-from engine.sample.sampler import Sampler, SamplerOutput
+from engine.sample.sampler import Sampler, SamplerOutput, filter_thresholds
 from engine.sample.sampling_inputs import gather_sampling_metadata
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.decoder import SpecDecoder
@@ -123,6 +128,7 @@ class ModelRunner:
         self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
         num_rows = max_num_reqs * (1 + (0 if self.spec is None else self.spec.num_spec_tokens))
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
+        self.sampled_buffers = SampledBufferPool(device.host_empty, num_rows)
         graphs = CudaGraphRunner(
             cuda_graphs,
             max_batch=max_num_reqs,
@@ -315,7 +321,9 @@ class ModelRunner:
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
-        return AsyncOutput(batch, step, host, ready, release=tl.give_back)
+        return AsyncOutput(
+            batch, step, host, ready, release=tl.give_back, pool=self.sampled_buffers
+        )
 
     # stepscope: hot
     def _launch_spec_graphs(self, batch: InputBatch, shape: SpecShape) -> AsyncOutput:
@@ -344,7 +352,9 @@ class ModelRunner:
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
         graphs.copied.record(d2h)
-        return AsyncOutput(batch, step, host, ready, release=tl.give_back)
+        return AsyncOutput(
+            batch, step, host, ready, release=tl.give_back, pool=self.sampled_buffers
+        )
 
     # stepscope: hot
     def _enqueue_verify(
@@ -407,26 +417,42 @@ class ModelRunner:
         logits_indices = self.fwd.logits_indices[: batch.num_logits]  # [N]
         logits = self._masked_logits(batch, in_flight, mask)  # [N, V] f32
         in_flight.hidden = None  # no draft reads it: free it
+        if not batch.any_penalties:  # one fused kernel: sample + commit (docs/design.md §2.7)
+            return self._sample_plain(batch, logits, logits_indices)
         logit_rows = self.fwd.packed(batch, "logit_rows").long()  # [N]
         commit_rows = self.fwd.packed(batch, "commit_rows").long()  # [N]
         # The noise key is the position the sampled token will occupy.
         sample_positions = self.fwd.positions[logits_indices] + 1  # [N]
-        if batch.all_greedy and not batch.any_penalties and batch.max_num_logprobs is None:
-            out = SamplerOutput(logits.argmax(dim=-1))  # nothing per row to gather: argmax
-        else:
-            meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
-            out = self.sampler.sample(logits, meta)
-        self.states.commit_sampled(
-            commit_rows, sample_positions, out.sampled_token_ids, batch.any_penalties
-        )
+        meta = gather_sampling_metadata(self.states, batch, logit_rows, sample_positions)
+        out = self.sampler.sample(logits, meta)
+        self.states.commit_sampled(commit_rows, sample_positions, out.sampled_token_ids, True)
         return out
+
+    # stepscope: hot
+    def _sample_plain(
+        self, batch: InputBatch, logits: torch.Tensor, logits_indices: torch.Tensor
+    ) -> SamplerOutput:
+        """No row penalises: (filter thresholds,) sample + commit in one kernel, (logprobs)."""
+        logit_rows = self.fwd.packed(batch, "logit_rows")  # [N] int32
+        threshold = None
+        if not batch.all_greedy and not batch.no_top_k_top_p_min_p:
+            threshold = filter_thresholds(logits, self.states, logit_rows.long())  # [N]
+        sampled = self.states.sample_and_commit(
+            logits, logit_rows, self.fwd.packed(batch, "commit_rows"), logits_indices,
+            self.fwd.positions, threshold, batch.all_greedy,
+        )  # fmt: skip
+        return self.sampler.output(logits, sampled, batch.max_num_logprobs)
 
     def _host_buffers(self, batch: InputBatch, with_drafts: bool) -> HostOutputBuffers:
         n, k = batch.num_logits, batch.max_num_logprobs
         he = self.device.host_empty
         spec = self.spec
+        pool = self.sampled_buffers
+        # [max rows] int64, given back by AsyncOutput.get
+        base = pool.take() if n <= pool.capacity else he((n,), torch.int64)
         return HostOutputBuffers(
-            sampled=he((n,), torch.int64),
+            sampled=base[:n],
+            sampled_base=base if n <= pool.capacity else None,
             num_accepted=None if spec is None else he((batch.num_reqs,), torch.int64),
             logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
             logprobs=None if k is None else he((n, k + 1), torch.float32),

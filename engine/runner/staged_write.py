@@ -18,6 +18,11 @@ buffer (pinned on CUDA), a device buffer and two events:
 Each flush must be applied before its slot comes round again (the runner applies every flush in
 the step that made it); ``flush`` raises otherwise instead of overwriting unapplied data.
 
+**One write, one copy.** A flush of a single write (the runner's packed batch every step; a table
+with one diff) skips the metadata: its values are copied into the slot's device buffer and
+applied with one device-to-device copy into ``gpu[row, start : start + n]`` instead of the
+scatter kernel (docs/design.md §2.6).
+
 A slot whose buffers are too small for a flush grows once, after the host has waited for both of
 its events (rare; start-up sized batches), so no in-flight copy or kernel sees a freed buffer.
 """
@@ -70,6 +75,7 @@ class StagedFlush:
     num_writes: int
     num_values: int
     max_len: int
+    single: tuple[int, int] | None = None  # (row, start) of a flush of one write: a plain copy
 
 
 class StagedWriteTensor:
@@ -148,11 +154,17 @@ class StagedWriteTensor:
         index = self._next_slot
         self._next_slot = (index + 1) % len(self._slots)
         slot = self._acquire(index, num_writes, num_values)
-        self._pack(slot, lengths)
-        flush = StagedFlush(index, num_writes, num_values, int(lengths.max()))
+        if num_writes == 1:
+            row, start, values = self._pending[0]
+            self._pack_values(slot, values)
+            single: tuple[int, int] | None = (row, start)
+        else:
+            self._pack(slot, lengths)
+            single = None
+        flush = StagedFlush(index, num_writes, num_values, int(lengths.max()), single)
         self._pending = []
         self._pending_spans = {}
-        self._enqueue_copy(slot, num_writes, num_values)
+        self._enqueue_copy(slot, 0 if single else num_writes, num_values)
         slot.awaiting_apply = True
         return flush
 
@@ -176,6 +188,10 @@ class StagedWriteTensor:
         self._slots[index] = self._new_slot(max_writes, max_values)
         return self._slots[index]
 
+    def _pack_values(self, slot: _Slot, values: np.ndarray) -> None:
+        """One write's values into the slot's host buffer (a host tensor: no device read)."""
+        slot.host_values.numpy()[: values.shape[0]] = values
+
     def _pack(self, slot: _Slot, lengths: np.ndarray) -> None:
         num_writes = lengths.shape[0]
         meta = slot.host_meta.numpy()
@@ -190,12 +206,13 @@ class StagedWriteTensor:
 
     def _enqueue_copy(self, slot: _Slot, num_writes: int, num_values: int) -> None:
         dev = self.device
-        meta_len = 3 * num_writes + 1
+        meta_len = 3 * num_writes + 1 if num_writes else 0  # 0: a single write, no metadata
         host_meta, host_values = slot.host_meta, slot.host_values
         dev_meta, dev_values = slot.dev_meta, slot.dev_values
 
         def copy() -> None:
-            dev_meta[:meta_len].copy_(host_meta[:meta_len], non_blocking=True)
+            if meta_len:
+                dev_meta[:meta_len].copy_(host_meta[:meta_len], non_blocking=True)
             dev_values[:num_values].copy_(host_values[:num_values], non_blocking=True)
 
         dev.wait_event(dev.h2d_stream, slot.applied)  # the kernel that read this slot is done
@@ -214,11 +231,14 @@ class StagedWriteTensor:
         meta = slot.dev_meta
         rows, starts, offsets = meta[:w], meta[w : 2 * w], meta[2 * w : 3 * w + 1]
         values, base, kernels = slot.dev_values, self.gpu, self.kernels
+        single, n = flush.single, flush.num_values
 
         def kernel() -> None:
-            kernels.apply_staged_writes(
-                base, rows, starts, offsets, values, flush.num_values, flush.max_len
-            )
+            if single is not None:
+                row, start = single
+                base[row, start : start + n].copy_(values[:n])
+                return
+            kernels.apply_staged_writes(base, rows, starts, offsets, values, n, flush.max_len)
 
         dev.wait_event(dev.compute_stream, slot.copied)
         dev.submit(dev.compute_stream, kernel)

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from engine.device import Device
-from engine.kernels.backend import KernelBackend
+from engine.kernels.backend import KernelBackend, TorchKernels
+from engine.kernels.sampling import SampleCommitArgs
 from engine.runner.staged_write import StagedFlush, StagedWriteTensor
 from engine.sample.penalties import update_output_bin_counts
 from engine.sampling_params import SamplingParams
@@ -80,6 +81,7 @@ class RequestStates:
         if min(max_num_reqs, max_model_len, max_blocks_per_req, vocab_size) <= 0:
             raise ValueError("state table sizes must be positive")
         self.device = device
+        self.kernels = kernels or TorchKernels()
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         # Speculative decoding: verify rolls rejected drafts back on the device, so the
@@ -109,6 +111,9 @@ class RequestStates:
             self.top_k,
             self.seeds,
         )
+        # Fixed views the fused sampler reads (the staged tensors never move).
+        self._temperature_col = self.sampling_f32.gpu[:, _F32_COLUMN["temperature"]]  # [R+1]
+        self._seeds_col = self.seeds.gpu[:, 0]  # [R+1]
         # Written only by device work.
         self.last_sampled = torch.zeros(rows, dtype=torch.int64, device=dev)  # [R+1]
         self.output_bin_counts = torch.zeros(rows, vocab_size, dtype=torch.int32, device=dev)
@@ -336,6 +341,36 @@ class RequestStates:
         self.token_ids.gpu[rows, cols] = sampled
         if count_outputs:
             update_output_bin_counts(self.output_bin_counts, rows, sampled)
+
+    # stepscope: hot
+    def sample_and_commit(
+        self,
+        logits: torch.Tensor,  # [N, V] f32
+        logit_rows: torch.Tensor,  # [N] int32: the row each logits row samples for
+        commit_rows: torch.Tensor,  # [N] int32; the trash row for discarded samples
+        logits_indices: torch.Tensor,  # [N] int64: each logits row's token
+        positions: torch.Tensor,  # [>= T] int64: the step's token positions
+        keep_threshold: torch.Tensor | None,  # [N] f32 (top-k/p, min-p); None: keep all
+        all_greedy: bool,
+    ) -> torch.Tensor:
+        """Plain sampling (no row penalises) fused with :meth:`commit_sampled`: each logits row
+        samples with its row's temperature and seed at its token's position + 1, and the token
+        lands where ``commit_sampled`` puts it; one kernel (docs/design.md §2.7). [N] int64."""
+        return self.kernels.sample_commit(
+            SampleCommitArgs(
+                logits=logits,
+                logit_rows=logit_rows,
+                commit_rows=commit_rows,
+                logits_indices=logits_indices,
+                positions=positions,
+                temperature=self._temperature_col,
+                seeds=self._seeds_col,
+                keep_threshold=keep_threshold,
+                last_sampled=self.last_sampled,
+                token_ids=self.token_ids.gpu,
+                all_greedy=all_greedy,
+            )
+        )
 
     # stepscope: hot
     def commit_verified(

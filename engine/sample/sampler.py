@@ -22,6 +22,7 @@ from engine.kernels.noise import NoiseStream
 from engine.sample.logprobs import compute_topk_logprobs
 from engine.sample.metadata import SamplingMetadata
 from engine.sample.penalties import apply_penalties
+from engine.sample.sampling_inputs import SamplingRows
 
 __all__ = [
     "Sampler",
@@ -30,6 +31,7 @@ __all__ = [
     "keep_thresholds",
     "process_logits",
     "compute_probs",
+    "filter_thresholds",
 ]
 
 
@@ -114,6 +116,17 @@ def _thresholds(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
 
 
 # stepscope: hot
+def filter_thresholds(
+    logits: torch.Tensor, states: SamplingRows, rows: torch.Tensor
+) -> torch.Tensor:
+    """:func:`keep_thresholds` of unpenalised ``logits: [N, V]`` with the top-k / top-p / min-p
+    and temperature of state ``rows: [N]`` int64, gathered from the table. [N] f32."""
+    cols = states.sampling_columns(rows)  # name -> [N] f32
+    scaled = logits / _safe_temperature(cols["temperature"])[:, None]
+    return keep_thresholds(scaled, states.top_k_of(rows), cols["top_p"], cols["min_p"])
+
+
+# stepscope: hot
 def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """The processed logits s_v = l'_v / T, -inf outside the kept set. [N, V] f32.
 
@@ -173,9 +186,17 @@ class Sampler:
                 meta.positions,
                 NoiseStream.SAMPLE,
             )
-        if meta.max_num_logprobs is None:
+        return self.output(logits, sampled, meta.max_num_logprobs)
+
+    # stepscope: hot
+    def output(
+        self, logits: torch.Tensor, sampled: torch.Tensor, max_num_logprobs: int | None
+    ) -> SamplerOutput:
+        """``sampled: [N]`` with, when asked, the top-``max_num_logprobs`` logprobs of the raw
+        ``logits: [N, V]`` (and the sampled token's)."""
+        if max_num_logprobs is None:
             return SamplerOutput(sampled_token_ids=sampled)
-        logprobs = compute_topk_logprobs(logits, meta.max_num_logprobs, sampled, self.kernels)
+        logprobs = compute_topk_logprobs(logits, max_num_logprobs, sampled, self.kernels)
         return SamplerOutput(
             sampled_token_ids=sampled,
             logprob_token_ids=logprobs.token_ids,

@@ -60,6 +60,7 @@ def make_case(seed: int, pad_tokens: int = 0, pad_reqs: int = 0) -> tuple[InputP
         max_query_len=max(q_lens),
         num_padded_tokens=t + pad_tokens,
         num_padded_reqs=b + pad_reqs,
+        attn_block_table=torch.full((b + pad_reqs + 1, MAX_BLOCKS), -7, dtype=torch.int32),
     )
     host = dict(
         rows=rows,
@@ -72,6 +73,7 @@ def make_case(seed: int, pad_tokens: int = 0, pad_reqs: int = 0) -> tuple[InputP
         block_table=block_table,
         pad_tokens=pad_tokens,
         pad_reqs=pad_reqs,
+        pad_row=0,  # the row padded requests map to (the runner's trash row)
     )
     return args, host
 
@@ -101,6 +103,10 @@ def python_reference(h: dict) -> dict[str, list[int]]:
         seq_lens=seq_lens + [0] * pr,
         logits_indices=logits,
         num_computed=nc_after.tolist(),
+        # rows past num_padded_reqs are left alone
+        attn_block_table=[h["block_table"][r].tolist() for r in h["rows"]]
+        + [h["block_table"][h["pad_row"]].tolist()] * pr
+        + [[-7] * MAX_BLOCKS],
     )
 
 
@@ -114,5 +120,6 @@ def outputs(a: InputPrepArgs) -> dict[str, list[int]]:
             "seq_lens",
             "logits_indices",
             "num_computed",
+            "attn_block_table",
         )
     }

@@ -9,6 +9,7 @@ from engine.config import CacheConfig, SchedulerConfig
 from engine.device import CpuDevice
 from engine.kernels.backend import create_kernel_backend
 from engine.runner.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
 from tests.engine.runner_harness import (
     new_req,
     reference_greedy,
@@ -134,3 +135,71 @@ def test_every_device_stage_becomes_a_timeline_slice(device: CpuDevice, tmp_path
         runner.close()
         # h2d_inputs, input_prep, forward, sample, d2h_output per step
         assert runner.timeline.num_emitted == 10
+
+
+SAMPLED = {  # per request: the sampling paths of a step (fused plain path and the generic one)
+    "A": SamplingParams(temperature=0.8, seed=3, max_tokens=32),
+    "B": SamplingParams(temperature=1.2, top_k=7, top_p=0.9, seed=4, max_tokens=32, logprobs=2),
+    "C": SamplingParams(temperature=0.0, max_tokens=32),
+}
+
+
+def _sampled_schedule(runner: ModelRunner, params: dict[str, SamplingParams]) -> dict:
+    outs = [
+        step_output(0, new=[new_req("A", PROMPT_A, [3, 5], params["A"])], tokens={"A": 7}),
+        step_output(
+            1,
+            new=[new_req("B", PROMPT_B, [7, 8], params["B"])],
+            cached=[("A", [], 7)],
+            tokens={"A": 1, "B": 5},
+        ),
+        step_output(2, cached=[("A", [], 8), ("B", [], 5)], tokens={"A": 1, "B": 1}),
+        step_output(
+            3,
+            new=[new_req("C", PROMPT_C, [10], params["C"])],
+            cached=[("B", [], 6)],
+            tokens={"C": 3, "B": 1},
+            finished={"A"},
+        ),
+        step_output(4, cached=[("C", [], 3), ("B", [], 7)], tokens={"B": 1, "C": 1}),
+    ]
+    got: dict[str, list] = {}
+    for handle in [runner.execute_model(o) for o in outs]:
+        result = handle.get()
+        for b, req_id in enumerate(result.req_ids):
+            got.setdefault(req_id, []).extend(result.sampled_token_ids[b])
+            if result.logprobs is not None:
+                got.setdefault(f"{req_id} logprobs", []).extend(result.logprobs[b])
+    return got
+
+
+@pytest.mark.parametrize("penalised", [False, True])
+def test_triton_kernels_sample_the_torch_tokens(device: CpuDevice, penalised: bool) -> None:
+    """Fused input prep and sample + commit (Triton, interpreted) against the torch backend;
+    with a penalised request the step takes the generic (unfused) sampling path."""
+    pytest.importorskip("triton")
+    params = dict(SAMPLED)
+    if penalised:
+        params["C"] = SamplingParams(temperature=0.9, presence_penalty=0.5, seed=9, max_tokens=32)
+    model = tiny_model()
+    want = _sampled_schedule(make_runner(device, model), params)
+    got = _sampled_schedule(make_runner(device, tiny_model(use_triton=True), True), params)
+    assert [len(want[r]) for r in "ABC"] == [3, 4, 2]
+    assert {r: got[r] for r in "ABC"} == {r: want[r] for r in "ABC"}
+    assert [i for i, _ in got["B logprobs"][0]] == [i for i, _ in want["B logprobs"][0]]
+
+
+def test_sampled_buffers_are_reused_once_read(device: CpuDevice) -> None:
+    model = tiny_model()
+    runner = make_runner(device, model)
+    run_schedule(runner)  # six steps in flight before any output is read: six host buffers
+    assert runner.sampled_buffers.num_allocated == 6
+    first = step_output(
+        6, new=[new_req("D", PROMPT_A, [12, 13, 14])], tokens={"D": 7}, finished={"B", "C"}
+    )
+    tokens = runner.execute_model(first).get().sampled_token_ids[0]
+    for step in range(7, 11):  # one step in flight at a time: every buffer comes back
+        out = step_output(step, cached=[("D", [], step)], tokens={"D": 1})
+        tokens += runner.execute_model(out).get().sampled_token_ids[0]
+    assert tokens == reference_greedy(model, PROMPT_A, 5)
+    assert runner.sampled_buffers.num_allocated == 6
