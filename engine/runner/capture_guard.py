@@ -30,6 +30,7 @@ import sys
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
@@ -123,7 +124,7 @@ class _Storages:
     def __contains__(self, t: torch.Tensor) -> bool:
         k = _key(t)
         ref = None if k is None else self._refs.get(k)
-        if ref is None:
+        if k is None or ref is None:
             return False
         if ref.expired():
             del self._refs[k]
@@ -196,7 +197,7 @@ class HostDataGuard(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             if _TRITON in frame.f_code.co_filename:
                 return out  # Triton's interpreter moves kernel arguments through the host
@@ -230,7 +231,7 @@ class HostDataGuard(TorchDispatchMode):
         # one_hot checks its classes with .item() on the CPU only (CUDA asserts on the device):
         # while the guard is on, it runs as on CUDA (zeros + scatter_), so the check is not seen.
         self._one_hot = torch.nn.functional.one_hot
-        torch.nn.functional.one_hot = _one_hot_as_on_cuda
+        torch.nn.functional.one_hot = _one_hot_as_on_cuda  # type: ignore[assignment]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:

@@ -158,7 +158,8 @@ class SpecGraphs:
         # b <= total <= T and b <= max_num_seqs, so the step's requests fit Bp.
         return self.shape(self.buckets[i], flags.all_greedy, flags.max_num_logprobs is not None)
 
-    def _eager(self, reason: str) -> None:
+    def _eager(self, reason: str) -> SpecShape | None:
+        """Count a step that runs eagerly, by reason; None (no captured shape) for the caller."""
         self.num_eager += 1
         self.eager_reasons[reason] += 1
         return None

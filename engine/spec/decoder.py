@@ -62,6 +62,9 @@ class SpecStates(SamplingRows, Protocol):
     @property
     def token_ids(self) -> DeviceColumns: ...  # [R + 1, max_model_len] int64
 
+    @property
+    def prefill_len(self) -> DeviceColumns: ...  # [R + 1, 1] int32: prompt + resumed outputs
+
     def sampling_column(self, name: str, rows: torch.Tensor) -> torch.Tensor: ...
 
     def commit_verified(
