@@ -23,8 +23,10 @@ the output copy of step N never queues in front of the input copy of step N+1.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -138,6 +140,16 @@ class _Wait:
 
 
 _STOP = object()
+# Every CPU stream not yet closed: at interpreter exit they are stopped and joined, since a
+# worker thread still alive there (an LLM never closed) aborted the process with SIGABRT
+# ("terminate called without an active exception") after the script's last line.
+_OPEN_STREAMS: weakref.WeakSet[CpuStream] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    for stream in list(_OPEN_STREAMS):
+        stream.close()
 
 
 class CpuStream:
@@ -149,6 +161,7 @@ class CpuStream:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"cpu-stream-{name}", daemon=True)
         self._thread.start()
+        _OPEN_STREAMS.add(self)
 
     def enqueue(self, item: Any) -> None:
         if not self._thread.is_alive():
