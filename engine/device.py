@@ -26,8 +26,8 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
-import weakref
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
