@@ -47,3 +47,23 @@ def tiny_hf_checkpoint(tmp_path_factory) -> str:
                 p.normal_(0.0, 0.15)
     model.save_pretrained(folder, safe_serialization=True)
     return str(folder)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_hf_checkpoint: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The spec tests' target: a private copy of the tiny checkpoint (its ``mtp/`` folder is
+    written into it). A module may define its own ``checkpoint``."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("target") / "tiny"
+    shutil.copytree(tiny_hf_checkpoint, folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def models(checkpoint: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
+    """Seeded proposers for ``checkpoint`` (tests/engine/spec_fixtures.py): draft model, EAGLE
+    head, MTP module, None for n-gram."""
+    from tests.engine.spec_fixtures import spec_models
+
+    return spec_models(tmp_path_factory.mktemp("spec"), checkpoint)

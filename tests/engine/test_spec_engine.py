@@ -3,14 +3,11 @@ without speculation for every proposer, async on and off; accepted counts and tr
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.workload import WorkloadRequest
-from tests.engine.spec_fixtures import spec_models
 
 # Repetitive prompts give the n-gram proposer something to find; one prompt spans several
 # KV blocks and chunks so chunked prefill, block growth and lookahead blocks are exercised.
@@ -22,19 +19,6 @@ PROMPTS = [
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 ENGINE = dict(num_kv_blocks=64, block_size=8, max_num_seqs=3, max_num_batched_tokens=32)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny_hf_checkpoint, tmp_path_factory) -> str:
-    """A private copy of the tiny target (its ``mtp/`` folder is written into it)."""
-    folder = tmp_path_factory.mktemp("target") / "tiny"
-    shutil.copytree(tiny_hf_checkpoint, folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def models(checkpoint, tmp_path_factory) -> dict[str, str | None]:
-    return spec_models(tmp_path_factory.mktemp("spec"), checkpoint)
 
 
 def _run(model: str, **kwargs) -> tuple[dict[str, list[int]], list[tuple[int, int]]]:

@@ -10,7 +10,6 @@ replays real graphs."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 import pytest
 
@@ -24,7 +23,6 @@ from engine.config import (
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.scheduler.outputs import CachedRequestData, SchedulerOutput
-from tests.engine.spec_fixtures import spec_models
 
 PROMPTS = [
     [5, 6, 7, 8, 9, 5, 6, 7],
@@ -43,18 +41,6 @@ ENGINE = dict(
     num_kv_blocks=64, block_size=8, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=96
 )
 FORCED = {"cuda_graphs", "spec_cuda_graphs"}
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny_hf_checkpoint, tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("target") / "tiny"
-    shutil.copytree(tiny_hf_checkpoint, folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def models(checkpoint, tmp_path_factory) -> dict[str, str | None]:
-    return spec_models(tmp_path_factory.mktemp("spec"), checkpoint)
 
 
 def _force_spec_graphs(monkeypatch: pytest.MonkeyPatch) -> None:

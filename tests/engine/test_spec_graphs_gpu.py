@@ -6,13 +6,10 @@ replay as well."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from tests.engine.spec_fixtures import spec_models
 
 pytestmark = pytest.mark.gpu
 
@@ -35,18 +32,6 @@ ENGINE = dict(
     device="cuda", dtype="float32", num_kv_blocks=64, block_size=8, max_num_seqs=4,
     max_num_batched_tokens=32, max_model_len=96, warmup=False,
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny_hf_checkpoint, tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("target") / "tiny"
-    shutil.copytree(tiny_hf_checkpoint, folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def models(checkpoint, tmp_path_factory) -> dict[str, str | None]:
-    return spec_models(tmp_path_factory.mktemp("spec"), checkpoint)
 
 
 def _generate(model: str, params, **kwargs) -> tuple[list[list[int]], LLM]:
