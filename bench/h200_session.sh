@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specgraph structured kernelwin overhead mixed phases ops e2e-short e2e-long e2e-8b
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specgraph structured kernelwin overhead mixed phases ops e2e-short e2e-long e2e-8b repro
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -37,6 +37,7 @@ for stage in $stages; do
     ops) timeout 300 python3 bench/count_step_ops.py --device cuda --dtype bfloat16 --model samples/models/pycoder-14m --batch 64 ${OPS_ARGS:-} 2>&1 | tee "$OUT/step_ops.log" | tail -20 ;;
     e2e-short) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_256x128-128.json" 2>&1 | tee "$OUT/e2e_short.log" | tail -14 ;;
     e2e-long) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 1024x128-512 ${E2E_ARGS:-} --out "$OUT/e2e_1024x128-512.json" 2>&1 | tee "$OUT/e2e_long.log" | tail -14 ;;
+    repro) timeout 460 python3 bench/repro_spec_assert.py ${REPRO_ARGS:-} --json "$OUT/repro_spec_assert.json" 2>&1 | tee "$OUT/repro_spec_assert.log" | tail -150 ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
