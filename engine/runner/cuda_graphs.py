@@ -36,7 +36,13 @@ import torch
 
 from engine.device import Device
 
-__all__ = ["CudaGraphRunner", "GraphShape", "capture_sizes", "mixed_buckets"]
+__all__ = ["CAPTURE_ERROR_MODE", "CudaGraphRunner", "GraphShape", "capture_sizes", "mixed_buckets"]
+
+# Captures prohibit unsafe CUDA calls in the capturing thread only. The default ("global") also
+# prohibits them in every other thread of the process, so a tracer's poller querying events, or a
+# second engine's threads, invalidated captures on the H200 ("operation failed due to a previous
+# error during capture"; docs/design.md §9).
+CAPTURE_ERROR_MODE = "thread_local"
 
 # Mixed buckets: powers of two from MIN_BUCKET up to BUCKET_STEP, then multiples of BUCKET_STEP.
 # Small steps are launch-bound (padding them costs little device time); past BUCKET_STEP tokens a
@@ -221,7 +227,9 @@ class CudaGraphRunner:
                     body(shape)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
+            with torch.cuda.graph(
+                graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE
+            ):
                 out = body(shape)
             self._graphs[shape] = (graph, out)
 

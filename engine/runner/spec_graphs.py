@@ -37,7 +37,7 @@ import torch
 
 from engine.device import Device, DeviceEvent
 from engine.runner.capture_guard import repo_frames
-from engine.runner.cuda_graphs import mixed_buckets
+from engine.runner.cuda_graphs import CAPTURE_ERROR_MODE, mixed_buckets
 from engine.runner.forward_pass import ForwardPass
 from engine.runner.states import RequestStates
 from engine.sample.logprobs import compute_topk_logprobs
@@ -200,7 +200,9 @@ class SpecGraphs:
         self.num_accepted[:bp].copy_(num_accepted)
         if shape.logprobs:  # every row at the largest k; a step slices its own k (verify)
             k = min(MAX_LOGPROBS, logits.shape[1])
-            lp = compute_topk_logprobs(logits, k, tokens.clamp(min=0), self.kernels)
+            lp = compute_topk_logprobs(
+                logits, k, tokens.clamp(0, logits.shape[1] - 1), self.kernels
+            )
             self.logprob_ids[:n, : 1 + k].copy_(lp.token_ids)
             self.logprobs[:n, : 1 + k].copy_(lp.logprobs)
 
@@ -309,14 +311,18 @@ class SpecGraphs:
                     self.run_bodies(shapes)
             stream.synchronize()
             forward = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(forward, pool=pool, stream=stream):
+            with torch.cuda.graph(
+                forward, pool=pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE
+            ):
                 hidden = self._forward_body(shapes[0])
             self._graphs["forward", _forward_key(shapes[0])] = forward
             self._hidden[bucket] = hidden
             for shape in shapes:
                 for kind in ("verify", "draft") if not shape.logprobs else ("verify",):
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    with torch.cuda.graph(
+                        graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE
+                    ):
                         if kind == "verify":
                             self._verify_body(shape, hidden)
                         else:

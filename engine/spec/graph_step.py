@@ -126,8 +126,9 @@ class PaddedSpecStep:
         """Verify every request's drafts (or sample its one row) and commit to the state table.
 
         logits: [N, V] f32 (row j = query token ``lay.token_idx[j]``). Returns ``tokens: [N]``
-        int64 (accepted drafts, then the recovered/bonus token, then -1; garbage on padding rows)
-        and ``num_accepted: [Bp]`` int64 (0 for padded requests)."""
+        int64 (accepted drafts, then the recovered/bonus token, then -1; -1 on padding rows,
+        which the scan leaves unwritten) and ``num_accepted: [Bp]`` int64 (0 for padded
+        requests)."""
         spec, states = self.spec, self.spec.states
         n, bp = logits.shape[0], lay.rows.shape[0]
         trash = states.trash_row
@@ -158,7 +159,11 @@ class PaddedSpecStep:
             num_rejected=torch.where(lay.live, lay.num_logits - 1 - num_accepted, zero),
             count_outputs=False,
         )
-        return out.token_ids, num_accepted
+        # Padding rows hold whatever the scan's output buffer held (on CUDA: stale memory, any
+        # int64); a later gather by token id (logprobs) would index out of bounds with it.
+        return torch.where(
+            lay.valid, out.token_ids, torch.full_like(out.token_ids, -1)
+        ), num_accepted
 
     # stepscope: hot
     def propose(

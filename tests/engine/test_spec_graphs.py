@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from torch import full_like as torch_full_like
 
 import engine.core
 from engine.config import (
@@ -243,3 +244,30 @@ def test_graph_bodies_move_no_host_data(checkpoint, models, method, monkeypatch)
         graphs.run_bodies(shapes)
     llm.close()
     assert guard.num_ops > 500 and not guard.violations, "\n".join(map(str, guard.violations))
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_graph_bodies_survive_stale_memory_in_padding_rows(checkpoint, models, method, monkeypatch):
+    """On CUDA the rejection scan leaves padding rows of its output as the allocator handed them
+    over (stale memory: any int64); the logprobs verify body gathered logits by those ids and
+    hit a device-side assert on the H200 (ScatterGatherKernel, index out of bounds). Here every
+    buffer the scan allocates starts as an out-of-vocabulary id, as stale memory can, and the
+    bodies of every variant must run and leave the padding rows at -1."""
+    import engine.kernels.rejection as rejection
+
+    stale = 1 << 40
+    monkeypatch.setattr(
+        rejection.torch, "empty_like", lambda t, **kw: torch_full_like(t, stale, **kw)
+    )
+    _force_spec_graphs(monkeypatch)
+    spec = dict(spec_method=method, spec_model=models[method], num_spec_tokens=3)
+    llm = LLM(model=checkpoint, triton_kernels=True, warmup=False, **ENGINE, **spec)
+    graphs = llm.engine.runner.spec_graphs
+    shapes = graphs.bucket_shapes(graphs.buckets[0])
+    assert shapes[-1].logprobs
+    graphs.fill(shapes[0])  # every request padded: every row is a padding row
+    graphs.run_bodies(shapes)
+    n = shapes[0].num_rows
+    assert (graphs.tokens[:n] == -1).all()
+    assert (graphs.logprob_ids[:n] >= 0).all()  # gathered at a clamped id, not at the stale one
+    llm.close()
