@@ -23,7 +23,7 @@ for stage in $stages; do
     tune) timeout 240 python3 bench/tune_decode_attention.py --block-n 32,64,128 --warps 2,4,8 --stages 2,3 --json "$OUT/tune_attention.json" 2>&1 | tee "$OUT/tune_attention.log" | grep -v "^    " ;;
     profile) timeout 120 python3 bench/bench_decode.py --profile --batches 256 --json "$OUT/decode_profile.json" 2>&1 | tee "$OUT/decode_profile.log" | tail -22 ;;
     async) timeout 240 python3 bench/bench_async.py --json "$OUT/async.json" 2>&1 | tee "$OUT/async.log" | tail -10 ;;
-    spec) timeout 450 python3 bench/bench_spec.py --device cuda --dtype bfloat16 --warm-repeat 2 --min-run-s 10 --time-budget-s ${SPEC_BUDGET_S:-300} ${SPEC_ARGS:-} --json "$OUT/spec_bfloat16.json" 2>&1 | tee "$OUT/spec_bfloat16.log" | grep -v "^  round" | tail -24
+    spec) timeout ${SPEC_TIMEOUT:-450} python3 bench/bench_spec.py --device cuda --dtype bfloat16 --warm-repeat 2 --min-run-s 10 --time-budget-s ${SPEC_BUDGET_S:-300} ${SPEC_ARGS:-} --json "$OUT/spec_bfloat16.json" 2>&1 | tee "$OUT/spec_bfloat16.log" | grep -v "^  round" | tail -24
           timeout 130 python3 bench/bench_spec.py --device cuda --dtype float32 --rounds 1 --repeat 1 --warm-repeat 1 ${SPEC_ARGS:-} --json "$OUT/spec_float32.json" 2>&1 | tee "$OUT/spec_float32.log" | tail -12; echo "fp32 token check rc=${PIPESTATUS[0]}" ;;
     specgraph) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_spec_graphs_gpu.py 2>&1 | tee "$OUT/spec_graphs_gpu.log" | tail -8
       timeout ${SPECGRAPH_TIMEOUT:-420} python3 bench/bench_spec_graphs.py --json "$OUT/spec_graphs.json" ${SPECGRAPH_ARGS:-} 2>&1 | tee "$OUT/spec_graphs.log" | tail -24 ;;
