@@ -77,7 +77,7 @@ def analyse_passes(trace_path: str, passes: list[PassRecord]) -> list[dict[str, 
     return out
 
 
-def _first_difference(a: list[int], b: list[int]) -> int:
+def first_difference(a: list[int], b: list[int]) -> int:
     """The first output position where ``a`` and ``b`` differ (one ending early counts)."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
@@ -91,7 +91,7 @@ def divergence(ref: dict[str, list[int]], got: dict[str, list[int]]) -> dict[str
     ``first_divergence_median`` / ``first_divergence_min`` (None when all are identical)."""
     if set(ref) != set(got):
         raise ValueError("the two passes ran different requests")
-    firsts = [_first_difference(ref[i], got[i]) for i in ref if ref[i] != got[i]]
+    firsts = [first_difference(ref[i], got[i]) for i in ref if ref[i] != got[i]]
     n = len(ref)
     return {
         "num_sequences": n,

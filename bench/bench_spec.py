@@ -37,7 +37,7 @@ from typing import Any
 
 from analysis.compare import compare_output_waits, exposed_wait_line
 from bench._spec_engines import TARGET, SpecEngine, Variant, parse_variants
-from bench._spec_summary import analyse_passes, divergence, summarise_variant
+from bench._spec_summary import analyse_passes, divergence, first_difference, summarise_variant
 from engine.workload import WorkloadRequest, load_workload
 
 DEFAULT_VARIANTS = "none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync"
@@ -215,6 +215,84 @@ def token_agreement(engines: list[SpecEngine]) -> dict[str, Any]:
     return out
 
 
+# A divergence counts as a near-tie when the run without speculation chose between its two
+# most likely tokens by at most this logit gap: float32 logits of one token computed in steps of
+# different shapes (a 1-row decode, a (1 + k)-row verify) differed by up to 5.7e-6 on the CPU
+# (bench/README.md, "bf16 tokens"), so a gap of that order can flip either way.
+NEAR_TIE_GAP = {"float32": 1e-4, "fp32": 1e-4, "bfloat16": 0.125, "bf16": 0.125}
+
+
+def first_divergences(engines: list[SpecEngine]) -> dict[str, dict[str, tuple[int, int, int]]]:
+    """Per variant, per base request id (copy label stripped): the first differing output
+    position of the first measured round and the two tokens there (``none``'s, the variant's)."""
+    ref = engines[0].passes[1].tokens
+    out: dict[str, dict[str, tuple[int, int, int]]] = {}
+    for e in engines[1:]:
+        got = e.passes[1].tokens
+        diffs: dict[str, tuple[int, int, int]] = {}
+        for rid, a in ref.items():
+            b = got[rid]
+            if a == b:
+                continue
+            pos = first_difference(a, b)
+            base_id = rid.split("-", 2)[2]  # "<label>-c<copy>-<id>"
+            diffs.setdefault(
+                base_id,
+                (pos, a[pos] if pos < len(a) else -1, b[pos] if pos < len(b) else -1),
+            )
+        out[e.variant.name] = diffs
+    return out
+
+
+def explain_divergences(
+    args: argparse.Namespace,
+    none: SpecEngine,
+    base: list[WorkloadRequest],
+    diffs: dict[str, dict[str, tuple[int, int, int]]],
+) -> dict[str, list[dict[str, Any]]]:
+    """Rerun every diverging prompt on the ``none`` engine (greedy, top-2 logprobs, up to the
+    divergence) and report the top-2 logit gap there: a near-tie (``NEAR_TIE_GAP``) where the two
+    tokens are ``none``'s two most likely ones explains a divergence by rounding alone."""
+    by_id = {w.id: w for w in base}
+    todo = sorted({bid for d in diffs.values() for bid in d})
+    if not todo:
+        return {name: [] for name in diffs}
+    deepest = {bid: max(d[bid][0] for d in diffs.values() if bid in d) for bid in todo}
+    reqs = [
+        dataclasses.replace(
+            by_id[bid],
+            id=f"explain-{bid}",
+            params=dataclasses.replace(
+                by_id[bid].params, max_tokens=deepest[bid] + 1, logprobs=2, ignore_eos=True
+            ),
+        )
+        for bid in todo
+    ]
+    outs = {o.id.removeprefix("explain-"): o for o in none.llm.run_workload(reqs)}
+    limit = NEAR_TIE_GAP.get(args.dtype, 0.0)
+    report: dict[str, list[dict[str, Any]]] = {}
+    for name, d in diffs.items():
+        rows = []
+        for bid, (pos, tok_none, tok_spec) in sorted(d.items()):
+            lps = outs[bid].logprobs or []
+            top = sorted(lps[pos][1:], key=lambda t: -t[1]) if pos < len(lps) else []
+            gap = top[0][1] - top[1][1] if len(top) >= 2 else None
+            top2 = {t[0] for t in top[:2]}
+            rows.append(
+                {
+                    "request": bid,
+                    "position": pos,
+                    "token_none": tok_none,
+                    "token_spec": tok_spec,
+                    "top2_gap": gap,
+                    "top2": [t[0] for t in top[:2]],
+                    "near_tie": gap is not None and gap <= limit and {tok_none, tok_spec} <= top2,
+                }
+            )
+        report[name] = rows
+    return report
+
+
 def _fmt(s: dict[str, float | None], spec: str, pct: bool = False) -> str:
     if s["median"] is None:
         return "-"
@@ -314,7 +392,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--check-tokens",
         action="store_true",
-        help="exit 1 unless every variant emits none's tokens (on by default in float32)",
+        help="exit 1 unless every variant emits none's tokens, or differs only where the run "
+        "without speculation chose at a near-tie (on by default in float32)",
+    )
+    p.add_argument(
+        "--strict-tokens",
+        action="store_true",
+        help="with --check-tokens: exit 1 on any difference, near-ties included",
     )
     p.add_argument(
         "--trace-dir", default=None, help="where the traces go (default: a temporary folder)"
@@ -359,23 +443,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name}, round 1, as `stepscope compare` says it (A = sync, B = async):")
         print(f"  {pair['line']}")
     differ = [n for n, a in agreement.items() if a["identical_share_min"] < 1.0]
+    explained = explain_divergences(args, engines[0], base, first_divergences(engines))
+    for name, rows_ in explained.items():
+        for r in rows_:
+            gap = "?" if r["top2_gap"] is None else f"{r['top2_gap']:.3g}"
+            print(
+                f"  {name}: {r['request']} first differs at output {r['position']} "
+                f"(none {r['token_none']}, spec {r['token_spec']}); none's top-2 logit gap there "
+                f"{gap}: {'a near-tie' if r['near_tie'] else 'NOT a near-tie'}"
+            )
     out |= {
         "rounds": rows,
         "untimed_pass": warm,
         "summary": summary,
         "tokens_vs_none": agreement,
         "sync_vs_async": pairs,
+        "divergences": explained,
+        "near_tie_gap": NEAR_TIE_GAP.get(args.dtype),
         "trace_dir": trace_dir,
     }
     write_json(args, out)
     if args.json:
         print(f"JSON: {args.json}")
+    unexplained = [n for n in differ if not all(r["near_tie"] for r in explained[n])]
     if args.check_tokens and differ:
         print(
-            f"TOKENS DIFFER from the run without speculation ({args.dtype}): {', '.join(differ)}",
+            f"TOKENS DIFFER from the run without speculation ({args.dtype}): {', '.join(differ)}; "
+            + (
+                f"not explained by a near-tie: {', '.join(unexplained)}"
+                if unexplained
+                else f"every first divergence is at a near-tie (top-2 logit gap <= "
+                f"{NEAR_TIE_GAP.get(args.dtype)}) of the run without speculation"
+            ),
             file=sys.stderr,
         )
-        return 1
+        return 1 if unexplained or args.strict_tokens else 0
     return 0
 
 

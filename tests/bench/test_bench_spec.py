@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._spec_engines import Variant, parse_variants
+from bench._spec_engines import TARGET, Variant, parse_variants
 from bench._spec_summary import divergence, spread
 from bench.bench_spec import main
 
@@ -90,3 +90,56 @@ def test_cpu_smoke_run_writes_sane_json(tmp_path: Path) -> None:
         sync["wait_accepted_exposed_us"]
     )
     assert (tmp_path / "eagle_k2_sync.pftrace").exists()
+
+
+def test_divergences_are_explained_by_the_top2_gap_of_the_run_without_speculation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``explain_divergences`` reruns a diverging prompt on ``none`` with top-2 logprobs: the gap
+    it reports is the one an independent greedy run with logprobs sees at that position, and the
+    verdict follows ``NEAR_TIE_GAP`` (H200 fp32: one prompt of 64 first differed at output 28,
+    where that gap was 1.05e-5)."""
+    import argparse
+    import dataclasses
+
+    import bench.bench_spec as bs
+    from bench._spec_engines import PassRecord, SpecEngine
+
+    args = argparse.Namespace(
+        workload="samples/workloads/pycode_prompts.jsonl", limit=2, max_tokens=8, dtype="float32"
+    )
+    base = bs.base_workload(args)
+    none = SpecEngine(Variant(None), str(tmp_path), model=TARGET, device="cpu", max_num_seqs=4)
+    try:
+        probe = [
+            dataclasses.replace(
+                w, params=dataclasses.replace(w.params, logprobs=2, ignore_eos=True)
+            )
+            for w in base
+        ]
+        ref = {o.id: o for o in none.llm.run_workload(probe)}
+        w, pos = base[1], 3
+        top = sorted(ref[w.id].logprobs[pos][1:], key=lambda t: -t[1])
+        first, second = top[0][0], top[1][0]
+        diffs = {"eagle k=3": {w.id: (pos, first, second)}, "ngram k=1": {}}
+        (row,) = bs.explain_divergences(args, none, base, diffs)["eagle k=3"]
+        assert row["request"] == w.id and row["position"] == pos
+        assert row["top2"] == [first, second]
+        assert row["top2_gap"] == pytest.approx(top[0][1] - top[1][1], abs=1e-6)
+        assert row["near_tie"] == (row["top2_gap"] <= 1e-4)
+        monkeypatch.setitem(bs.NEAR_TIE_GAP, "float32", row["top2_gap"] + 1.0)
+        (row,) = bs.explain_divergences(args, none, base, diffs)["eagle k=3"]
+        assert row["near_tie"]
+        # a token outside none's top 2 is never a near-tie
+        diffs["eagle k=3"][w.id] = (pos, first, 10**6)
+        (row,) = bs.explain_divergences(args, none, base, diffs)["eagle k=3"]
+        assert not row["near_tie"]
+    finally:
+        none.close()
+    # first_divergences: the copy label is stripped, the first differing position kept
+    a = SpecEngine.__new__(SpecEngine)
+    b = SpecEngine.__new__(SpecEngine)
+    a.variant, b.variant = Variant(None), Variant("eagle", 3)
+    a.passes = [None, PassRecord("r", 1.0, 5, 0, 1, {"r0-c1-x-1": [1, 2, 3], "r0-c0-y": [4]})]
+    b.passes = [None, PassRecord("r", 1.0, 5, 0, 1, {"r0-c1-x-1": [1, 7, 3], "r0-c0-y": [4]})]
+    assert bs.first_divergences([a, b]) == {"eagle k=3": {"x-1": (1, 2, 7)}}
