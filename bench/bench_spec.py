@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -140,10 +141,14 @@ def run_rounds(
         workload = copies(base, repeat, f"r{r}")
         order = engines[r % len(engines) :] + engines[: r % len(engines)]
         for e in order:
+            wall_start = time.time()
             p = e.run(f"round {r + 1}", workload)
             rows[e.variant.name].append(
                 {
                     "round": r + 1,
+                    # epoch seconds: to line the pass up with the GPU clock log (h200_session.sh)
+                    "wall_start": wall_start,
+                    "wall_end": time.time(),
                     "tok_s": p.tok_s,
                     "elapsed_s": p.elapsed_s,
                     "output_tokens": p.output_tokens,
@@ -435,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         f"measured pass: {repeat} x {len(base)} requests ({how}), {args.rounds} rounds", flush=True
     )
     rows = run_rounds(args, engines, repeat, base, out)
+    # before the engines close (add_trace_metrics): the explanation reruns prompts on `none`
+    explained = explain_divergences(args, engines[0], base, first_divergences(engines))
     warm, pairs = add_trace_metrics(engines, rows)
     summary = {name: summarise_variant(r) for name, r in rows.items()}
     agreement = token_agreement(engines)
@@ -443,7 +450,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name}, round 1, as `stepscope compare` says it (A = sync, B = async):")
         print(f"  {pair['line']}")
     differ = [n for n, a in agreement.items() if a["identical_share_min"] < 1.0]
-    explained = explain_divergences(args, engines[0], base, first_divergences(engines))
     for name, rows_ in explained.items():
         for r in rows_:
             gap = "?" if r["top2_gap"] is None else f"{r['top2_gap']:.3g}"
