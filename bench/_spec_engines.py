@@ -3,6 +3,7 @@ pass; each pass remembers its steps so the trace can be analysed pass by pass.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ class PassRecord:
     """One pass of a workload on one engine: wall time, output tokens, the trace's steps
     ``first_step..end_step-1`` and every request's tokens."""
 
-    label: str  # "warm" or "round <i>"
+    label: str  # "warm", "round <i>" or "traced"
     elapsed_s: float
     output_tokens: int
     first_step: int
@@ -116,12 +117,14 @@ class SpecEngine:
         self.build_s = time.perf_counter() - start
         self.passes: list[PassRecord] = []
 
-    def run(self, label: str, workload: list[WorkloadRequest]) -> PassRecord:
-        """Run ``workload`` (every request to its end) and record the pass."""
+    def run(self, label: str, workload: list[WorkloadRequest], traced: bool = True) -> PassRecord:
+        """Run ``workload`` (every request to its end) and record the pass; ``traced=False``
+        mutes the tracer for it (as a run without ``--trace``: nothing recorded)."""
         first = self.llm.engine.scheduler.next_step
-        start = time.perf_counter()
-        outs = self.llm.run_workload(workload)
-        elapsed = time.perf_counter() - start
+        with contextlib.nullcontext() if traced else self.tracer.muted():
+            start = time.perf_counter()
+            outs = self.llm.run_workload(workload)
+            elapsed = time.perf_counter() - start
         # Ship this pass's events to the writer now, outside the timed window: left to the
         # flusher thread, the backlog is pickled (holding the GIL) during the next variant's
         # timed pass. On the H200 the same variant's step p50 swung 4.0 <-> 6.0 ms by round.

@@ -9,7 +9,10 @@ sample prompts). The measured workload is ``--repeat`` copies of the 64 sample p
 all arriving at once, ``--max-tokens`` each, fresh request ids per copy); without ``--repeat`` it
 is sized from the untimed passes so that the fastest variant's run lasts ``--min-run-s``. Rounds
 alternate every variant ``--rounds`` times in this process (the order rotates each round); each
-round's output tok/s is divided by the no-speculation run of the same round.
+round's output tok/s is divided by the no-speculation run of the same round. The rounds run with
+the tracer muted (``--traced extra``, the default: speed as ``stepscope run`` without ``--trace``);
+then one traced pass per variant (a quarter of the workload) gives the trace's numbers below and
+its own tok/s, printed apart (``--traced every``: every round traced, as before).
 
 Per variant: output tok/s and its ratio to ``none`` (median, min..max over rounds), acceptance
 (accepted / drafted), output tokens per request per target step, the exposed wait for step output
@@ -37,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from analysis.compare import compare_output_waits, exposed_wait_line
-from bench._spec_engines import TARGET, SpecEngine, Variant, parse_variants
+from bench._spec_engines import TARGET, PassRecord, SpecEngine, Variant, parse_variants
 from bench._spec_summary import analyse_passes, divergence, first_difference, summarise_variant
 from engine.workload import WorkloadRequest, load_workload
 
@@ -142,7 +145,7 @@ def run_rounds(
         order = engines[r % len(engines) :] + engines[: r % len(engines)]
         for e in order:
             wall_start = time.time()
-            p = e.run(f"round {r + 1}", workload)
+            p = e.run(f"round {r + 1}", workload, traced=args.traced == "every")
             rows[e.variant.name].append(
                 {
                     "round": r + 1,
@@ -166,13 +169,43 @@ def run_rounds(
     return rows
 
 
+def traced_pass(
+    args: argparse.Namespace, engines: list[SpecEngine], repeat: int, base: list[WorkloadRequest]
+) -> dict[str, dict[str, Any]]:
+    """``--traced extra``: after the untraced rounds, one traced pass per variant (a quarter of
+    the measured workload) for the trace's numbers; its tok/s is the traced speed."""
+    workload = copies(base, max(1, repeat // 4), "traced")
+    out: dict[str, dict[str, Any]] = {}
+    for e in engines:
+        p = e.run("traced", workload, traced=True)
+        out[e.variant.name] = {
+            "tok_s": p.tok_s,
+            "elapsed_s": p.elapsed_s,
+            "output_tokens": p.output_tokens,
+        }
+        print(
+            f"  traced pass {e.variant.name:<16} {p.tok_s:>10,.0f} tok/s  {p.elapsed_s:6.2f} s",
+            flush=True,
+        )
+    for row in out.values():
+        row["ratio_to_none"] = row["tok_s"] / out["none"]["tok_s"]
+    return out
+
+
+def _traced_passes(e: SpecEngine) -> list[PassRecord]:
+    """The passes the trace holds: the traced pass where there is one, else the rounds."""
+    extra = [p for p in e.passes if p.label == "traced"]
+    return extra or [p for p in e.passes if p.label.startswith("round")]
+
+
 def add_trace_metrics(
     engines: list[SpecEngine], rows: dict[str, list[dict[str, Any]]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Close every engine, then analyse each measured pass's steps in its trace (one worker
-    process per trace). Returns the untimed passes' build time and tok/s by variant, and per
-    sync variant ``stepscope compare``'s exposed-wait comparison of its first round against
-    the same method and k without sync."""
+    """Close every engine, then analyse each traced pass's steps in its trace (one worker
+    process per trace): the measured rounds (``--traced every``) or the one traced pass
+    (``extra``: ``rows`` are then that pass's, one per variant). Returns the untimed passes'
+    build time and tok/s by variant, and per sync variant ``stepscope compare``'s exposed-wait
+    comparison of its first traced pass against the same method and k without sync."""
     for e in engines:
         e.close()
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds a CUDA context
@@ -182,7 +215,7 @@ def add_trace_metrics(
             e.variant: pool.submit(
                 analyse_passes,
                 e.trace_path,
-                [dataclasses.replace(p, tokens={}) for p in e.passes[1:]],
+                [dataclasses.replace(p, tokens={}) for p in _traced_passes(e)],
             )
             for e in engines
         }
@@ -205,13 +238,16 @@ def token_agreement(engines: list[SpecEngine]) -> dict[str, Any]:
     """Per variant against ``none``, round by round: :func:`divergence` of the first round (the
     rounds repeat one workload), the worst identical share over rounds, and whether the variant
     gave the same tokens in every round."""
-    ref = engines[0].passes[1:]
+
+    def measured(e: SpecEngine) -> list[PassRecord]:
+        return [p for p in e.passes[1:] if p.label.startswith("round")]
+
+    ref = measured(engines[0])
     out = {}
     for e in engines[1:]:
-        per_round = [divergence(a.tokens, b.tokens) for a, b in zip(ref, e.passes[1:], strict=True)]
-        stable = all(
-            list(p.tokens.values()) == list(e.passes[1].tokens.values()) for p in e.passes[2:]
-        )
+        mine = measured(e)
+        per_round = [divergence(a.tokens, b.tokens) for a, b in zip(ref, mine, strict=True)]
+        stable = all(list(p.tokens.values()) == list(mine[0].tokens.values()) for p in mine[1:])
         out[e.variant.name] = {
             **per_round[0],
             "identical_share_min": min(d["identical_share"] for d in per_round),
@@ -406,6 +442,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --check-tokens: exit 1 on any difference, near-ties included",
     )
     p.add_argument(
+        "--traced",
+        choices=("extra", "every"),
+        default="extra",
+        help="extra (default): the measured rounds run with the tracer muted (speed as without "
+        "--trace), then one traced pass per variant (a quarter of the workload) gives the trace's "
+        "numbers; every: every measured round is traced",
+    )
+    p.add_argument(
         "--trace-dir", default=None, help="where the traces go (default: a temporary folder)"
     )
     p.add_argument(
@@ -442,10 +486,27 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_rounds(args, engines, repeat, base, out)
     # before the engines close (add_trace_metrics): the explanation reruns prompts on `none`
     explained = explain_divergences(args, engines[0], base, first_divergences(engines))
-    warm, pairs = add_trace_metrics(engines, rows)
+    traced = traced_pass(args, engines, repeat, base) if args.traced == "extra" else None
+    trace_rows = rows if traced is None else {name: [row] for name, row in traced.items()}
+    warm, pairs = add_trace_metrics(engines, trace_rows)
     summary = {name: summarise_variant(r) for name, r in rows.items()}
+    if traced is not None:  # the trace's numbers come from the traced pass
+        for name, r in trace_rows.items():
+            summary[name] |= {
+                k: v
+                for k, v in summarise_variant(r).items()
+                if k not in ("tok_s", "ratio_to_none", "elapsed_s")
+            }
     agreement = token_agreement(engines)
-    print_table(summary, agreement, rows)
+    print_table(summary, agreement, trace_rows)
+    if traced is not None:
+        print(
+            "tok/s and x none: the untraced rounds; accept .. exposed wait: one traced pass per "
+            "variant, whose speed was: "
+            + ", ".join(
+                f"{n} {r['tok_s']:,.0f} ({r['ratio_to_none']:.2f}x)" for n, r in traced.items()
+            )
+        )
     for name, pair in pairs.items():
         print(f"\n{name}, round 1, as `stepscope compare` says it (A = sync, B = async):")
         print(f"  {pair['line']}")
@@ -460,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     out |= {
         "rounds": rows,
+        "traced_pass": traced,
         "untimed_pass": warm,
         "summary": summary,
         "tokens_vs_none": agreement,

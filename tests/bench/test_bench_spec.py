@@ -66,13 +66,21 @@ def test_cpu_smoke_run_writes_sane_json(tmp_path: Path) -> None:
     assert main(argv) == 0  # fp32: a token differing from `none` would exit 1
     doc = json.loads(path.read_text())
     assert doc["config"]["num_requests"] == 3 and doc["rounds_done"] == 1
-    rows = {name: r for name, (r,) in doc["rounds"].items()}
-    assert set(rows) == {"none", "ngram k=1", "eagle k=2 sync"}
-    for name, r in rows.items():
+    timed = {name: r for name, (r,) in doc["rounds"].items()}
+    assert set(timed) == {"none", "ngram k=1", "eagle k=2 sync"}
+    for name, r in timed.items():
         assert r["tok_s"] == pytest.approx(r["output_tokens"] / r["elapsed_s"]), name
-        assert 0 < r["output_tokens"] <= 3 * 12 and r["num_steps"] > 0
+        assert 0 < r["output_tokens"] <= 3 * 12
+        assert "num_steps" not in r  # the rounds ran untraced (--traced extra, the default)
         s = doc["summary"][name]["tok_s"]
         assert s["median"] == s["min"] == s["max"] == r["tok_s"]  # one round
+    # the trace's numbers come from the one traced pass per variant
+    rows = doc["traced_pass"]
+    assert set(rows) == set(timed)
+    for name, r in rows.items():
+        assert r["output_tokens"] == timed[name]["output_tokens"]  # repeat 1: the same workload
+        assert r["num_steps"] > 0
+        assert doc["summary"][name]["acceptance"]["median"] == r["acceptance"]
     assert rows["none"]["ratio_to_none"] == 1.0 and rows["none"]["acceptance"] is None
     # Without drafts a request gains at most one token per step (prefill chunks gain none).
     assert 0 < rows["none"]["tokens_per_request_step"] <= 1.0
