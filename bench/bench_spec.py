@@ -78,7 +78,8 @@ def build(
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
     )
-    warm = e.run("warm", copies(base, args.warm_repeat, "warm"))
+    # untraced like the rounds it sizes (--traced extra)
+    warm = e.run("warm", copies(base, args.warm_repeat, "warm"), traced=args.traced == "every")
     print(
         f"  {v.name:<16} built + warmed up in {e.build_s:6.1f} s; untimed pass "
         f"{warm.output_tokens} tokens in {warm.elapsed_s:6.2f} s ({warm.tok_s:,.0f} tok/s)",
