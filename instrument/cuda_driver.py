@@ -102,11 +102,17 @@ class CudaDriver:
         return out
 
     @classmethod
-    def load(cls, library: str = "libcuda.so.1") -> CudaDriver | None:
-        """The driver's calls from ``library``; None where it or a symbol is missing."""
+    def load(cls, library: str = "libcuda.so.1", reads_keep_gil: bool = False) -> CudaDriver | None:
+        """The driver's calls from ``library``; None where it or a symbol is missing.
+
+        ``reads_keep_gil``: ``query`` and ``elapsed_ms`` keep the GIL too (as ``record`` does),
+        so the poller's reads never run inside the driver while the engine thread records or
+        launches (which hold the GIL): no driver-lock contention between the two threads, at
+        the price of the poller holding the GIL through its reads. An A/B lever for
+        ``bench_trace_overhead.py --event-api driver-held``; docs/design.md §4.3."""
         try:
             held = ctypes.PyDLL(library)  # keeps the GIL during the call
-            free = ctypes.CDLL(library)  # releases it
+            free = held if reads_keep_gil else ctypes.CDLL(library)  # releases it
             record_fn = held.cuEventRecord
             query_fn = free.cuEventQuery
             elapsed_fn = free.cuEventElapsedTime
@@ -121,7 +127,8 @@ class CudaDriver:
         def torch_record(event: Any, stream: Any) -> None:
             event.record(stream)
 
-        return cls(record_fn, query_fn, elapsed_fn, torch_record)
+        name = "libcuda, reads keep the GIL" if reads_keep_gil else "libcuda"
+        return cls(record_fn, query_fn, elapsed_fn, torch_record, name=name)
 
     def self_test(
         self,

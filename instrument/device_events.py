@@ -148,8 +148,11 @@ class CudaClock(EventOps):
     """
 
     # ``calibrate``'s default: "auto" (the driver's calls if they pass their self-test), "driver"
-    # (the same, but a failed self-test is an error) or "torch" (torch's C methods).
+    # (the same, but a failed self-test is an error), "driver-held" (as "driver", with the
+    # poller's reads keeping the GIL: CudaDriver.load's ``reads_keep_gil``) or "torch" (torch's C
+    # methods).
     DEFAULT_API = "auto"
+    APIS = ("auto", "driver", "driver-held", "torch")
     # An elapsed time is a float32 of milliseconds: its rounding error is up to half an ulp
     # (8 us three minutes after a start-up reference, 31 us after fifteen). So the clock moves its reference
     # forward: once converted events lie ANCHOR_MS past it, it records an anchor event of its own
@@ -199,12 +202,13 @@ class CudaClock(EventOps):
         calls record, query and read events (default ``DEFAULT_API``): ``"driver"`` /
         ``"auto"`` the CUDA driver's (:class:`~instrument.cuda_driver.CudaDriver`), checked
         against torch's on the device first (``"auto"`` falls back to torch's when they are
-        missing or disagree, and says why in ``api_reason``), ``"torch"`` torch's."""
+        missing or disagree, and says why in ``api_reason``), ``"driver-held"`` the driver's
+        with reads that keep the GIL, ``"torch"`` torch's."""
         import torch
 
         api = api or cls.DEFAULT_API
-        if api not in ("auto", "driver", "torch"):
-            raise ValueError(f"api must be auto, driver or torch, got {api!r}")
+        if api not in cls.APIS:
+            raise ValueError(f"api must be one of {', '.join(cls.APIS)}, got {api!r}")
         device = torch.device(device if device is not None else "cuda")
         best: tuple[int, int, Any] | None = None
         with torch.cuda.device(device):
@@ -220,7 +224,7 @@ class CudaClock(EventOps):
         assert best is not None
         driver, reason = None, ""
         if api != "torch":
-            driver = CudaDriver.load()
+            driver = CudaDriver.load(reads_keep_gil=api == "driver-held")
             reason = "libcuda or an event symbol not found" if driver is None else ""
             if driver is not None:  # on this thread as it is (the engine's records run here)
                 stream = torch.cuda.current_stream(device)
@@ -234,7 +238,7 @@ class CudaClock(EventOps):
                 )
                 if failed is not None:
                     driver, reason = None, failed
-            if driver is None and api == "driver":
+            if driver is None and api != "auto":
                 raise RuntimeError(f"the CUDA driver's event calls cannot be used: {reason}")
         clock = cls(best[2], best[0], best[1] - best[0], driver=driver)
         clock.api_reason = reason

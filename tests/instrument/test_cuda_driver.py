@@ -148,5 +148,5 @@ def test_abutting_stages_split_across_polls_share_one_time(tmp_path, monkeypatch
 
 def test_driver_load_and_api_choice_fail_clearly():
     assert CudaDriver.load("libstepscope-no-such-driver.so") is None  # then torch's calls
-    with pytest.raises(ValueError, match="api must be auto, driver or torch"):
+    with pytest.raises(ValueError, match="api must be one of auto, driver, driver-held, torch"):
         CudaClock.calibrate(api="nvml")
