@@ -79,9 +79,20 @@ def event_call_costs(n: int = 2000, batches: int = 5) -> dict[str, dict[str, flo
         torch.cuda.synchronize()
         cpu_us, wall_us = _per_call(fn, n, batches)
         out[name] = {"cpu_us": cpu_us, "wall_us": wall_us}
-    # Records while another thread converts events nonstop (the poller at work).
+    # Records while another thread converts events nonstop (the poller at work). The converted
+    # events are their own, completed and never recorded again: the records below re-record
+    # ``timing``, and converting an event that is pending again fails (CUDA_ERROR_NOT_READY).
+    done = [torch.cuda.Event(enable_timing=True) for _ in range(64)]
+    for event in done:
+        event.record(stream)
+    torch.cuda.synchronize()
+    done_ref, turn = done[0], iter(range(1 << 62))
+
+    def convert() -> Any:
+        event = done[next(turn) % len(done)]
+        return d.elapsed_ms(done_ref, event) if driver else elapsed(done_ref, event)
+
     stop = threading.Event()
-    convert = (lambda: d.elapsed_ms(ref, nth(timing))) if driver else calls["elapsed_time (torch)"]
 
     device = torch.cuda.current_device()
     errors: list[str] = []

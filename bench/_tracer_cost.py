@@ -17,6 +17,7 @@ query, elapsed_time), which the timed pass leaves unwrapped.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import defaultdict
@@ -25,11 +26,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from instrument import device_timeline as _dt
+from instrument import tracer as _tr
 
 _TRACER_METHODS = ("span", "instant", "counter", "counters", "counter_values", "slice_at",
                    "slice_args",
                    "append_slices", "request_slices", "thread_slice", "metadata")  # fmt: skip
-_TIMELINE_METHODS = ("stage", "poll_if_due", "poll", "drain")
+_TIMELINE_METHODS = ("stage", "poll_if_due", "poll", "drain", "event_after_stage", "give_back")
 _IN_WAIT = "timeline.poll_while_waiting"
 
 
@@ -43,6 +45,20 @@ class CostMeter:
         self._depth = 0
         self._thread: int | None = None
         self.bias_ns = self.bias_cpu_ns = 0.0  # the wrapper's own cost inside its region, per call
+        self.gc_ns = 0  # cyclic collections on the engine thread (wall)
+        self.gc_runs = [0, 0, 0]  # collections per generation
+        self._gc_start = 0
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks`` hook: time the collections that run on the engine thread."""
+        if threading.get_ident() != self._thread:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter_ns()
+        elif self._gc_start:
+            self.gc_ns += time.perf_counter_ns() - self._gc_start
+            self.gc_runs[info["generation"]] += 1
+            self._gc_start = 0
 
     def wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
@@ -97,6 +113,8 @@ class CostMeter:
                 k: round(v / steps / 1e3, 2) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])
             },
             "calls_per_step": {k: round(v / steps, 2) for k, v in sorted(self.calls.items())},
+            "gc_us_per_step": self.gc_ns / steps / 1e3,
+            "gc_collections_per_step": [round(n / steps, 4) for n in self.gc_runs],
         }  # fmt: skip
 
 
@@ -126,34 +144,43 @@ def metered(engine: Any, meter: CostMeter) -> Iterator[None]:
             stack.enter_context(
                 _patched(tracer, name, meter.wrap(f"tracer.{name}", getattr(tracer, name)))
             )
-        span_cls = tracer._span_cls
-        for name in ("__enter__", "__exit__", "set_args"):
-            fn = getattr(span_cls, name)
-            stack.enter_context(_patched(span_cls, name, meter.wrap(f"span.{name}", fn)))
+        # The live classes and the disabled tracer's no-op ones alike (see the module docstring).
+        for span_cls in (tracer._span_cls, _tr._NullSpan):
+            for name in ("__enter__", "__exit__", "set_args"):
+                fn = vars(span_cls).get(name) or getattr(span_cls, name)
+                stack.enter_context(_patched(span_cls, name, meter.wrap(f"span.{name}", fn)))
         for name in _TIMELINE_METHODS:
             fn = getattr(timeline, name)
             stack.enter_context(_patched(timeline, name, meter.wrap(f"timeline.{name}", fn)))
         fn = timeline.poll_while_waiting
         stack.enter_context(_patched(timeline, "poll_while_waiting", meter.wrap(_IN_WAIT, fn)))
-        scope = _dt._StageScope
-        for name in ("__enter__", "__exit__"):
-            fn = vars(scope)[name]
-            stack.enter_context(_patched(scope, name, meter.wrap(f"stage.{name}", fn)))
+        for scope in (_dt._StageScope, _dt._NullScope):
+            for name in ("__enter__", "__exit__"):
+                fn = vars(scope)[name]
+                stack.enter_context(_patched(scope, name, meter.wrap(f"stage.{name}", fn)))
         fn = engine._sample_counters  # scheduler stats read only for the trace
         stack.enter_context(_patched(engine, "_sample_counters", meter.wrap("counters", fn)))
         requests = engine.requests
         fn = requests._write_track
         stack.enter_context(_patched(requests, "_write_track", meter.wrap("request_track", fn)))
-        yield
+        gc.callbacks.append(meter.on_gc)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(meter.on_gc)
 
 
 @contextmanager
 def counted_event_calls(engine: Any, counts: dict[str, int]) -> Iterator[None]:
-    """Count the device timeline's event calls (``record``, ``query``, ``elapsed_time``)."""
+    """Count the device timeline's event calls (``record``, ``query``, ``elapsed_time``), and
+    time the records made on the engine thread (``counts["record_engine_ns"]`` over
+    ``counts["record_engine"]`` calls; wall, the counting wrapper's clock reads included)."""
     from contextlib import ExitStack
 
     ops = engine.runner.timeline.ops
     timeline = engine.runner.timeline
+    engine_thread = threading.get_ident()
+    clock = time.perf_counter_ns
 
     def counting(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
@@ -162,9 +189,21 @@ def counted_event_calls(engine: Any, counts: dict[str, int]) -> Iterator[None]:
 
         return call
 
+    record = timeline._record
+
+    def timed_record(event: Any, stream: Any) -> None:
+        counts["record"] += 1
+        if threading.get_ident() != engine_thread:
+            record(event, stream)
+            return
+        start = clock()
+        record(event, stream)
+        counts["record_engine_ns"] += clock() - start
+        counts["record_engine"] += 1
+
     with ExitStack() as stack:
         # The timeline caches record/query; conversions go through the ops object.
-        stack.enter_context(_patched(timeline, "_record", counting("record", timeline._record)))
+        stack.enter_context(_patched(timeline, "_record", timed_record))
         stack.enter_context(_patched(timeline, "_query", counting("query", timeline._query)))
         host_ns_many = ops.host_ns_many
 

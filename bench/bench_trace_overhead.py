@@ -255,13 +255,18 @@ def direct(modes: list[Mode], work: list[Any]) -> dict[str, Any]:
         with metered(engine, meter):
             m.llm.run_workload([dataclasses.replace(w, id=f"d-{m.name}-{w.id}") for w in work])
         entry = meter.per_step(m.timer.steps)
-        counts: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0}
+        counts: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0,
+                                  "record_engine": 0, "record_engine_ns": 0}  # fmt: skip
         settle(m)
         m.timer.steps = 0
         with counted_event_calls(engine, counts):
             m.llm.run_workload([dataclasses.replace(w, id=f"c-{m.name}-{w.id}") for w in work])
             settle(m)
+        timed, timed_ns = counts.pop("record_engine"), counts.pop("record_engine_ns")
         entry["event_calls_per_step"] = {k: v / max(m.timer.steps, 1) for k, v in counts.items()}
+        # One engine-thread record (wall, the event call alone): how much of the stages' time
+        # is the device API's, not the timeline's Python.
+        entry["record_us_per_call"] = timed_ns / timed / 1e3 if timed else 0.0
         results[m.name] = entry
     off = results[modes[0].name]
     print("measured directly around the tracer's calls on the engine thread (µs per step; "
@@ -280,9 +285,15 @@ def direct(modes: list[Mode], work: list[Any]) -> dict[str, Any]:
         print(f"{name:<16} {entry['tracer_us_per_step']:>12.1f} "
               f"{entry['added_tracer_us_per_step']:>+7.1f} {entry['tracer_cpu_us_per_step']:>11.1f} "
               f"{entry['added_tracer_cpu_us_per_step']:>+7.1f} {entry['in_wait_us_per_step']:>7.1f}"
-              f"  {calls}")  # fmt: skip
-        top = list(entry["by_call_cpu_us_per_step"].items())[:6]
+              f"  {calls}; {entry['record_us_per_call']:.2f} us per record")  # fmt: skip
+        top = list(entry["by_call_cpu_us_per_step"].items())[:7]
         print("    CPU: " + ", ".join(f"{k} {v:.1f}" for k, v in top))
+        top = list(entry["by_call_us_per_step"].items())[:7]
+        print("    wall: " + ", ".join(f"{k} {v:.1f}" for k, v in top))
+        runs = entry["gc_collections_per_step"]
+        print(f"    gc on the engine thread (inside the calls above or not): "
+              f"{entry['gc_us_per_step']:.1f} us per step; collections per step by generation "
+              f"{runs[0]:.3f} / {runs[1]:.3f} / {runs[2]:.4f}")  # fmt: skip
     return results
 
 
@@ -487,10 +498,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--event-api",
-        choices=("auto", "driver", "torch"),
+        choices=("auto", "driver", "driver-held", "torch"),
         default="auto",
         help="CUDA: which calls the device timeline records, queries and reads its events with "
-        "(CudaClock.calibrate's api; auto = the driver's if they pass their start-up self-test)",
+        "(CudaClock.calibrate's api; auto = the driver's if they pass their start-up self-test; "
+        "driver-held = the driver's, the poller's queries and conversions keeping the GIL: "
+        "no driver-lock contention with the engine thread's records and launches)",
     )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
