@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from engine.request import Request, RequestStatus
 
@@ -37,6 +37,10 @@ class RequestQueues:
 
     def get(self, req_id: str) -> Request | None:
         return self._requests.get(req_id)
+
+    def get_many(self, req_ids: Iterable[str]) -> list[Request | None]:
+        """``get`` of each id, in order (one C-level pass: once per step over its requests)."""
+        return list(map(self._requests.get, req_ids))
 
     def add(self, request: Request) -> None:
         self._requests[request.req_id] = request

@@ -34,7 +34,7 @@ class StepPlan:
     cached_new_block_ids: list[list[int]] = field(default_factory=list)
     cached_num_computed: list[int] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    # The requests planned by ``add`` (not ``add_decode``), in order: ``Scheduler`` advances
+    # The requests planned by ``add`` (not ``add_decodes``), in order: ``Scheduler`` advances
     # their books once planning is over.
     requests: list[Request] = field(default_factory=list)
     # Per scheduled request in ``num_scheduled_tokens`` order: the sampled slots it adds (see
@@ -43,7 +43,7 @@ class StepPlan:
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_prefill_reqs: int = 0
     num_decode_reqs: int = 0
-    num_decode_slots: int = 0  # sampled slots of ``add_decode``'s requests (one each)
+    num_decode_slots: int = 0  # sampled slots of ``add_decodes``' requests (one each)
     # Blocks of preempted or finished requests that return once their steps in flight settle
     # (less those already promised); a request short of blocks waits for them instead of
     # preempting another victim.
@@ -70,19 +70,20 @@ class StepPlan:
         else:
             self.num_prefill_reqs += 1
 
-    def add_decode(self, request: Request, num_computed_tokens: int) -> None:
-        """``add`` + ``add_cached`` of a running request that advances one token, samples one
-        (no drafts) and needs no new block: the steady decode step, once per request per step.
-        Its books are advanced by the scheduler at once (``num_computed_tokens`` is the value
-        before)."""
-        req_id = request.req_id
-        self.num_scheduled_tokens[req_id] = 1
-        self.num_sampled_slots[req_id] = 1
-        self.token_budget -= 1
-        self.num_decode_reqs += 1
-        self.cached_req_ids.append(req_id)
-        self.cached_new_block_ids.append([])
-        self.cached_num_computed.append(num_computed_tokens)
+    def add_decodes(self, req_ids: list[str], num_computed_tokens: list[int]) -> None:
+        """``add`` + ``add_cached`` of running requests that each advance one token, sample one
+        (no drafts) and need no new block: the steady decode step. Their books are advanced by
+        the scheduler at once, as columns (``num_computed_tokens``: the values before)."""
+        ones = dict.fromkeys(req_ids, 1)
+        self.num_scheduled_tokens.update(ones)
+        self.num_sampled_slots.update(ones)
+        num = len(req_ids)
+        self.token_budget -= num
+        self.num_decode_reqs += num
+        self.num_decode_slots += num
+        self.cached_req_ids += req_ids
+        self.cached_new_block_ids += [[] for _ in range(num)]
+        self.cached_num_computed += num_computed_tokens
 
     def add_cached(self, request: Request, new_block_ids: list[int]) -> None:
         self.cached_req_ids.append(request.req_id)
