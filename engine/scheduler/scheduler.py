@@ -173,7 +173,7 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         running = self._queues.running
-        slots, steady = self._steady_decodes(running)
+        slots, steady, needs_block = self._steady_decodes(running)
         # Positions the general path plans, and an end marker: a run of steady decodes at
         # ``index`` ends at the first of them after it.
         general = np.append(np.flatnonzero(~steady), len(steady))
@@ -182,9 +182,13 @@ class Scheduler:
             if steady[index]:
                 next_general = int(general[np.searchsorted(general, index)])
                 end = min(len(running), index + plan.token_budget, next_general)
-                self._plan_decodes(plan, running[index:end], slots[index:end])
-                index = end
-                continue
+                end, new_blocks = self._decode_blocks(running, needs_block, index, end)
+                if end > index:
+                    self._plan_decodes(plan, running[index:end], slots[index:end], new_blocks)
+                    index = end
+                    continue
+                # The pool cannot give this request its next block: the general path (which
+                # may preempt) plans it.
             request = running[index]
             num_new, spec_tokens, num_pending = self._num_new_tokens(request, plan.token_budget)
             if num_new <= 0:  # every token it may still produce is already in flight
@@ -200,11 +204,13 @@ class Scheduler:
                 plan.add(request, num_new, spec_tokens, num_pending)
                 plan.add_cached(request, new_blocks)
 
-    def _steady_decodes(self, running: list[Request]) -> tuple[np.ndarray, np.ndarray]:
-        """Each running request's slot, and which are steady decodes: one pending token, no
-        drafts, room for an output, and a frontier inside its last block (every computed token
-        has a KV slot, so the next position's block is already held). Preemptions later in the
-        step only shorten ``running`` from its end, so both arrays stay aligned with it."""
+    def _steady_decodes(self, running: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each running request's slot, which are steady decodes (one pending token, no drafts,
+        room for an output), and which of those start a block (their frontier is a multiple of
+        the block size: the next position may need a new block; every other one's block is
+        held, since every computed token has a KV slot). With speculation only frontiers inside
+        a block count (the general path gives a sampling request its ``-1`` drafts). Preemptions
+        later in the step only shorten ``running`` from its end, so the arrays stay aligned."""
         books = self._books
         slots = books.slots_of(running)  # [num_running]
         num_computed = books.num_computed[slots]
@@ -212,21 +218,50 @@ class Scheduler:
         num_output = books.num_output[slots]
         num_tokens = books.num_prompt[slots] + num_output + num_placeholders
         steady = (
-            (num_computed % self.cache.block_size != 0)
-            & ~books.has_drafts[slots]
+            ~books.has_drafts[slots]
             & (num_tokens - num_computed == 1)
             & (num_output + num_placeholders < books.max_tokens[slots])
             & (num_tokens < self.max_model_len)
         )
-        return slots, steady
+        needs_block = steady & (num_computed % self.cache.block_size == 0)
+        if self.num_spec_tokens:
+            steady &= ~needs_block
+        return slots, steady, needs_block
 
-    def _plan_decodes(self, plan: StepPlan, requests: list[Request], slots: np.ndarray) -> None:
+    def _decode_blocks(
+        self, running: list[Request], needs_block: np.ndarray, index: int, end: int
+    ) -> tuple[int, list[list[int]] | None]:
+        """The next blocks of the steady decodes in ``running[index:end]`` that start a block,
+        all taken at once (in order, as one request at a time would take them). When the pool
+        cannot supply them all, the run ends before the first such request (nothing taken).
+        Returns the run's end and, per request of the run, its new block ids (None: none)."""
+        positions = np.flatnonzero(needs_block[index:end])
+        if not positions.size:
+            return end, None
+        requests = [running[index + p] for p in positions.tolist()]
+        taken = self.kv_cache_manager.allocate_next_blocks(requests)
+        if taken is None:
+            return index + int(positions[0]), None
+        new_blocks: list[list[int]] = [[] for _ in range(end - index)]
+        for position, block_ids in zip(positions.tolist(), taken, strict=True):
+            new_blocks[position] = block_ids
+        return end, new_blocks
+
+    def _plan_decodes(
+        self,
+        plan: StepPlan,
+        requests: list[Request],
+        slots: np.ndarray,
+        new_blocks: list[list[int]] | None,
+    ) -> None:
         """Plan steady decodes (``_steady_decodes``) and advance their books at once, as
         ``_after_schedule`` would for one sampled token: no later decision of this step reads
-        them (victims come from the end of running)."""
+        them (victims come from the end of running). ``new_blocks``: per request, the block ids
+        ``_decode_blocks`` took for it (None: none for any)."""
         books = self._books
         num_computed = books.num_computed[slots]  # [n], before this step
-        plan.add_decodes(list(map(_req_id_of, requests)), num_computed.tolist())
+        req_ids = list(map(_req_id_of, requests))
+        plan.add_decodes(req_ids, num_computed.tolist(), new_blocks)
         books.num_computed[slots] = num_computed + 1
         books.num_placeholders[slots] += 1
         books.num_in_flight[slots] += 1

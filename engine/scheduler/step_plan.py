@@ -70,10 +70,16 @@ class StepPlan:
         else:
             self.num_prefill_reqs += 1
 
-    def add_decodes(self, req_ids: list[str], num_computed_tokens: list[int]) -> None:
+    def add_decodes(
+        self,
+        req_ids: list[str],
+        num_computed_tokens: list[int],
+        new_block_ids: list[list[int]] | None = None,
+    ) -> None:
         """``add`` + ``add_cached`` of running requests that each advance one token, sample one
-        (no drafts) and need no new block: the steady decode step. Their books are advanced by
-        the scheduler at once, as columns (``num_computed_tokens``: the values before)."""
+        (no drafts): the steady decode step. Their books are advanced by the scheduler at once,
+        as columns (``num_computed_tokens``: the values before); ``new_block_ids``: per request,
+        the blocks taken for it (None: no request needed one)."""
         ones = dict.fromkeys(req_ids, 1)
         self.num_scheduled_tokens.update(ones)
         self.num_sampled_slots.update(ones)
@@ -82,7 +88,9 @@ class StepPlan:
         self.num_decode_reqs += num
         self.num_decode_slots += num
         self.cached_req_ids += req_ids
-        self.cached_new_block_ids += [[] for _ in range(num)]
+        if new_block_ids is None:
+            new_block_ids = [[] for _ in range(num)]
+        self.cached_new_block_ids += new_block_ids
         self.cached_num_computed += num_computed_tokens
 
     def add_cached(self, request: Request, new_block_ids: list[int]) -> None:
