@@ -452,11 +452,16 @@ class Scheduler:
         books = self._books
         num_rows = len(requests)
         slots = books.slots_of(requests)  # [n]; -1: no longer running
-        # Without drafts a row has 0 or 1 sampled slots and gets 0 or 1 tokens: the sums tell
-        # whether every row has one of each (the steady step) without a per-row pass.
+        # Without drafts a row has 0 or 1 sampled slots: the sums (and the longest row, so that a
+        # runner returning two tokens for a row still gets ``_commit``'s error) tell whether
+        # every row has one slot and one token (the steady step) without a Python loop.
         flat: list[int] = list(chain.from_iterable(all_sampled))  # the sampled tokens
         num_slots_total = sum(record.num_sampled_slots.values())
-        if len(flat) == num_rows and num_slots_total == num_rows:
+        if (
+            len(flat) == num_rows
+            and num_slots_total == num_rows
+            and max(map(len, all_sampled), default=0) == 1
+        ):
             plain = slots >= 0  # [n]
         else:
             num_slots = np.fromiter(record.num_sampled_slots.values(), np.int64, num_rows)

@@ -234,3 +234,21 @@ def test_running_books_adopt_and_release_move_the_counters() -> None:
         books.adopt(Request("c", [1], SamplingParams(), 0.0, None), 0)
     with pytest.raises(ValueError, match="already holds"):
         books.adopt(other, 0)
+
+
+def test_a_runner_returning_the_wrong_token_counts_is_refused() -> None:
+    """Two tokens for one row and none for another sum to one each: still an error."""
+    parts = SchedulerParts.of(
+        max_model_len=64, num_kv_blocks=32, block_size=4, max_num_batched_tokens=64
+    )
+    scheduler = parts.build()
+    for req_id in "ab":
+        scheduler.add_request(
+            Request(req_id, prompt_tokens(req_id, 5), SamplingParams(max_tokens=9), 0.0, EOS)
+        )
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, ModelRunnerOutput(out.step, ["a", "b"], [[11], [12]]))
+    out = scheduler.schedule()
+    bad = ModelRunnerOutput(out.step, ["a", "b"], [[11, 12], []])
+    with pytest.raises(ValueError, match="runner returned 2 tokens"):
+        scheduler.update_from_output(out, bad)
