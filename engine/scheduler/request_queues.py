@@ -28,6 +28,9 @@ class RequestQueues:
         self._runner_rows: set[str] = set()
         self._rows_to_drop: set[str] = set()
         self._release_pending: set[str] = set()
+        # Bumped whenever ``running`` changes (admit, preempt, finish): whatever was derived
+        # from it (the running requests' slots) is still valid while this stays the same.
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -51,6 +54,7 @@ class RequestQueues:
     def admit(self, request: Request) -> None:
         """The head of ``waiting`` starts running and gets a runner row."""
         assert self.waiting[0] is request, "admission is in queue order"
+        self.version += 1
         self.waiting.popleft()
         request.status = RequestStatus.RUNNING
         key = self._arrival_key
@@ -59,6 +63,7 @@ class RequestQueues:
 
     def preempt(self, request: Request) -> None:
         """Back to the front of ``waiting``; the runner drops its row; blocks to be released."""
+        self.version += 1
         self.running.remove(request)
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
@@ -67,6 +72,7 @@ class RequestQueues:
 
     def finish(self, request: Request) -> None:
         """Leave the queues (status already finished); the runner drops its row."""
+        self.version += 1
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:

@@ -10,6 +10,7 @@ positions are output placeholders, and its drafts are ``-1`` (they live on the d
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -89,6 +90,7 @@ class Scheduler:
         self._queues = RequestQueues()
         # The running requests' counters, as columns (docs/design.md §2.3; running_books.py).
         self._books = RunningBooks(config.max_num_seqs)
+        self._slots_cache: tuple[int, np.ndarray] | None = None  # (queues version, slots)
         self._in_flight: deque[InFlightStep] = deque()
         self._next_step = 0
         # Σ num_output_placeholders over every request, kept as they change (get_stats runs
@@ -175,12 +177,16 @@ class Scheduler:
         running = self._queues.running
         slots, steady, needs_block = self._steady_decodes(running)
         # Positions the general path plans, and an end marker: a run of steady decodes at
-        # ``index`` ends at the first of them after it.
-        general = np.append(np.flatnonzero(~steady), len(steady))
+        # ``index`` ends at the first of them after it. (A Python list and bisect: NumPy's
+        # searchsorted releases the GIL, and on the CPU device taking it back from the device's
+        # worker thread costs up to a switch interval.)
+        general = np.flatnonzero(~steady).tolist()
+        general.append(len(running))
+        is_steady = steady.tolist()
         index = 0
         while index < len(running) and plan.token_budget > 0:
-            if steady[index]:
-                next_general = int(general[np.searchsorted(general, index)])
+            if is_steady[index]:
+                next_general = general[bisect.bisect_left(general, index)]
                 end = min(len(running), index + plan.token_budget, next_general)
                 end, new_blocks = self._decode_blocks(running, needs_block, index, end)
                 if end > index:
@@ -212,7 +218,7 @@ class Scheduler:
         a block count (the general path gives a sampling request its ``-1`` drafts). Preemptions
         later in the step only shorten ``running`` from its end, so the arrays stay aligned."""
         books = self._books
-        slots = books.slots_of(running)  # [num_running]
+        slots = self._running_slots(running)  # [num_running]
         num_computed = books.num_computed[slots]
         num_placeholders = books.num_placeholders[slots]
         num_output = books.num_output[slots]
@@ -228,6 +234,15 @@ class Scheduler:
             steady &= ~needs_block
         return slots, steady, needs_block
 
+    def _running_slots(self, running: list[Request]) -> np.ndarray:
+        """The running requests' slots, looked up again only after ``running`` changed."""
+        version = self._queues.version
+        if self._slots_cache is None or self._slots_cache[0] != version:
+            slots = self._books.slots_of(running)
+            slots.flags.writeable = False
+            self._slots_cache = (version, slots)
+        return self._slots_cache[1]
+
     def _decode_blocks(
         self, running: list[Request], needs_block: np.ndarray, index: int, end: int
     ) -> tuple[int, list[list[int]] | None]:
@@ -242,7 +257,7 @@ class Scheduler:
         taken = self.kv_cache_manager.allocate_next_blocks(requests)
         if taken is None:
             return index + int(positions[0]), None
-        new_blocks: list[list[int]] = [[] for _ in range(end - index)]
+        new_blocks: list[list[int]] = [[]] * (end - index)  # one shared, read-only empty list
         for position, block_ids in zip(positions.tolist(), taken, strict=True):
             new_blocks[position] = block_ids
         return end, new_blocks
@@ -262,6 +277,7 @@ class Scheduler:
         num_computed = books.num_computed[slots]  # [n], before this step
         req_ids = list(map(_req_id_of, requests))
         plan.add_decodes(req_ids, num_computed.tolist(), new_blocks)
+        plan.decode_runs.append((requests, slots))
         books.num_computed[slots] = num_computed + 1
         books.num_placeholders[slots] += 1
         books.num_in_flight[slots] += 1
@@ -367,6 +383,9 @@ class Scheduler:
         """Advance the frontier of each request planned by ``plan.add`` and note what the step
         will sample (``add_decodes``' requests were advanced as they were planned)."""
         record = InFlightStep(step=plan.step, num_sampled_slots=plan.num_sampled_slots)
+        if not plan.requests and len(plan.decode_runs) == 1:  # one run of steady decodes
+            record.requests, record.slots = plan.decode_runs[0]
+            record.queues_version = self._queues.version
         num_sampled_slots = record.num_sampled_slots
         num_scheduled_tokens = plan.num_scheduled_tokens
         spec_tokens = plan.spec_tokens
@@ -411,13 +430,18 @@ class Scheduler:
         self._last_accepted = 0
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         all_sampled, all_logprobs = runner_output.sampled_token_ids, runner_output.logprobs
-        requests = self._tracked(record.num_sampled_slots)
         rows = self._output_rows(record, runner_output)
         if not spec_tokens and not all_logprobs and isinstance(rows, range):
             # No drafts and no logprobs, the runner kept schedule order: the columnar commit.
-            step_outputs = self._commit_plain_step(record, requests, all_sampled)
+            if record.requests is not None and record.queues_version == self._queues.version:
+                requests, slots = record.requests, record.slots
+            else:
+                requests = self._tracked(record.num_sampled_slots)
+                slots = self._books.slots_of(requests)  # -1: no longer running
+            step_outputs = self._commit_plain_step(record, requests, slots, all_sampled)
             self._check_invariants_if_debug()
             return step_outputs
+        requests = self._tracked(record.num_sampled_slots)
         outputs: list[RequestOutput] = []
         for request, num_slots, row in zip(
             requests, record.num_sampled_slots.values(), rows, strict=True
@@ -437,7 +461,11 @@ class Scheduler:
         return outputs
 
     def _commit_plain_step(
-        self, record: InFlightStep, requests: list[Request], all_sampled: list[list[int]]
+        self,
+        record: InFlightStep,
+        requests: list[Request],
+        slots: np.ndarray,
+        all_sampled: list[list[int]],
     ) -> StepOutputs:
         """``update_from_output`` of a step without drafts or logprobs, as columns.
 
@@ -448,20 +476,16 @@ class Scheduler:
         a block for the prefix cache, and the other rows (prefill chunks, requests finished or
         preempted while the step was in flight), which take ``_commit``: all of these in row
         order, so finishes and the prefix cache see the order the loop of one request at a time
-        would give."""
+        would give. ``slots``: ``[n]``, each request's running-book slot (-1: not running)."""
         books = self._books
         num_rows = len(requests)
-        slots = books.slots_of(requests)  # [n]; -1: no longer running
-        # Without drafts a row has 0 or 1 sampled slots: the sums (and the longest row, so that a
-        # runner returning two tokens for a row still gets ``_commit``'s error) tell whether
-        # every row has one slot and one token (the steady step) without a Python loop.
+        # Without drafts a row has 0 or 1 sampled slots: the sums (and no empty row, so that a
+        # runner returning two tokens for a row and none for another still gets ``_commit``'s
+        # error) tell whether every row has one slot and one token (the steady step) without a
+        # Python loop.
         flat: list[int] = list(chain.from_iterable(all_sampled))  # the sampled tokens
         num_slots_total = sum(record.num_sampled_slots.values())
-        if (
-            len(flat) == num_rows
-            and num_slots_total == num_rows
-            and max(map(len, all_sampled), default=0) == 1
-        ):
+        if len(flat) == num_rows and num_slots_total == num_rows and all(all_sampled):
             plain = slots >= 0  # [n]
         else:
             num_slots = np.fromiter(record.num_sampled_slots.values(), np.int64, num_rows)
@@ -503,8 +527,10 @@ class Scheduler:
         explicit_rows: list[int] = []
         num_cached = books.num_cached_tokens[ps]  # [p], read before any release
         finished_plain: list[int] = []  # indices into plain_rows
-        plain_index = np.cumsum(plain) - 1  # [n]: a plain row's index into plain_rows
-        for row in np.flatnonzero(needs_python).tolist():
+        python_rows: list[int] = np.flatnonzero(needs_python).tolist()
+        if python_rows:
+            plain_index = np.cumsum(plain) - 1  # [n]: a plain row's index into plain_rows
+        for row in python_rows:
             request = requests[row]
             if plain[row]:
                 self._settle_plain(request, bool(stop_row[row]), bool(cache_row[row]))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.request import Request
 from engine.scheduler.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -21,6 +23,13 @@ class InFlightStep:
 
     step: int
     num_sampled_slots: dict[str, int] = field(default_factory=dict)
+    # A step that is one run of steady decodes (``StepPlan.add_decodes`` only): its requests and
+    # their running-book slots in ``num_sampled_slots`` order, and ``RequestQueues.version`` when
+    # it was planned. While the version is unchanged every one still runs in that slot, so the
+    # commit needs no lookup per request.
+    requests: list[Request] | None = None
+    slots: np.ndarray | None = None
+    queues_version: int = -1
 
 
 @dataclass
@@ -50,6 +59,8 @@ class StepPlan:
     num_blocks_returning: int = 0
     # A running request went short of blocks this step: admit no waiting request.
     short_of_blocks: bool = False
+    # ``add_decodes``' runs: (requests, their slots), in order.
+    decode_runs: list[tuple[list[Request], np.ndarray]] = field(default_factory=list)
 
     def add(
         self, request: Request, num_new_tokens: int, spec_tokens: list[int], num_pending: int
@@ -89,7 +100,7 @@ class StepPlan:
         self.num_decode_slots += num
         self.cached_req_ids += req_ids
         if new_block_ids is None:
-            new_block_ids = [[] for _ in range(num)]
+            new_block_ids = [[]] * num  # one shared empty list: the records are read-only
         self.cached_new_block_ids += new_block_ids
         self.cached_num_computed += num_computed_tokens
 
