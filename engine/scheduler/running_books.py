@@ -40,9 +40,9 @@ class RunningBooks:
         self.num_computed = np.zeros(capacity, np.int64)  # [slots]
         self.num_placeholders = np.zeros(capacity, np.int64)  # [slots]
         self.num_in_flight = np.zeros(capacity, np.int64)  # [slots]
-        self.num_computed_view = memoryview(self.num_computed)
-        self.num_placeholders_view = memoryview(self.num_placeholders)
-        self.num_in_flight_view = memoryview(self.num_in_flight)
+        self.num_computed_view = self.num_computed.data
+        self.num_placeholders_view = self.num_placeholders.data
+        self.num_in_flight_view = self.num_in_flight.data
         # What the stop checks and the steady-step test read, kept as they change.
         self.num_output = np.zeros(capacity, np.int64)  # len(output_token_ids)
         self.num_prompt = np.zeros(capacity, np.int64)

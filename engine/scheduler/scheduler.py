@@ -188,9 +188,9 @@ class Scheduler:
             if is_steady[index]:
                 next_general = general[bisect.bisect_left(general, index)]
                 end = min(len(running), index + plan.token_budget, next_general)
-                end, new_blocks = self._decode_blocks(running, needs_block, index, end)
+                end, run_blocks = self._decode_blocks(running, needs_block, index, end)
                 if end > index:
-                    self._plan_decodes(plan, running[index:end], slots[index:end], new_blocks)
+                    self._plan_decodes(plan, running[index:end], slots[index:end], run_blocks)
                     index = end
                     continue
                 # The pool cannot give this request its next block: the general path (which
@@ -433,7 +433,11 @@ class Scheduler:
         rows = self._output_rows(record, runner_output)
         if not spec_tokens and not all_logprobs and isinstance(rows, range):
             # No drafts and no logprobs, the runner kept schedule order: the columnar commit.
-            if record.requests is not None and record.queues_version == self._queues.version:
+            if (
+                record.requests is not None
+                and record.slots is not None
+                and record.queues_version == self._queues.version
+            ):
                 requests, slots = record.requests, record.slots
             else:
                 requests = self._tracked(record.num_sampled_slots)
