@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from engine.scheduler.running_books import RunningBooks
-
 __all__ = [
     "Request",
+    "CounterColumns",
     "RequestStatus",
     "FINISH_REASON_STOP",
     "FINISH_REASON_LENGTH",
@@ -61,6 +59,15 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: FINISH_REASON_LENGTH,
     RequestStatus.FINISHED_ABORTED: FINISH_REASON_ABORT,
 }
+
+
+class CounterColumns(Protocol):
+    """The columns a running request's counters live in (the scheduler's ``RunningBooks``)."""
+
+    num_computed_view: memoryview  # [slots] int64, read and written as Python ints
+    num_placeholders_view: memoryview
+    num_in_flight_view: memoryview
+    has_drafts: Any  # [slots] bool (a NumPy array)
 
 
 class Request:
@@ -105,7 +112,7 @@ class Request:
 
         # The running books' slot (-1: none; see the class docstring). Set before the books.
         self.slot = -1
-        self._books: RunningBooks | None = None
+        self._books: CounterColumns | None = None
 
         # The five books (the fifth, KV block ids, lives in KVCacheManager).
         self.output_token_ids: list[int] = []
@@ -173,7 +180,7 @@ class Request:
         if self.slot >= 0:
             self._books.has_drafts[self.slot] = bool(value)  # type: ignore[union-attr]
 
-    def attach_books(self, books: RunningBooks, slot: int) -> None:
+    def attach_books(self, books: CounterColumns, slot: int) -> None:
         """Called by ``RunningBooks.adopt`` once the slot holds this request's values."""
         self._books = books
         self.slot = slot
@@ -183,9 +190,9 @@ class Request:
         books, slot = self._books, self.slot
         if books is None or slot < 0:
             return
-        self._num_computed_tokens = int(books.num_computed[slot])
-        self._num_output_placeholders = int(books.num_placeholders[slot])
-        self._num_steps_in_flight = int(books.num_in_flight[slot])
+        self._num_computed_tokens = books.num_computed_view[slot]
+        self._num_output_placeholders = books.num_placeholders_view[slot]
+        self._num_steps_in_flight = books.num_in_flight_view[slot]
         self.slot = -1
         self._books = None
 
