@@ -23,6 +23,7 @@ import logging
 import operator
 import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -54,6 +55,7 @@ from engine.scheduler.request_output import (
     StopStringChecker,
 )
 from engine.scheduler.scheduler import Scheduler
+from engine.scheduler.step_outputs import StepOutputs
 from engine.structured.manager import StructuredOutputManager
 from engine.warmup import WarmupReport, warm_up
 from instrument.kernel_window import KernelWindow
@@ -242,7 +244,7 @@ class EngineCore:
         return bool(self._queue) or self.scheduler.has_unfinished_requests()
 
     # ---- the two loops --------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> Sequence[RequestOutput]:
         """Synchronous: schedule, launch, wait, update one step."""
         if self._queue:
             raise RuntimeError("step() with steps still queued: use step_with_batch_queue()")
@@ -252,7 +254,7 @@ class EngineCore:
         handle = self.runner.execute_model(so, self._grammar_bitmask(so))
         return self._update(so, self._wait(so, handle))
 
-    def step_with_batch_queue(self) -> list[RequestOutput]:
+    def step_with_batch_queue(self) -> Sequence[RequestOutput]:
         """Async: launch step N+1 before waiting on step N (queue depth 2)."""
         if self.sync_accepted or (self.structured.active and not self.features.deferred_sampling):
             return self._step_serial()
@@ -266,11 +268,11 @@ class EngineCore:
             return []
         return self._retire_oldest()
 
-    def _step_serial(self) -> list[RequestOutput]:
+    def _step_serial(self) -> Sequence[RequestOutput]:
         """Wait for step N and update it before scheduling N+1. ``--spec-sync-accepted``: the CPU
         waits for accepted counts (the device idles meanwhile: the exposed wait to measure); also
         structured output with deferred sampling off (N+1's mask needs t_N)."""
-        outputs: list[RequestOutput] = []
+        outputs: Sequence[RequestOutput] = []
         if self._queue:
             outputs = self._retire_oldest()
         if self.scheduler.has_unfinished_requests():
@@ -286,7 +288,7 @@ class EngineCore:
             return self.runner.execute_forward(so)
         return self.runner.execute_model(so, self._grammar_bitmask(so))
 
-    def _retire_oldest(self) -> list[RequestOutput]:
+    def _retire_oldest(self) -> Sequence[RequestOutput]:
         """Wait for and update the oldest step, then sample the next one if it was deferred."""
         so, handle = self._queue.popleft()
         if not isinstance(handle, AsyncOutput):
@@ -312,7 +314,7 @@ class EngineCore:
             bitmask = self.structured.build_bitmask(so, self.device.host_empty)
         return bitmask
 
-    def run_step(self) -> list[RequestOutput]:
+    def run_step(self) -> Sequence[RequestOutput]:
         """One iteration of whichever loop the resolved features chose.
 
         The whole iteration is a hot region for the sync detector, except the one intended wait
@@ -364,13 +366,14 @@ class EngineCore:
             self.structured.note_drafts(handle.draft_token_ids())
         return out
 
-    def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
+    def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> Sequence[RequestOutput]:
         with self.tracer.span(CpuSlice.UPDATE_FROM_OUTPUT.value, step=so.step) as span:
             outputs = self._advance_grammars(self.scheduler.update_from_output(so, out))
             self.requests.committed(outputs)
             if self.tracer.enabled:  # the span's args: a pass over the outputs only when traced
                 num_accepted = num_drafts = num_finished = 0
-                for o in outputs:
+                # A StepOutputs' columns hold running one-token outputs: no drafts, no finish.
+                for o in outputs.explicit if isinstance(outputs, StepOutputs) else outputs:
                     num_accepted += o.num_accepted
                     num_drafts += o.num_draft_tokens
                     num_finished += o.finished
@@ -386,7 +389,7 @@ class EngineCore:
             self.kernel_window.after_update(so.step)
         return outputs
 
-    def _advance_grammars(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+    def _advance_grammars(self, outputs: Sequence[RequestOutput]) -> Sequence[RequestOutput]:
         """Structured requests' grammars accept the committed tokens; finished ones are dropped.
         A token the grammar refuses (a masking bug) fails that request with the reason."""
         if not self.structured.active:

@@ -21,6 +21,7 @@ from engine.core import EngineCore
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler.request_output import RequestOutput
+from engine.scheduler.step_outputs import StepOutputs
 from engine.workload import WorkloadRequest
 from instrument.tracer import Tracer
 
@@ -356,8 +357,16 @@ class _Run:
             if out is not None:
                 self.collect([out])
 
-    def collect(self, outputs: list[RequestOutput]) -> None:
+    def collect(self, outputs: Sequence[RequestOutput]) -> None:
         live, results = self.live, self.results  # once per request per step: locals
+        if isinstance(outputs, StepOutputs):
+            # Columns of running one-token outputs: the tokens only (no logprobs, no finish).
+            for req_id, token_id in zip(
+                outputs.plain_req_ids, outputs.plain_token_ids, strict=True
+            ):
+                if req_id in live:
+                    results[req_id].output_token_ids.append(token_id)
+            outputs = outputs.explicit
         for o in outputs:
             if o.req_id not in live:  # finished already: nothing more is its
                 continue

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 from engine.sampling_params import SamplingParams
 
 __all__ = [
     "Request",
+    "CounterColumns",
     "RequestStatus",
     "FINISH_REASON_STOP",
     "FINISH_REASON_LENGTH",
@@ -59,6 +61,15 @@ _FINISH_REASONS = {
 }
 
 
+class CounterColumns(Protocol):
+    """The columns a running request's counters live in (the scheduler's ``RunningBooks``)."""
+
+    num_computed_view: memoryview  # [slots] int64, read and written as Python ints
+    num_placeholders_view: memoryview
+    num_in_flight_view: memoryview
+    has_drafts: Any  # [slots] bool (a NumPy array)
+
+
 class Request:
     """A prompt, how to sample it, and where the scheduler stands with it.
 
@@ -66,6 +77,12 @@ class Request:
     and whose KV has been scheduled: ``num_computed_tokens - num_output_placeholders``. For a
     decoding request it is one less than ``num_tokens`` (the newest committed token's KV is
     written by the next step). Only KV blocks entirely below it may enter the prefix cache.
+
+    While the request runs it holds ``slot`` (>= 0) in the scheduler's columnar
+    :class:`~engine.scheduler.running_books.RunningBooks`, where ``num_computed_tokens``,
+    ``num_output_placeholders`` and ``num_steps_in_flight`` live (the properties read and write
+    them there), so a steady decode step advances every running request with array operations.
+    Otherwise (waiting, preempted, finished) they are plain fields here.
     """
 
     def __init__(
@@ -93,15 +110,91 @@ class Request:
         # cannot end the request, so the scheduler skips its per-token stop check (check_stop).
         self.has_extra_stop_conditions = bool(sampling_params.stop or sampling_params.min_tokens)
 
+        # The running books' slot (-1: none; see the class docstring). Set before the books.
+        self.slot = -1
+        self._books: CounterColumns | None = None
+
         # The five books (the fifth, KV block ids, lives in KVCacheManager).
         self.output_token_ids: list[int] = []
-        self.num_output_placeholders = 0
-        self.spec_token_ids: list[int] = []
-        self.num_computed_tokens = 0
+        self._num_output_placeholders = 0
+        self._spec_token_ids: list[int] = []
+        self._num_computed_tokens = 0
 
-        self.num_steps_in_flight = 0  # scheduled steps whose output has not been processed
+        self._num_steps_in_flight = 0  # scheduled steps whose output has not been processed
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted
         self.num_preemptions = 0
+
+    # -- the counters, in the running books while the request holds a slot --------------------
+    @property
+    def num_computed_tokens(self) -> int:
+        slot = self.slot
+        if slot < 0:
+            return self._num_computed_tokens
+        return self._books.num_computed_view[slot]  # type: ignore[union-attr]
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        slot = self.slot
+        if slot < 0:
+            self._num_computed_tokens = value
+        else:
+            self._books.num_computed_view[slot] = value  # type: ignore[union-attr]
+
+    @property
+    def num_output_placeholders(self) -> int:
+        slot = self.slot
+        if slot < 0:
+            return self._num_output_placeholders
+        return self._books.num_placeholders_view[slot]  # type: ignore[union-attr]
+
+    @num_output_placeholders.setter
+    def num_output_placeholders(self, value: int) -> None:
+        slot = self.slot
+        if slot < 0:
+            self._num_output_placeholders = value
+        else:
+            self._books.num_placeholders_view[slot] = value  # type: ignore[union-attr]
+
+    @property
+    def num_steps_in_flight(self) -> int:
+        slot = self.slot
+        if slot < 0:
+            return self._num_steps_in_flight
+        return self._books.num_in_flight_view[slot]  # type: ignore[union-attr]
+
+    @num_steps_in_flight.setter
+    def num_steps_in_flight(self, value: int) -> None:
+        slot = self.slot
+        if slot < 0:
+            self._num_steps_in_flight = value
+        else:
+            self._books.num_in_flight_view[slot] = value  # type: ignore[union-attr]
+
+    @property
+    def spec_token_ids(self) -> list[int]:
+        return self._spec_token_ids
+
+    @spec_token_ids.setter
+    def spec_token_ids(self, value: list[int]) -> None:
+        self._spec_token_ids = value
+        if self.slot >= 0:
+            self._books.has_drafts[self.slot] = bool(value)  # type: ignore[union-attr]
+
+    def attach_books(self, books: CounterColumns, slot: int) -> None:
+        """Called by ``RunningBooks.adopt`` once the slot holds this request's values."""
+        self._books = books
+        self.slot = slot
+
+    def detach_books(self) -> None:
+        """Called by ``RunningBooks.release``: the counters come back here."""
+        books, slot = self._books, self.slot
+        if books is None or slot < 0:
+            return
+        self._num_computed_tokens = books.num_computed_view[slot]
+        self._num_output_placeholders = books.num_placeholders_view[slot]
+        self._num_steps_in_flight = books.num_in_flight_view[slot]
+        self.slot = -1
+        self._books = None
 
     # -- derived views -----------------------------------------------------------------------
     @property

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.scheduler.request_output import RequestOutput
+from engine.scheduler.step_outputs import StepOutputs
 from instrument.schema import MIN_TPOT_TOKENS, tpot_ms, ttft_ms
 from instrument.tracer import Tracer, now_ns
 
@@ -90,10 +91,19 @@ class RequestTimeline:
 
     def committed(self, outputs: Sequence[RequestOutput]) -> None:
         """One update's outputs: ``tokens`` for each (one timestamp: they came back together),
-        then ``finished`` for those that finished."""
+        then ``finished`` for those that finished. A :class:`StepOutputs`' columns are read as
+        columns (one token each, none finished)."""
         t = now_ns()
         timings = self.timings
         finished = []
+        if isinstance(outputs, StepOutputs):
+            for timing in map(timings.get, outputs.plain_req_ids):
+                if timing is not None:
+                    if timing.first_token_ns is None:
+                        timing.first_token_ns = t
+                    timing.last_token_ns = t
+                    timing.num_output_tokens += 1
+            outputs = outputs.explicit
         for o in outputs:  # ``tokens`` inlined: once per request per step
             timing = timings.get(o.req_id)
             num_tokens = len(o.new_token_ids)

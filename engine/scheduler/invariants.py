@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 from engine.request import Request, RequestStatus
 from engine.scheduler.kv_cache_manager import KVCacheManager
+from engine.scheduler.running_books import RunningBooks
 from engine.scheduler.step_plan import InFlightStep
 
-__all__ = ["check_request_books"]
+__all__ = ["check_request_books", "check_running_books"]
 
 
 def check_request_books(
@@ -32,3 +33,19 @@ def check_request_books(
     assert num_cached <= frontier, f"{name}: {num_cached} cached tokens beyond frontier {frontier}"
     num_kv_slots = len(kv_cache_manager.block_ids(name)) * kv_cache_manager.block_size
     assert request.num_computed_tokens <= num_kv_slots, f"{name}: computed tokens without KV slots"
+
+
+def check_running_books(
+    request: Request, books: RunningBooks, kv_cache_manager: KVCacheManager
+) -> None:
+    """A running request holds a slot whose copies agree with the request (output count, drafts
+    flag, prefix-cached blocks); any other request holds none."""
+    name, slot = request.req_id, request.slot
+    if request.status is not RequestStatus.RUNNING:
+        assert slot == -1, f"{name}: {request.status.name} but holds slot {slot}"
+        return
+    assert slot >= 0, f"{name}: running without a slot"
+    assert books.num_output[slot] == len(request.output_token_ids), f"{name}: output count"
+    assert books.has_drafts[slot] == bool(request.spec_token_ids), f"{name}: drafts flag"
+    num_cached = kv_cache_manager.num_cached_blocks(name)
+    assert books.num_cached_blocks[slot] == num_cached, f"{name}: cached blocks copy"

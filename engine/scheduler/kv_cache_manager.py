@@ -117,6 +117,25 @@ class KVCacheManager:
         held.extend(new_blocks)
         return new_blocks
 
+    def allocate_next_blocks(self, requests: list[Request]) -> list[list[int]] | None:
+        """``allocate_slots(request, 1)`` for each running request in order (a decode step's one
+        new position each), all or nothing: None, changing nothing, when the pool cannot supply
+        every block. Returns each request's new block ids."""
+        block_size = self.block_size
+        req_blocks = self._req_blocks
+        needs = [
+            max(0, _cdiv(r.num_computed_tokens + 1, block_size) - len(req_blocks[r.req_id]))
+            for r in requests
+        ]
+        if sum(needs) > self._pool.num_free_blocks:
+            return None
+        taken = []
+        for request, need in zip(requests, needs, strict=True):
+            new_blocks = self._pool.allocate(need) if need else []
+            req_blocks[request.req_id].extend(new_blocks)
+            taken.append(new_blocks)
+        return taken
+
     def cache_full_blocks(self, request: Request, num_confirmed_tokens: int) -> None:
         """Offer to the prefix cache every full block that lies entirely below
         ``num_confirmed_tokens`` (the confirmed frontier); placeholder/in-flight positions never."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from engine.request import Request, RequestStatus
 
@@ -28,6 +28,9 @@ class RequestQueues:
         self._runner_rows: set[str] = set()
         self._rows_to_drop: set[str] = set()
         self._release_pending: set[str] = set()
+        # Bumped whenever ``running`` changes (admit, preempt, finish): whatever was derived
+        # from it (the running requests' slots) is still valid while this stays the same.
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -38,6 +41,10 @@ class RequestQueues:
     def get(self, req_id: str) -> Request | None:
         return self._requests.get(req_id)
 
+    def get_many(self, req_ids: Iterable[str]) -> list[Request | None]:
+        """``get`` of each id, in order (one C-level pass: once per step over its requests)."""
+        return list(map(self._requests.get, req_ids))
+
     def add(self, request: Request) -> None:
         self._requests[request.req_id] = request
         self._arrival_key[request.req_id] = (request.arrival_time, self._num_added)
@@ -47,6 +54,7 @@ class RequestQueues:
     def admit(self, request: Request) -> None:
         """The head of ``waiting`` starts running and gets a runner row."""
         assert self.waiting[0] is request, "admission is in queue order"
+        self.version += 1
         self.waiting.popleft()
         request.status = RequestStatus.RUNNING
         key = self._arrival_key
@@ -55,6 +63,7 @@ class RequestQueues:
 
     def preempt(self, request: Request) -> None:
         """Back to the front of ``waiting``; the runner drops its row; blocks to be released."""
+        self.version += 1
         self.running.remove(request)
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
@@ -63,6 +72,7 @@ class RequestQueues:
 
     def finish(self, request: Request) -> None:
         """Leave the queues (status already finished); the runner drops its row."""
+        self.version += 1
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:

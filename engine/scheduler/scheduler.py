@@ -10,21 +10,31 @@ positions are output placeholders, and its drafts are ``-1`` (they live on the d
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import ClassVar, cast
+
+import numpy as np
 
 from engine.config import CacheConfig, ConfigError, SchedulerConfig
 from engine.request import Request, RequestStatus
-from engine.scheduler.invariants import check_request_books
+from engine.scheduler.invariants import check_request_books, check_running_books
 from engine.scheduler.kv_cache_manager import KVCacheManager
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.scheduler.request_output import RequestOutput, SchedulerStats, StopStringChecker
 from engine.scheduler.request_queues import RequestQueues
+from engine.scheduler.running_books import RunningBooks
+from engine.scheduler.step_outputs import StepOutputs
 from engine.scheduler.step_plan import InFlightStep, StepPlan
 from engine.scheduler.stop_conditions import check_stop
 
 __all__ = ["Scheduler", "SchedulerConfig", "check_limits"]
+
+_req_id_of = operator.attrgetter("req_id")
+_output_ids_of = operator.attrgetter("output_token_ids")
 
 
 def check_limits(config: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int) -> None:
@@ -78,6 +88,9 @@ class Scheduler:
         )
         self._stop_string_checker = stop_string_checker
         self._queues = RequestQueues()
+        # The running requests' counters, as columns (docs/design.md §2.3; running_books.py).
+        self._books = RunningBooks(config.max_num_seqs)
+        self._slots_cache: tuple[int, np.ndarray] | None = None  # (queues version, slots)
         self._in_flight: deque[InFlightStep] = deque()
         self._next_step = 0
         # Σ num_output_placeholders over every request, kept as they change (get_stats runs
@@ -162,34 +175,27 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         running = self._queues.running
-        block_size = self.cache.block_size
-        max_model_len = self.max_model_len
-        add_decode = plan.add_decode
+        slots, steady, needs_block = self._steady_decodes(running)
+        # Positions the general path plans, and an end marker: a run of steady decodes at
+        # ``index`` ends at the first of them after it. (A Python list and bisect: NumPy's
+        # searchsorted releases the GIL, and on the CPU device taking it back from the device's
+        # worker thread costs up to a switch interval.)
+        general = np.flatnonzero(~steady).tolist()
+        general.append(len(running))
+        is_steady = steady.tolist()
         index = 0
         while index < len(running) and plan.token_budget > 0:
-            request = running[index]
-            # The steady decode step: one pending token, no drafts, room for an output, and a
-            # frontier inside its last block (every computed token has a KV slot, so the next
-            # position's block is already held). Planned without the general path's calls.
-            num_computed = request.num_computed_tokens
-            if num_computed % block_size and not request.spec_token_ids:
-                num_output = len(request.output_token_ids)
-                num_placeholders = request.num_output_placeholders
-                num_tokens = request.num_prompt_tokens + num_output + num_placeholders
-                if (
-                    num_tokens - num_computed == 1
-                    and num_output + num_placeholders < request.sampling_params.max_tokens
-                    and num_tokens < max_model_len
-                ):
-                    add_decode(request, num_computed)
-                    # The books advance now (``_after_schedule`` for one sampled token): no later
-                    # decision of this step reads them (victims come from the end of running).
-                    request.num_computed_tokens = num_computed + 1
-                    request.num_output_placeholders = num_placeholders + 1
-                    request.num_steps_in_flight += 1
-                    plan.num_decode_slots += 1
-                    index += 1
+            if is_steady[index]:
+                next_general = general[bisect.bisect_left(general, index)]
+                end = min(len(running), index + plan.token_budget, next_general)
+                end, run_blocks = self._decode_blocks(running, needs_block, index, end)
+                if end > index:
+                    self._plan_decodes(plan, running[index:end], slots[index:end], run_blocks)
+                    index = end
                     continue
+                # The pool cannot give this request its next block: the general path (which
+                # may preempt) plans it.
+            request = running[index]
             num_new, spec_tokens, num_pending = self._num_new_tokens(request, plan.token_budget)
             if num_new <= 0:  # every token it may still produce is already in flight
                 index += 1
@@ -203,6 +209,78 @@ class Scheduler:
             if new_blocks is not None:
                 plan.add(request, num_new, spec_tokens, num_pending)
                 plan.add_cached(request, new_blocks)
+
+    def _steady_decodes(self, running: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each running request's slot, which are steady decodes (one pending token, no drafts,
+        room for an output), and which of those start a block (their frontier is a multiple of
+        the block size: the next position may need a new block; every other one's block is
+        held, since every computed token has a KV slot). With speculation only frontiers inside
+        a block count (the general path gives a sampling request its ``-1`` drafts). Preemptions
+        later in the step only shorten ``running`` from its end, so the arrays stay aligned."""
+        books = self._books
+        slots = self._running_slots(running)  # [num_running]
+        num_computed = books.num_computed[slots]
+        num_placeholders = books.num_placeholders[slots]
+        num_output = books.num_output[slots]
+        num_tokens = books.num_prompt[slots] + num_output + num_placeholders
+        steady = (
+            ~books.has_drafts[slots]
+            & (num_tokens - num_computed == 1)
+            & (num_output + num_placeholders < books.max_tokens[slots])
+            & (num_tokens < self.max_model_len)
+        )
+        needs_block = steady & (num_computed % self.cache.block_size == 0)
+        if self.num_spec_tokens:
+            steady &= ~needs_block
+        return slots, steady, needs_block
+
+    def _running_slots(self, running: list[Request]) -> np.ndarray:
+        """The running requests' slots, looked up again only after ``running`` changed."""
+        version = self._queues.version
+        if self._slots_cache is None or self._slots_cache[0] != version:
+            slots = self._books.slots_of(running)
+            slots.flags.writeable = False
+            self._slots_cache = (version, slots)
+        return self._slots_cache[1]
+
+    def _decode_blocks(
+        self, running: list[Request], needs_block: np.ndarray, index: int, end: int
+    ) -> tuple[int, list[list[int]] | None]:
+        """The next blocks of the steady decodes in ``running[index:end]`` that start a block,
+        all taken at once (in order, as one request at a time would take them). When the pool
+        cannot supply them all, the run ends before the first such request (nothing taken).
+        Returns the run's end and, per request of the run, its new block ids (None: none)."""
+        positions = np.flatnonzero(needs_block[index:end])
+        if not positions.size:
+            return end, None
+        requests = [running[index + p] for p in positions.tolist()]
+        taken = self.kv_cache_manager.allocate_next_blocks(requests)
+        if taken is None:
+            return index + int(positions[0]), None
+        new_blocks: list[list[int]] = [[]] * (end - index)  # one shared, read-only empty list
+        for position, block_ids in zip(positions.tolist(), taken, strict=True):
+            new_blocks[position] = block_ids
+        return end, new_blocks
+
+    def _plan_decodes(
+        self,
+        plan: StepPlan,
+        requests: list[Request],
+        slots: np.ndarray,
+        new_blocks: list[list[int]] | None,
+    ) -> None:
+        """Plan steady decodes (``_steady_decodes``) and advance their books at once, as
+        ``_after_schedule`` would for one sampled token: no later decision of this step reads
+        them (victims come from the end of running). ``new_blocks``: per request, the block ids
+        ``_decode_blocks`` took for it (None: none for any)."""
+        books = self._books
+        num_computed = books.num_computed[slots]  # [n], before this step
+        req_ids = list(map(_req_id_of, requests))
+        plan.add_decodes(req_ids, num_computed.tolist(), new_blocks)
+        plan.decode_runs.append((requests, slots))
+        books.num_computed[slots] = num_computed + 1
+        books.num_placeholders[slots] += 1
+        books.num_in_flight[slots] += 1
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> tuple[int, list[int], int]:
         """Tokens to schedule for a running request, the drafts among them, and its
@@ -263,6 +341,7 @@ class Scheduler:
         """Preempt by recompute: back to the front of the queue with only its committed tokens.
         Returns how many blocks will come back once its in-flight steps settle (0 if freed now)."""
         self._queues.preempt(request)
+        self._books.release(request)
         request.num_computed_tokens = 0
         request.spec_token_ids = []
         request.num_preemptions += 1
@@ -297,12 +376,16 @@ class Scheduler:
         request.num_computed_tokens = num_hit
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_hit
+        self._books.adopt(request, self.kv_cache_manager.num_cached_blocks(request.req_id))
         self._num_prefix_hit_tokens += num_hit
 
     def _after_schedule(self, plan: StepPlan) -> InFlightStep:
         """Advance the frontier of each request planned by ``plan.add`` and note what the step
-        will sample (``add_decode``'s requests were advanced as they were planned)."""
+        will sample (``add_decodes``' requests were advanced as they were planned)."""
         record = InFlightStep(step=plan.step, num_sampled_slots=plan.num_sampled_slots)
+        if not plan.requests and len(plan.decode_runs) == 1:  # one run of steady decodes
+            record.requests, record.slots = plan.decode_runs[0]
+            record.queues_version = self._queues.version
         num_sampled_slots = record.num_sampled_slots
         num_scheduled_tokens = plan.num_scheduled_tokens
         spec_tokens = plan.spec_tokens
@@ -329,9 +412,12 @@ class Scheduler:
     # -- update --------------------------------------------------------------------------------
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-    ) -> list[RequestOutput]:
+    ) -> Sequence[RequestOutput]:
         """Commit what step N returned (outputs must come back in schedule order): append tokens,
-        roll back rejected drafts, apply stop conditions, free finished requests."""
+        roll back rejected drafts, apply stop conditions, free finished requests.
+
+        Returns the step's outputs in schedule order; a step without drafts or logprobs returns
+        a :class:`StepOutputs` (its running one-token outputs kept as columns)."""
         if not scheduler_output.num_scheduled_tokens:
             return []
         if not self._in_flight or self._in_flight[0].step != scheduler_output.step:
@@ -342,25 +428,30 @@ class Scheduler:
             raise ValueError(f"runner output step {runner_output.step} != {scheduler_output.step}")
         record = self._in_flight.popleft()
         self._last_accepted = 0
-        outputs: list[RequestOutput] = []
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         all_sampled, all_logprobs = runner_output.sampled_token_ids, runner_output.logprobs
-        requests = self._tracked(record.num_sampled_slots)
         rows = self._output_rows(record, runner_output)
-        # No drafts and no logprobs in the step: a running request with one sampled slot that got
-        # its one token is committed by the short path (the steady decode step).
-        plain_step = not spec_tokens and not all_logprobs
-        running = RequestStatus.RUNNING
+        if not spec_tokens and not all_logprobs and isinstance(rows, range):
+            # No drafts and no logprobs, the runner kept schedule order: the columnar commit.
+            if (
+                record.requests is not None
+                and record.slots is not None
+                and record.queues_version == self._queues.version
+            ):
+                requests, slots = record.requests, record.slots
+            else:
+                requests = self._tracked(record.num_sampled_slots)
+                slots = self._books.slots_of(requests)  # -1: no longer running
+            step_outputs = self._commit_plain_step(record, requests, slots, all_sampled)
+            self._check_invariants_if_debug()
+            return step_outputs
+        requests = self._tracked(record.num_sampled_slots)
+        outputs: list[RequestOutput] = []
         for request, num_slots, row in zip(
             requests, record.num_sampled_slots.values(), rows, strict=True
         ):
             request.num_steps_in_flight -= 1
             sampled = all_sampled[row] if row is not None else []
-            if plain_step and num_slots == 1 and len(sampled) == 1 and request.status is running:
-                outputs.append(self._commit_token(request, sampled[0]))
-                if request.num_steps_in_flight == 0:
-                    self._release_if_idle(request)
-                continue
             req_id = request.req_id
             logprobs = all_logprobs[row] if all_logprobs and row is not None else None
             num_drafts = len(spec_tokens.get(req_id, ())) if spec_tokens else 0
@@ -372,6 +463,137 @@ class Scheduler:
                 self._release_if_idle(request)
         self._check_invariants_if_debug()
         return outputs
+
+    def _commit_plain_step(
+        self,
+        record: InFlightStep,
+        requests: list[Request],
+        slots: np.ndarray,
+        all_sampled: list[list[int]],
+    ) -> StepOutputs:
+        """``update_from_output`` of a step without drafts or logprobs, as columns.
+
+        A *plain* row (a running request with one sampled slot that got its one token) has its
+        counters settled and its token appended with array operations. Python work is left to
+        the rows a token can end (EOS, a stop token id, a length cap, stop strings or
+        ``min_tokens``: ``check_stop`` then runs as before), rows whose confirmed frontier fills
+        a block for the prefix cache, and the other rows (prefill chunks, requests finished or
+        preempted while the step was in flight), which take ``_commit``: all of these in row
+        order, so finishes and the prefix cache see the order the loop of one request at a time
+        would give. ``slots``: ``[n]``, each request's running-book slot (-1: not running)."""
+        books = self._books
+        num_rows = len(requests)
+        # Without drafts a row has 0 or 1 sampled slots: the sums (and no empty row, so that a
+        # runner returning two tokens for a row and none for another still gets ``_commit``'s
+        # error) tell whether every row has one slot and one token (the steady step) without a
+        # Python loop.
+        flat: list[int] = list(chain.from_iterable(all_sampled))  # the sampled tokens
+        num_slots_total = sum(record.num_sampled_slots.values())
+        if len(flat) == num_rows and num_slots_total == num_rows and all(all_sampled):
+            plain = slots >= 0  # [n]
+        else:
+            num_slots = np.fromiter(record.num_sampled_slots.values(), np.int64, num_rows)
+            num_sampled = np.fromiter(map(len, all_sampled), np.int64, num_rows)
+            plain = (slots >= 0) & (num_slots == 1) & (num_sampled == 1)
+        plain_rows = np.flatnonzero(plain)  # [p]
+        all_plain = plain_rows.shape[0] == num_rows
+        if all_plain:
+            token_list = flat  # [p], the one sampled token of each plain row
+        else:
+            token_list = [all_sampled[row][0] for row in plain_rows.tolist()]
+        tokens = np.array(token_list, np.int64)  # [p]
+        ps = slots[plain_rows]  # [p]
+        books.num_in_flight[ps] -= 1
+        books.num_placeholders[ps] -= 1
+        num_output = books.num_output[ps] + 1
+        books.num_output[ps] = num_output
+        self._num_placeholders -= plain_rows.shape[0]
+        plain_requests = requests if all_plain else [requests[i] for i in plain_rows.tolist()]
+        deque(map(list.append, map(_output_ids_of, plain_requests), token_list), maxlen=0)
+        # The rows a token may end: the stop check's own conditions, as array compares.
+        needs_stop = (
+            books.always_check[ps]
+            | (tokens == books.eos[ps])
+            | (num_output >= books.max_tokens[ps])
+            | (books.num_prompt[ps] + num_output >= self.max_model_len)
+        )
+        if books.num_with_stop_ids:
+            needs_stop |= (books.stop_ids[ps] == tokens[:, None]).any(axis=1)
+        needs_python = ~plain  # [n]
+        stop_row = np.zeros(num_rows, np.bool_)
+        stop_row[plain_rows] = needs_stop
+        cache_row = np.zeros(num_rows, np.bool_)
+        if self.kv_cache_manager.enable_caching:
+            frontier = books.num_computed[ps] - books.num_placeholders[ps]
+            cache_row[plain_rows] = frontier // self.cache.block_size > books.num_cached_blocks[ps]
+        needs_python |= stop_row | cache_row
+        explicit: list[RequestOutput] = []
+        explicit_rows: list[int] = []
+        num_cached = books.num_cached_tokens[ps]  # [p], read before any release
+        finished_plain: list[int] = []  # indices into plain_rows
+        python_rows: list[int] = np.flatnonzero(needs_python).tolist()
+        if python_rows:
+            plain_index = np.cumsum(plain) - 1  # [n]: a plain row's index into plain_rows
+        for row in python_rows:
+            request = requests[row]
+            if plain[row]:
+                self._settle_plain(request, bool(stop_row[row]), bool(cache_row[row]))
+                status = request.status
+                if status is not RequestStatus.RUNNING:
+                    index = int(plain_index[row])
+                    finished_plain.append(index)
+                    self._finish(request)
+                    explicit.append(
+                        RequestOutput(
+                            request.req_id,
+                            [token_list[index]],
+                            True,
+                            status.finish_reason,
+                            request.stop_reason,
+                            0,
+                            0,
+                            int(num_cached[index]),
+                        )  # fmt: skip
+                    )
+                    explicit_rows.append(row)
+                continue
+            request.num_steps_in_flight -= 1
+            num_slots_row = record.num_sampled_slots[request.req_id]
+            output = self._commit(request, 0, num_slots_row, all_sampled[row], None)
+            if output is not None:
+                explicit.append(output)
+                explicit_rows.append(row)
+            if request.num_steps_in_flight == 0:
+                self._release_if_idle(request)
+        req_ids = list(record.num_sampled_slots)
+        if all_plain and not finished_plain:
+            return StepOutputs(explicit, explicit_rows, req_ids, token_list, list(range(num_rows)), num_cached)  # fmt: skip
+        keep = np.ones(plain_rows.shape[0], np.bool_)
+        keep[finished_plain] = False
+        kept = np.flatnonzero(keep).tolist()
+        kept_rows = plain_rows[keep].tolist()
+        return StepOutputs(
+            explicit,
+            explicit_rows,
+            [req_ids[row] for row in kept_rows],
+            [token_list[i] for i in kept],
+            kept_rows,
+            num_cached[keep],
+        )
+
+    def _settle_plain(self, request: Request, check: bool, cache: bool) -> None:
+        """The Python share of a plain row's commit (counters and token already settled)."""
+        if check:
+            check_stop(request, self.max_model_len, self._stop_string_checker)
+        if cache:
+            self._cache_full_blocks(request, request.confirmed_frontier)
+
+    def _cache_full_blocks(self, request: Request, num_confirmed_tokens: int) -> None:
+        """``KVCacheManager.cache_full_blocks``, keeping the running books' copy of the count."""
+        kv = self.kv_cache_manager
+        kv.cache_full_blocks(request, num_confirmed_tokens)
+        if request.slot >= 0:
+            self._books.num_cached_blocks[request.slot] = kv.num_cached_blocks(request.req_id)
 
     @staticmethod
     def _output_rows(
@@ -416,8 +638,10 @@ class Scheduler:
             new_token_ids = [sampled[0]]
         else:
             new_token_ids = self._append_tokens(request, sampled)
+        if request.slot >= 0:
+            self._books.num_output[request.slot] = len(request.output_token_ids)
         if was_running:
-            self.kv_cache_manager.cache_full_blocks(request, request.confirmed_frontier)
+            self._cache_full_blocks(request, request.confirmed_frontier)
         status = request.status  # a stop condition may have finished it
         finished = status.is_finished
         if finished:
@@ -435,42 +659,6 @@ class Scheduler:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             new_logprobs=self._own_logprobs(request, logprobs, len(new_token_ids)),
         )
-
-    def _commit_token(self, request: Request, token_id: int) -> RequestOutput:
-        """``_commit`` of a running request's one sampled token, no drafts, no logprobs.
-
-        The stop check runs only where the token could end the request (EOS, a stop token id, a
-        length cap, or a request with stop strings or ``min_tokens``).
-        """
-        request.num_output_placeholders -= 1
-        self._num_placeholders -= 1
-        output_token_ids = request.output_token_ids
-        output_token_ids.append(token_id)
-        num_output = len(output_token_ids)
-        max_model_len = self.max_model_len
-        params = request.sampling_params
-        if (
-            request.has_extra_stop_conditions
-            or token_id == request.eos_token_id
-            or token_id in params.stop_token_ids
-            or num_output >= params.max_tokens
-            or request.num_prompt_tokens + num_output >= max_model_len
-        ):
-            check_stop(request, max_model_len, self._stop_string_checker)
-        self.kv_cache_manager.cache_full_blocks(
-            request, request.num_computed_tokens - request.num_output_placeholders
-        )
-        status = request.status
-        if status is RequestStatus.RUNNING:
-            return RequestOutput(
-                request.req_id, [token_id], False, None, None, 0, 0,
-                max(request.num_cached_tokens, 0),
-            )  # fmt: skip
-        self._finish(request)
-        return RequestOutput(
-            request.req_id, [token_id], True, status.finish_reason, request.stop_reason, 0, 0,
-            max(request.num_cached_tokens, 0),
-        )  # fmt: skip
 
     @staticmethod
     def _own_logprobs(
@@ -508,13 +696,13 @@ class Scheduler:
     # -- finishing and releasing ---------------------------------------------------------------
     def _finish(self, request: Request) -> None:
         self._queues.finish(request)
+        self._books.release(request)
         request.spec_token_ids = []
         self._release_if_idle(request)
 
     def _tracked(self, req_ids: Iterable[str]) -> list[Request]:
         """The requests a step in flight references: tracked until that step settles."""
-        get = self._queues.get
-        requests = [get(req_id) for req_id in req_ids]
+        requests = self._queues.get_many(req_ids)
         if None in requests:  # one check for the whole step
             released = [req_id for req_id, r in zip(req_ids, requests, strict=True) if r is None]
             raise AssertionError(f"requests {released} released while a step references them")
@@ -552,6 +740,7 @@ class Scheduler:
         )
         for request in self._queues:
             check_request_books(request, self.kv_cache_manager, self._in_flight)
+            check_running_books(request, self._books, self.kv_cache_manager)
         self.kv_cache_manager.check_consistency()
 
     def _check_invariants_if_debug(self) -> None:

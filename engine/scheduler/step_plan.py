@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.request import Request
 from engine.scheduler.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -21,6 +23,13 @@ class InFlightStep:
 
     step: int
     num_sampled_slots: dict[str, int] = field(default_factory=dict)
+    # A step that is one run of steady decodes (``StepPlan.add_decodes`` only): its requests and
+    # their running-book slots in ``num_sampled_slots`` order, and ``RequestQueues.version`` when
+    # it was planned. While the version is unchanged every one still runs in that slot, so the
+    # commit needs no lookup per request.
+    requests: list[Request] | None = None
+    slots: np.ndarray | None = None
+    queues_version: int = -1
 
 
 @dataclass
@@ -34,7 +43,7 @@ class StepPlan:
     cached_new_block_ids: list[list[int]] = field(default_factory=list)
     cached_num_computed: list[int] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    # The requests planned by ``add`` (not ``add_decode``), in order: ``Scheduler`` advances
+    # The requests planned by ``add`` (not ``add_decodes``), in order: ``Scheduler`` advances
     # their books once planning is over.
     requests: list[Request] = field(default_factory=list)
     # Per scheduled request in ``num_scheduled_tokens`` order: the sampled slots it adds (see
@@ -43,13 +52,15 @@ class StepPlan:
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_prefill_reqs: int = 0
     num_decode_reqs: int = 0
-    num_decode_slots: int = 0  # sampled slots of ``add_decode``'s requests (one each)
+    num_decode_slots: int = 0  # sampled slots of ``add_decodes``' requests (one each)
     # Blocks of preempted or finished requests that return once their steps in flight settle
     # (less those already promised); a request short of blocks waits for them instead of
     # preempting another victim.
     num_blocks_returning: int = 0
     # A running request went short of blocks this step: admit no waiting request.
     short_of_blocks: bool = False
+    # ``add_decodes``' runs: (requests, their slots), in order.
+    decode_runs: list[tuple[list[Request], np.ndarray]] = field(default_factory=list)
 
     def add(
         self, request: Request, num_new_tokens: int, spec_tokens: list[int], num_pending: int
@@ -70,19 +81,28 @@ class StepPlan:
         else:
             self.num_prefill_reqs += 1
 
-    def add_decode(self, request: Request, num_computed_tokens: int) -> None:
-        """``add`` + ``add_cached`` of a running request that advances one token, samples one
-        (no drafts) and needs no new block: the steady decode step, once per request per step.
-        Its books are advanced by the scheduler at once (``num_computed_tokens`` is the value
-        before)."""
-        req_id = request.req_id
-        self.num_scheduled_tokens[req_id] = 1
-        self.num_sampled_slots[req_id] = 1
-        self.token_budget -= 1
-        self.num_decode_reqs += 1
-        self.cached_req_ids.append(req_id)
-        self.cached_new_block_ids.append([])
-        self.cached_num_computed.append(num_computed_tokens)
+    def add_decodes(
+        self,
+        req_ids: list[str],
+        num_computed_tokens: list[int],
+        new_block_ids: list[list[int]] | None = None,
+    ) -> None:
+        """``add`` + ``add_cached`` of running requests that each advance one token, sample one
+        (no drafts): the steady decode step. Their books are advanced by the scheduler at once,
+        as columns (``num_computed_tokens``: the values before); ``new_block_ids``: per request,
+        the blocks taken for it (None: no request needed one)."""
+        ones = dict.fromkeys(req_ids, 1)
+        self.num_scheduled_tokens.update(ones)
+        self.num_sampled_slots.update(ones)
+        num = len(req_ids)
+        self.token_budget -= num
+        self.num_decode_reqs += num
+        self.num_decode_slots += num
+        self.cached_req_ids += req_ids
+        if new_block_ids is None:
+            new_block_ids = [[]] * num  # one shared empty list: the records are read-only
+        self.cached_new_block_ids += new_block_ids
+        self.cached_num_computed += num_computed_tokens
 
     def add_cached(self, request: Request, new_block_ids: list[int]) -> None:
         self.cached_req_ids.append(request.req_id)
