@@ -128,7 +128,11 @@ class ModelRunner:
         self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
         num_rows = max_num_reqs * (1 + (0 if self.spec is None else self.spec.num_spec_tokens))
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
-        self.sampled_buffers = SampledBufferPool(device.host_empty, num_rows)
+        # With a proposer each buffer also holds the step's accepted counts (one pinned buffer
+        # per step, reused: no per-step host allocation).
+        self.sampled_buffers = SampledBufferPool(
+            device.host_empty, num_rows, 0 if self.spec is None else max_num_reqs
+        )
         graphs = CudaGraphRunner(
             cuda_graphs,
             max_batch=max_num_reqs,
@@ -448,14 +452,20 @@ class ModelRunner:
         he = self.device.host_empty
         spec = self.spec
         pool = self.sampled_buffers
-        # [max rows] int64, given back by AsyncOutput.get
-        base = pool.take() if n <= pool.capacity else he((n,), torch.int64)
+        # [max rows (+ max requests)] int64, given back by AsyncOutput.get
+        pooled = n <= pool.capacity
+        base = pool.take() if pooled else he((n,), torch.int64)
+        num_accepted = None
+        if spec is not None:
+            b = batch.num_reqs
+            num_accepted = pool.counts(base, b) if pooled else he((b,), torch.int64)
         return HostOutputBuffers(
             sampled=base[:n],
-            sampled_base=base if n <= pool.capacity else None,
-            num_accepted=None if spec is None else he((batch.num_reqs,), torch.int64),
+            sampled_base=base if pooled else None,
+            num_accepted=num_accepted,
             logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
             logprobs=None if k is None else he((n, k + 1), torch.float32),
+            logprobs_asked=None if k is None else self.states.logprobs_asked(batch.rows),
             draft_ids=(
                 he((batch.num_reqs, spec.num_spec_tokens), torch.int64)
                 if with_drafts and spec is not None
