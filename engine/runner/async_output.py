@@ -34,39 +34,63 @@ class HostOutputBuffers:
 
 
 class SampledBufferPool:
-    """Host buffers for the sampled tokens (and accepted counts), reused once a step's output
-    has been read.
+    """Host buffers for one step's output, reused once it has been read.
 
-    A buffer holds ``capacity + num_counts`` int64 (pinned on CUDA); a step takes a view of its
-    first ``num_logits`` entries for the tokens and, with speculative decoding, of
-    ``[capacity, capacity + num_reqs)`` for the accepted counts (:meth:`counts`);
-    :meth:`AsyncOutput.get` gives the buffer back after converting it to Python ints, so steady
-    steps allocate no host memory (and on CUDA skip the pinned allocator's per-allocation event
-    bookkeeping). A buffer never given back (an output nobody read) is simply left to the
-    garbage collector; an empty pool allocates a new one.
+    A buffer (int64, pinned on CUDA) holds, one after the other: ``capacity`` sampled tokens,
+    ``num_counts`` accepted counts (speculative decoding) and ``capacity x logprob_cols``
+    logprob token ids and float32 logprobs. A step takes contiguous views of it (the first
+    ``num_logits`` entries; :meth:`counts`; :meth:`logprob_views`) and :meth:`AsyncOutput.get`
+    gives the buffer back after converting it to Python numbers, so steady steps allocate no
+    host memory (and on CUDA skip the pinned allocator's per-allocation event bookkeeping). A
+    buffer never given back (an output nobody read) is simply left to the garbage collector; an
+    empty pool allocates a new one.
     """
 
     def __init__(
-        self, host_empty: Callable[..., torch.Tensor], capacity: int, num_counts: int = 0
+        self,
+        host_empty: Callable[..., torch.Tensor],
+        capacity: int,
+        num_counts: int = 0,
+        logprob_cols: int = 0,
     ) -> None:
         self._host_empty = host_empty
         self.capacity = capacity
         self.num_counts = num_counts
+        self.logprob_cols = logprob_cols
+        self._ids_at = capacity + num_counts
+        self._values_at = self._ids_at + capacity * logprob_cols
+        # float32 logprobs packed two per int64 slot
+        self._size = self._values_at + (capacity * logprob_cols + 1) // 2
         self._free: list[torch.Tensor] = []
         self.num_allocated = 0
 
     def take(self) -> torch.Tensor:
-        """A free buffer: ``[capacity + num_counts]`` int64."""
+        """A free buffer (int64, flat)."""
         if self._free:
             return self._free.pop()
         self.num_allocated += 1
-        return self._host_empty((self.capacity + self.num_counts,), torch.int64)
+        return self._host_empty((self._size,), torch.int64)
 
     def counts(self, buffer: torch.Tensor, num_reqs: int) -> torch.Tensor:
         """The accepted-count view of a taken buffer: ``[num_reqs]`` int64."""
         if num_reqs > self.num_counts:
             raise ValueError(f"{num_reqs} requests > the pool's {self.num_counts} count slots")
         return buffer[self.capacity : self.capacity + num_reqs]
+
+    def fits_logprobs(self, num_rows: int, num_cols: int) -> bool:
+        return num_rows <= self.capacity and num_cols <= self.logprob_cols
+
+    def logprob_views(
+        self, buffer: torch.Tensor, num_rows: int, num_cols: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous ``[num_rows, num_cols]`` views of a taken buffer: token ids (int64) and
+        logprobs (float32); needs :meth:`fits_logprobs`."""
+        if not self.fits_logprobs(num_rows, num_cols):
+            raise ValueError(f"logprobs [{num_rows}, {num_cols}] exceed the pool's buffers")
+        m = num_rows * num_cols
+        ids = buffer[self._ids_at : self._ids_at + m].view(num_rows, num_cols)
+        values = buffer[self._values_at :].view(torch.float32)[:m].view(num_rows, num_cols)
+        return ids, values
 
     def give_back(self, buffer: torch.Tensor) -> None:
         self._free.append(buffer)

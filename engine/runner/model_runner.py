@@ -49,6 +49,7 @@ from engine.runner.states import RequestStates
 from engine.runner.step_in_flight import StepInFlight
 from engine.sample.sampler import Sampler, SamplerOutput, filter_thresholds
 from engine.sample.sampling_inputs import gather_sampling_metadata
+from engine.sampling_params import MAX_LOGPROBS
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.decoder import SpecDecoder
 from engine.spec.proposer import Proposer
@@ -131,7 +132,10 @@ class ModelRunner:
         # With a proposer each buffer also holds the step's accepted counts (one pinned buffer
         # per step, reused: no per-step host allocation).
         self.sampled_buffers = SampledBufferPool(
-            device.host_empty, num_rows, 0 if self.spec is None else max_num_reqs
+            device.host_empty,
+            num_rows,
+            0 if self.spec is None else max_num_reqs,
+            logprob_cols=1 + MAX_LOGPROBS,
         )
         graphs = CudaGraphRunner(
             cuda_graphs,
@@ -455,16 +459,21 @@ class ModelRunner:
         # [max rows (+ max requests)] int64, given back by AsyncOutput.get
         pooled = n <= pool.capacity
         base = pool.take() if pooled else he((n,), torch.int64)
-        num_accepted = None
+        num_accepted = lp_ids = lp_values = None
         if spec is not None:
             b = batch.num_reqs
             num_accepted = pool.counts(base, b) if pooled else he((b,), torch.int64)
+        if k is not None:  # [n, k + 1] token ids and logprobs
+            if pooled and pool.fits_logprobs(n, k + 1):
+                lp_ids, lp_values = pool.logprob_views(base, n, k + 1)
+            else:
+                lp_ids, lp_values = he((n, k + 1), torch.int64), he((n, k + 1), torch.float32)
         return HostOutputBuffers(
             sampled=base[:n],
             sampled_base=base if pooled else None,
             num_accepted=num_accepted,
-            logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
-            logprobs=None if k is None else he((n, k + 1), torch.float32),
+            logprob_token_ids=lp_ids,
+            logprobs=lp_values,
             logprobs_asked=None if k is None else self.states.logprobs_asked(batch.rows),
             draft_ids=(
                 he((batch.num_reqs, spec.num_spec_tokens), torch.int64)
