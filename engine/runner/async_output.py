@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -255,5 +256,6 @@ def _logprobs(
     pairs = np.empty((kept.shape[0], host.logprobs.shape[1]), _PAIR)  # [kept, k + 1]
     pairs["id"] = host.logprob_token_ids.numpy()[kept]
     pairs["logprob"] = host.logprobs.numpy()[kept]
-    rows: list[list[tuple[int, float]]] = pairs.tolist()  # Python (int, float) tuples
+    # a structured array's tolist(): Python (int, float) tuples, one call for the step
+    rows = cast("list[list[tuple[int, float]]]", pairs.tolist())
     return [rows[e - c : e] for e, c in zip(ends.tolist(), emit.tolist(), strict=True)]
