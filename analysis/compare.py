@@ -123,7 +123,8 @@ def compare_output_waits(
     """Two ``analysis.metrics.waits.exposed_wait_summary`` results side by side. Per side
     (``a``, ``b``): ``exposed_us_per_step`` (Σ over every ``wait_output`` kind),
     ``exposed_share`` (of the measured step time), ``num_steps`` and ``by_kind`` (exposed µs
-    per step, share, and µs per step of the wait before the step's output reached the host);
+    per step, share, µs per step of the wait before the step's output reached the host, and
+    µs per step of ``read_output`` host work after the wait, never counted as wait);
     then ``delta_us_per_step`` and ``delta_share`` (b − a; None where a side has no steps)."""
     sides = {}
     for name, ow in (("a", wait_a or {}), ("b", wait_b or {})):
@@ -136,6 +137,7 @@ def compare_output_waits(
                     "exposed_us_per_step": v["exposed_us_per_step"],
                     "exposed_share": v["exposed_share"],
                     "device_wait_us_per_step": v.get("device_wait_us_per_step"),
+                    "read_us_per_step": v.get("read_us_per_step"),
                 }
                 for k, v in (ow.get("by_kind") or {}).items()
             },
@@ -159,12 +161,14 @@ def exposed_wait_line(cmp: dict[str, Any]) -> str:
     device (each wait's part before the copy ended under 5% of its exposed time)."""
 
     def kind(k: str, v: dict[str, Any]) -> str:
-        dev = v.get("device_wait_us_per_step")
+        dev, read = v.get("device_wait_us_per_step"), v.get("read_us_per_step")
         tail = (
             ""
             if dev is None
             else f"; {_us(dev)}/step of the wait before the output reached the host"
         )
+        if read:  # a trace with read_output: the host work after the wait, not a wait
+            tail += f"; then read_output {_us(read)}/step of host work"
         return (
             f"wait_output({k}) {_us(v['exposed_us_per_step'])}/step "
             f"({_pct(v['exposed_share'])} of step time{tail})"

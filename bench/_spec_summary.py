@@ -34,7 +34,9 @@ def pass_trace_metrics(report: Report, record: PassRecord) -> dict[str, Any]:
     slices (how many tokens one request gains per target forward: 1 without speculation, less
     by the prefill chunks that emit none); ``exposed_wait_us_per_step`` / ``exposed_wait_share``
     (every ``wait_output`` kind, device idle while the host waited, per window step / of the
-    window's device span) and ``wait_kinds`` (the same by kind); the headline's
+    window's device span) and ``wait_kinds`` (the same by kind); ``read_output_us_per_step``
+    (the host reading each step's output after its wait, every kind: host work, not wait;
+    0 in traces without ``read_output``); the headline's
     ``wait_accepted_exposed_us`` / ``wait_accepted_hidden_us``; ``num_steps``; ``step_ms_p50``."""
     sl = report.frames.slices
     in_pass = (sl["step"] >= record.first_step) & (sl["step"] < record.end_step)
@@ -54,6 +56,9 @@ def pass_trace_metrics(report: Report, record: PassRecord) -> dict[str, Any]:
         "step_ms_p50": report.extra["step_ms"].get("p50"),
         "exposed_wait_us_per_step": ow["exposed_us_per_step"],
         "exposed_wait_share": ow["exposed_share"],
+        "read_output_us_per_step": sum(
+            v.get("read_us_per_step") or 0.0 for v in ow["by_kind"].values()
+        ),
         "wait_kinds": {
             k: {
                 "exposed_us_per_step": v["exposed_us_per_step"],
@@ -120,6 +125,7 @@ def summarise_variant(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_request_step",
         "exposed_wait_us_per_step",
         "exposed_wait_share",
+        "read_output_us_per_step",
         "wait_accepted_exposed_us",
         "step_ms_p50",
     )

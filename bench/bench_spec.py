@@ -347,8 +347,8 @@ def print_table(
 ) -> None:
     print(
         f"\n{'variant':<16} {'output tok/s median (min..max)':>32} {'x none (min..max)':>22} "
-        f"{'accept':>6} {'tok/req-step':>12} {'exposed wait µs/step (share)':>30} {'same tokens':>11} "
-        f"{'1st diff med/min':>16}"
+        f"{'accept':>6} {'tok/req-step':>12} {'exposed wait µs/step (share)':>30} "
+        f"{'read µs/step':>12} {'same tokens':>11} {'1st diff med/min':>16}"
     )
     for name, s in summary.items():
         a = agreement.get(name)
@@ -364,10 +364,11 @@ def print_table(
         wait_s = "-" if wait is None else f"{wait:,.0f} {kinds} ({100 * (share or 0):.1f}%)"
         acc = s["acceptance"]["median"]
         tps = s["tokens_per_request_step"]["median"]
+        read = s["read_output_us_per_step"]["median"]  # host work after the wait (not wait)
         print(
             f"{name:<16} {_fmt(s['tok_s'], ',.0f'):>32} {_fmt(s['ratio_to_none'], '.2f'):>22} "
             f"{'-' if acc is None else f'{acc:.3f}':>6} {'-' if tps is None else f'{tps:.2f}':>12} "
-            f"{wait_s:>30} {same:>11} {first:>16}"
+            f"{wait_s:>30} {'-' if read is None else f'{read:,.0f}':>12} {same:>11} {first:>16}"
         )
 
 

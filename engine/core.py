@@ -360,8 +360,11 @@ class EngineCore:
         # The device timeline's batched poll, on time the host is about to wait anyway.
         self.runner.timeline.poll_while_waiting(handle.is_ready)
         with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind.value):
-            with cold_region():  # the intended wait
-                out = handle.get()
+            with cold_region():  # the intended wait: for the device's output event only
+                handle.wait()
+        # Host work on output that is already in host memory (docs/design.md §5.5).
+        with self.tracer.span(CpuSlice.READ_OUTPUT.value, step=so.step, kind=kind.value):
+            out = handle.get()
         if self.structured.active:
             self.structured.note_drafts(handle.draft_token_ids())
         return out

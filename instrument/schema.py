@@ -78,6 +78,10 @@ class CpuSlice(str, Enum):
     WAIT_OUTPUT = "wait_output"
     UPDATE_FROM_OUTPUT = "update_from_output"
     GRAMMAR_MASK = "grammar_mask"
+    # Host work right after ``wait_output``: reading the step's copied-out output (token lists,
+    # accepted counts, logprobs) into the runner output. Traces before it counted this inside
+    # ``wait_output``; with it, ``wait_output`` is only the wait for the device's output event.
+    READ_OUTPUT = "read_output"
 
 
 class DeviceSlice(str, Enum):
@@ -321,6 +325,7 @@ CPU_SLICES: tuple[SliceSpec, ...] = (
         Arg.NUM_FINISHED,
     ),
     _spec(CpuSlice.GRAMMAR_MASK, "cpu", Arg.STEP),
+    _spec(CpuSlice.READ_OUTPUT, "cpu", Arg.STEP, Arg.KIND),
 )
 
 DEVICE_SLICES: tuple[SliceSpec, ...] = tuple(

@@ -49,6 +49,7 @@ from engine.runner.states import RequestStates
 from engine.runner.step_in_flight import StepInFlight
 from engine.sample.sampler import Sampler, SamplerOutput, filter_thresholds
 from engine.sample.sampling_inputs import gather_sampling_metadata
+from engine.sampling_params import MAX_LOGPROBS
 from engine.scheduler.outputs import SchedulerOutput
 from engine.spec.decoder import SpecDecoder
 from engine.spec.proposer import Proposer
@@ -128,7 +129,14 @@ class ModelRunner:
         self.spec = None if proposer is None else SpecDecoder(proposer, self.states, self.sampler)
         num_rows = max_num_reqs * (1 + (0 if self.spec is None else self.spec.num_spec_tokens))
         self.bitmask = DeviceBitmask(device, self.timeline, num_rows, self.vocab_size)
-        self.sampled_buffers = SampledBufferPool(device.host_empty, num_rows)
+        # With a proposer each buffer also holds the step's accepted counts (one pinned buffer
+        # per step, reused: no per-step host allocation).
+        self.sampled_buffers = SampledBufferPool(
+            device.host_empty,
+            num_rows,
+            0 if self.spec is None else max_num_reqs,
+            logprob_cols=1 + MAX_LOGPROBS,
+        )
         graphs = CudaGraphRunner(
             cuda_graphs,
             max_batch=max_num_reqs,
@@ -448,14 +456,25 @@ class ModelRunner:
         he = self.device.host_empty
         spec = self.spec
         pool = self.sampled_buffers
-        # [max rows] int64, given back by AsyncOutput.get
-        base = pool.take() if n <= pool.capacity else he((n,), torch.int64)
+        # [max rows (+ max requests)] int64, given back by AsyncOutput.get
+        pooled = n <= pool.capacity
+        base = pool.take() if pooled else he((n,), torch.int64)
+        num_accepted = lp_ids = lp_values = None
+        if spec is not None:
+            b = batch.num_reqs
+            num_accepted = pool.counts(base, b) if pooled else he((b,), torch.int64)
+        if k is not None:  # [n, k + 1] token ids and logprobs
+            if pooled and pool.fits_logprobs(n, k + 1):
+                lp_ids, lp_values = pool.logprob_views(base, n, k + 1)
+            else:
+                lp_ids, lp_values = he((n, k + 1), torch.int64), he((n, k + 1), torch.float32)
         return HostOutputBuffers(
             sampled=base[:n],
-            sampled_base=base if n <= pool.capacity else None,
-            num_accepted=None if spec is None else he((batch.num_reqs,), torch.int64),
-            logprob_token_ids=None if k is None else he((n, k + 1), torch.int64),
-            logprobs=None if k is None else he((n, k + 1), torch.float32),
+            sampled_base=base if pooled else None,
+            num_accepted=num_accepted,
+            logprob_token_ids=lp_ids,
+            logprobs=lp_values,
+            logprobs_asked=None if k is None else self.states.logprobs_asked(batch.rows),
             draft_ids=(
                 he((batch.num_reqs, spec.num_spec_tokens), torch.int64)
                 if with_drafts and spec is not None

@@ -226,6 +226,10 @@ class RequestStates:
             max_num_logprobs=most_logprobs if most_logprobs >= 0 else None,
         )
 
+    def logprobs_asked(self, rows: np.ndarray | list[int]) -> np.ndarray:
+        """Per row: does its request ask for logprobs? ``[len(rows)]`` bool (host)."""
+        return self._num_logprobs_cpu[np.asarray(rows, np.int64)] >= 0
+
     def _set_sampling_flags(self, row: int, p: SamplingParams | None) -> None:
         """Record what ``p`` asks of the sampler for this row (None: the row was freed and asks
         nothing), keeping the count of rows that ask for more than plain greedy sampling."""

@@ -674,8 +674,23 @@ class Scheduler:
 
     def _append_tokens(self, request: Request, sampled: list[int]) -> list[int]:
         """Commit tokens one by one until a stop condition ends the request; returns a new list
-        of the tokens committed."""
+        of the tokens committed.
+
+        A verify's tokens (accepted drafts + bonus) none of which can end the request (no EOS or
+        stop id among them, no length cap reached by the last, no stop strings or min_tokens)
+        are committed at once: no per-token stop check, so the cost does not grow with ``k``."""
         output_token_ids = request.output_token_ids
+        params = request.sampling_params
+        num_output = len(output_token_ids) + len(sampled)
+        if (
+            not request.has_extra_stop_conditions
+            and num_output < params.max_tokens
+            and request.num_prompt_tokens + num_output < self.max_model_len
+            and (params.ignore_eos or request.eos_token_id not in sampled)
+            and not (params.stop_token_ids and any(t in params.stop_token_ids for t in sampled))
+        ):
+            output_token_ids.extend(sampled)
+            return sampled[:]
         num_committed = 0
         for token_id in sampled:
             output_token_ids.append(token_id)

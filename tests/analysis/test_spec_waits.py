@@ -182,3 +182,71 @@ def test_line_warns_when_no_wait_was_for_the_device(device_a: float | None, warn
     assert "A wait_output(accepted_count) 1,112.7 µs/step (5.6% of step time" in line
     assert "B − A -192.7 µs/step (-0.96 points of step time)" in line
     assert ("Neither side waited for the device" in line) is warned
+
+
+def test_read_output_is_host_work_after_the_wait_not_exposed_wait(
+    traces: tuple[Path, Path],
+) -> None:
+    """The engine writes ``wait_output`` around the wait for the output event only and
+    ``read_output`` (same step and kind) right after it around reading the output; the table's
+    ``read_ns`` is the reads' union per step (checked against the raw slices), and exposed wait
+    counts ``wait_output`` alone."""
+    for path in traces:
+        report = analyze_trace(path, window="all")
+        sl = report.frames.slices
+        waits = sl[sl["name"] == "wait_output"].sort_values("ts_ns")
+        reads = sl[sl["name"] == "read_output"].sort_values("ts_ns")
+        assert len(reads) == len(waits) > 0
+        for w, r in zip(waits.itertuples(), reads.itertuples(), strict=True):
+            assert (r.step, r.kind) == (w.step, w.kind)
+            assert w.end_ns <= r.ts_ns  # the read follows the wait, never inside it
+        table = report.tables["output_waits"]
+        win = report.headline["window"]
+        in_win = reads[(reads["step"] >= win["first_step"]) & (reads["step"] <= win["last_step"])]
+        want = (in_win["end_ns"] - in_win["ts_ns"]).groupby(in_win["step"]).sum()
+        got = table.set_index("step")["read_ns"]
+        assert got.to_dict() == {int(k): int(v) for k, v in want.items()}
+        ow = report.extra["output_wait"]
+        assert ow["read_split"] is True
+        (kind,) = ow["by_kind"].values()
+        n = win["num_steps"]
+        assert kind["read_us_per_step"] == pytest.approx(int(want.sum()) / 1e3 / n)
+        # exposed wait: the reference over wait_output slices only (the reads excluded)
+        ref = _reference(report)
+        assert {k: v["exposed_us_per_step"] for k, v in ow["by_kind"].items()} == pytest.approx(
+            {k: v[0] for k, v in ref.items()}, abs=1e-6
+        )
+
+
+def test_output_waits_table_splits_wait_and_read_by_hand() -> None:
+    """A hand-made step: compute busy [0, 100), the copy ends at 140, the host waits
+    [100, 150) and reads [150, 180) (kind sampled); a second, older-style step waits [300, 360)
+    with no read. Exposed wait = the wait's idle part only; the read is tabled apart."""
+    import numpy as np
+    import pandas as pd
+
+    from analysis.intervals import complement, union
+    from analysis.metrics.waits import exposed_wait_summary, output_wait_by_step
+
+    rows = [  # name, kind, step, ts, end
+        ("forward", "", 1, 0, 100),
+        ("d2h_output", "", 1, 90, 140),
+        ("wait_output", "sampled", 1, 100, 150),
+        ("read_output", "sampled", 1, 150, 180),
+        ("forward", "", 2, 200, 290),
+        ("d2h_output", "", 2, 280, 300),
+        ("wait_output", "sampled", 2, 300, 360),
+    ]
+    slices = pd.DataFrame(rows, columns=["name", "kind", "step", "ts_ns", "end_ns"])
+    busy = union(np.array([0, 200]), np.array([100, 290]))
+    idle = complement(busy, 0, 400)
+    table = output_wait_by_step(slices, busy, idle).set_index("step")
+    assert table.loc[1, ["wait_ns", "exposed_ns", "read_ns", "read_exposed_ns"]].tolist() == [
+        50, 50, 30, 30,
+    ]  # fmt: skip
+    assert table.loc[1, "device_wait_ns"] == 40.0  # the wait before the copy ended (140)
+    assert table.loc[2, ["wait_ns", "exposed_ns", "read_ns"]].tolist() == [60, 60, 0]
+    summary = exposed_wait_summary(table.reset_index(), num_steps=2, span_ns=400)
+    assert summary["exposed_us_per_step"] == pytest.approx((50 + 60) / 1e3 / 2)
+    assert summary["by_kind"]["sampled"]["read_us_per_step"] == pytest.approx(30 / 1e3 / 2)
+    assert summary["read_split"] is True

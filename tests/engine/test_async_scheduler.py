@@ -220,3 +220,38 @@ def test_async_refuses_cpu_drafts_and_a_third_step_in_flight() -> None:
     scheduler.schedule()
     with pytest.raises(RuntimeError, match="already in flight"):
         scheduler.schedule()
+
+
+@pytest.mark.parametrize(
+    ("sampled", "params", "prior"),
+    [
+        ([10, 11, 12, 13], {}, 0),  # nothing can stop it: committed at once
+        ([10, EOS, 12, 13], {}, 0),  # EOS among the accepted drafts
+        ([10, EOS, 12], {"ignore_eos": True}, 0),
+        ([10, 11, 12], {"stop_token_ids": (11,)}, 0),
+        ([10, EOS, 12], {"min_tokens": 3}, 0),  # EOS suppressed below min_tokens
+        ([10, 11, 12, 13], {}, 5),  # the length cap (max_tokens 8) inside the verify
+        ([10, 11, 12], {}, 5),  # reaching it with the last token
+        ([10, 11], {}, 5),
+    ],
+)
+def test_verify_commit_matches_token_by_token_stop_checks(
+    sampled: list[int], params: dict, prior: int
+) -> None:
+    """A verify's tokens committed at once (none can end the request) or one by one: the same
+    tokens, status and stop reason as checking after every token (stop_conditions.check_stop)."""
+    from engine.scheduler.stop_conditions import check_stop
+
+    scheduler = _config(num_spec_tokens=3).build(AsyncScheduler)
+    got, ref = (make_request("a", max_tokens=8, **params) for _ in range(2))
+    for r in (got, ref):
+        r.output_token_ids.extend(range(20, 20 + prior))
+    committed = scheduler._append_tokens(got, list(sampled))
+    want = []
+    for t in sampled:
+        ref.output_token_ids.append(t)
+        want.append(t)
+        if check_stop(ref, scheduler.max_model_len):
+            break
+    assert committed == want and got.output_token_ids == ref.output_token_ids
+    assert (got.status, got.stop_reason) == (ref.status, ref.stop_reason)

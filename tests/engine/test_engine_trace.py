@@ -38,6 +38,7 @@ def test_trace_has_the_contract(tmp_path, tiny_model_config):
             CpuSlice.PREPARE_INPUTS,
             CpuSlice.LAUNCH,
             CpuSlice.WAIT_OUTPUT,
+            CpuSlice.READ_OUTPUT,
             CpuSlice.UPDATE_FROM_OUTPUT,
         )
     } <= names
