@@ -290,8 +290,9 @@ def test_cuda_clock_calls_the_c_methods_and_reads_what_torch_reads(api: str):
     got = clock.host_ns_many(events)
     want = [clock.reference_host_ns + int(clock.reference.elapsed_time(e) * 1e6) for e in events]
     assert got == sorted(got)
-    if api == "torch":
-        assert got == want
+    if api == "torch":  # the same float milliseconds, to the nanosecond (the H200: one read
+        # 1 ns apart, rounding against this test's truncation)
+        assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 1
     else:
         assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 1_000
 
