@@ -42,7 +42,9 @@ def run_case(name: str) -> None:
     from bench.bench_spec import base_workload, copies
 
     variants, opts = CASES[name]
-    args = argparse.Namespace(workload="samples/workloads/pycode_prompts.jsonl", limit=None, max_tokens=64)
+    args = argparse.Namespace(
+        workload="samples/workloads/pycode_prompts.jsonl", limit=None, max_tokens=64
+    )
     base = base_workload(args)
     trace_dir = tempfile.mkdtemp(prefix=f"stepscope-repro-{name}-")
     kwargs: dict[str, Any] = {
@@ -71,7 +73,10 @@ def run_case(name: str) -> None:
             outs = llm.run_workload(copies(base, 2, "warm"))
             rec = sum(len(o.output_token_ids) for o in outs)
             closer = llm.close
-        print(f"[{name}] {v.name}: built and ran in {time.perf_counter() - start:.1f} s ({rec})", flush=True)
+        print(
+            f"[{name}] {v.name}: built and ran in {time.perf_counter() - start:.1f} s ({rec})",
+            flush=True,
+        )
         if opts.get("close_first"):
             closer()
         else:

@@ -524,4 +524,3 @@ def test_hot_path_hook_polls_inline_only_when_the_poller_cannot_keep_up(tmp_path
     assert timeline.num_emitted == 20 and woken == [10, 15]
     timeline.drain()
     tracer.close()
-
