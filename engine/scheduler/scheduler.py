@@ -244,12 +244,13 @@ class Scheduler:
         slots = self._running_slots(running)  # [num_running]
         num_computed = books.num_computed[slots]
         num_placeholders = books.num_placeholders[slots]
-        num_output = books.num_output[slots]
-        num_tokens = books.num_prompt[slots] + num_output + num_placeholders
+        num_outputs = books.num_output[slots] + num_placeholders  # committed and in flight
+        num_tokens = books.num_prompt[slots] + num_outputs
+        max_tokens = books.max_tokens[slots]
         has_drafts = books.has_drafts[slots]
         decode = (
             (num_tokens - num_computed == 1)
-            & (num_output + num_placeholders < books.max_tokens[slots])
+            & (num_outputs < max_tokens)
             & (num_tokens < self.max_model_len)
         )
         steady = decode & ~has_drafts
@@ -263,10 +264,7 @@ class Scheduler:
             if spec.any():
                 # ``_num_new_tokens``: room = min(max_tokens - outputs, max_model_len - tokens),
                 # counting placeholders; drafts = min(len(drafts), room - 1), then the threshold.
-                room = np.minimum(
-                    books.max_tokens[slots] - num_output - num_placeholders,
-                    self.max_model_len - num_tokens,
-                )
+                room = np.minimum(max_tokens - num_outputs, self.max_model_len - num_tokens)
                 num_drafts = np.fromiter(map(len, map(_spec_of, running)), np.int64, len(running))
                 num_new = 1 + np.minimum(num_drafts, room - 1)
                 threshold = self.config.long_prefill_token_threshold
@@ -352,16 +350,27 @@ class Scheduler:
         books = self._books
         num_computed = books.num_computed[run_slots]  # [n], before this step
         req_ids = list(map(_req_id_of, requests))
-        kv = self.kv_cache_manager
-        needs = kv.next_blocks_needed(req_ids, (num_computed + counts).tolist())
+        # Only a request whose new tokens cross into a block its computed ones do not reach may
+        # need one (every computed token has a KV slot; a rolled-back verify may hold more).
+        size = self.cache.block_size
+        num_after = num_computed + counts
+        crossing = np.flatnonzero(-(-num_after // size) > -(-num_computed // size)).tolist()
         new_blocks: list[list[int]] | None = None
-        if any(needs):
-            new_blocks = kv.take_blocks(requests, needs)
-            if new_blocks is None:
-                end = index + next(i for i, need in enumerate(needs) if need)
-                if end == index:
-                    return index
-                return self._plan_spec_decodes(plan, running, slots, num_new, index, end)
+        if crossing:
+            kv = self.kv_cache_manager
+            crossing_ids = [req_ids[i] for i in crossing]
+            needs = kv.next_blocks_needed(crossing_ids, num_after[crossing].tolist())
+            needing = [(i, need) for i, need in zip(crossing, needs, strict=True) if need]
+            if needing:
+                taken = kv.take_blocks([requests[i] for i, _ in needing], [n for _, n in needing])
+                if taken is None:  # before the first that needs one: nothing taken
+                    end = index + needing[0][0]
+                    if end == index:
+                        return index
+                    return self._plan_spec_decodes(plan, running, slots, num_new, index, end)
+                new_blocks = [[]] * len(requests)  # one shared, read-only empty list
+                for (i, _), block_ids in zip(needing, taken, strict=True):
+                    new_blocks[i] = block_ids
         count_list = counts.tolist()
         spec_tokens = {
             req_id: request.spec_token_ids[: count - 1]
