@@ -186,7 +186,10 @@ class Scheduler:
         # ends at the first change of kind after it. (A Python list and bisect: NumPy's
         # searchsorted releases the GIL, and on the CPU device taking it back from the device's
         # worker thread costs up to a switch interval.)
-        breaks = (np.flatnonzero(kind[1:] != kind[:-1]) + 1).tolist()
+        if num_new is None:  # no speculative decode: a run ends at the next general request
+            breaks = np.flatnonzero(~kind).tolist()
+        else:
+            breaks = (np.flatnonzero(kind[1:] != kind[:-1]) + 1).tolist()
         breaks.append(len(running))
         kinds = kind.tolist()
         index = 0
@@ -229,8 +232,8 @@ class Scheduler:
     def _steady_decodes(
         self, running: list[Request]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """Each running request's slot, its kind (``_GENERAL``; ``_PLAIN``: a steady decode, one
-        pending token, no drafts, room for an output; ``_SPEC``: a steady speculative decode,
+        """Each running request's slot, its kind (``_GENERAL``; ``_PLAIN``: a steady decode,
+        one pending token, no drafts, room for an output; ``_SPEC``: a steady speculative decode,
         one pending token and its drafts), which plain ones start a block (their frontier is a
         multiple of the block size: the next position may need a new block; every other one's
         block is held, since every computed token has a KV slot), and the tokens each steady
@@ -238,8 +241,9 @@ class Scheduler:
         frontiers inside a block count (the general path gives a sampling request its ``-1``
         drafts). A speculative decode schedules its pending token and its drafts, trimmed as
         ``_num_new_tokens`` trims them (room for outputs, the long-prefill threshold; the token
-        budget is applied per run). Preemptions later in the step only shorten ``running`` from
-        its end, so the arrays stay aligned."""
+        budget is applied per run; the kinds are a bool array, True for ``_PLAIN``, when none is
+        ``_SPEC``). Preemptions later in the step only shorten ``running`` from its end, so the
+        arrays stay aligned."""
         books = self._books
         slots = self._running_slots(running)  # [num_running]
         num_computed = books.num_computed[slots]
@@ -258,10 +262,11 @@ class Scheduler:
         num_new: np.ndarray | None = None
         if self.num_spec_tokens:
             steady &= ~needs_block
-        kind = steady.astype(np.int8)  # _GENERAL or _PLAIN
+        kind = steady  # False: _GENERAL, True: _PLAIN (no speculative decode)
         if self.num_spec_tokens and self.spec_fast_path:
             spec = decode & has_drafts
             if spec.any():
+                kind = steady.astype(np.int8)
                 # ``_num_new_tokens``: room = min(max_tokens - outputs, max_model_len - tokens),
                 # counting placeholders; drafts = min(len(drafts), room - 1), then the threshold.
                 room = np.minimum(max_tokens - num_outputs, self.max_model_len - num_tokens)
