@@ -127,6 +127,23 @@ class KVCacheManager:
             max(0, _cdiv(r.num_computed_tokens + 1, block_size) - len(req_blocks[r.req_id]))
             for r in requests
         ]
+        return self.take_blocks(requests, needs)
+
+    def next_blocks_needed(self, req_ids: list[str], num_tokens: list[int]) -> list[int]:
+        """Per running request, the new blocks it needs to hold positions up to ``num_tokens``
+        (its frontier after the step): ``num_blocks_needed`` for many requests at once."""
+        block_size = self.block_size
+        req_blocks = self._req_blocks
+        return [
+            max(0, _cdiv(n, block_size) - len(req_blocks[req_id]))
+            for req_id, n in zip(req_ids, num_tokens, strict=True)
+        ]
+
+    def take_blocks(self, requests: list[Request], needs: list[int]) -> list[list[int]] | None:
+        """Give each running request ``needs[i]`` new blocks, in order (as ``allocate_slots``
+        one request at a time would), all or nothing: None, changing nothing, when the pool
+        cannot supply them all. Returns each request's new block ids."""
+        req_blocks = self._req_blocks
         if sum(needs) > self._pool.num_free_blocks:
             return None
         taken = []

@@ -35,6 +35,9 @@ __all__ = ["Scheduler", "SchedulerConfig", "check_limits"]
 
 _req_id_of = operator.attrgetter("req_id")
 _output_ids_of = operator.attrgetter("output_token_ids")
+_spec_of = operator.attrgetter("spec_token_ids")
+# What ``Scheduler._steady_decodes`` makes of each running request.
+_GENERAL, _PLAIN, _SPEC = 0, 1, 2
 
 
 def check_limits(config: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int) -> None:
@@ -66,6 +69,9 @@ class Scheduler:
     """Owns every request's books and the KV block pool (through ``KVCacheManager``)."""
 
     allows_overlapping_steps: ClassVar[bool] = False
+    # Plan steady speculative decodes as columns (``_plan_spec_decodes``); off, the general
+    # path plans them one at a time (the tests compare the two).
+    spec_fast_path: bool = True
 
     def __init__(
         self,
@@ -175,64 +181,102 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         running = self._queues.running
-        slots, steady, needs_block = self._steady_decodes(running)
-        # Positions the general path plans, and an end marker: a run of steady decodes at
-        # ``index`` ends at the first of them after it. (A Python list and bisect: NumPy's
+        slots, kind, needs_block, num_new = self._steady_decodes(running)
+        # Where a run of one kind ends, and an end marker: a run of steady decodes at ``index``
+        # ends at the first change of kind after it. (A Python list and bisect: NumPy's
         # searchsorted releases the GIL, and on the CPU device taking it back from the device's
         # worker thread costs up to a switch interval.)
-        general = np.flatnonzero(~steady).tolist()
-        general.append(len(running))
-        is_steady = steady.tolist()
+        if num_new is None:  # no speculative decode: a run ends at the next general request
+            breaks = np.flatnonzero(~kind).tolist()
+        else:
+            breaks = (np.flatnonzero(kind[1:] != kind[:-1]) + 1).tolist()
+        breaks.append(len(running))
+        kinds = kind.tolist()
         index = 0
         while index < len(running) and plan.token_budget > 0:
-            if is_steady[index]:
-                next_general = general[bisect.bisect_left(general, index)]
-                end = min(len(running), index + plan.token_budget, next_general)
-                end, run_blocks = self._decode_blocks(running, needs_block, index, end)
-                if end > index:
-                    self._plan_decodes(plan, running[index:end], slots[index:end], run_blocks)
-                    index = end
-                    continue
-                # The pool cannot give this request its next block: the general path (which
-                # may preempt) plans it.
+            run_kind = kinds[index]
+            if run_kind:
+                # (Preemptions may have shortened ``running`` since ``breaks`` was found.)
+                next_break = min(len(running), breaks[bisect.bisect_right(breaks, index)])
+                if run_kind == _PLAIN:
+                    end = min(next_break, index + plan.token_budget)
+                    end, run_blocks = self._decode_blocks(running, needs_block, index, end)
+                    if end > index:
+                        self._plan_decodes(plan, running[index:end], slots[index:end], run_blocks)
+                        index = end
+                        continue
+                else:
+                    end = self._plan_spec_decodes(plan, running, slots, num_new, index, next_break)
+                    if end > index:
+                        index = end
+                        continue
+                # The budget or the pool cannot give this request its tokens or blocks: the
+                # general path (which may trim its drafts or preempt) plans it.
             request = running[index]
-            num_new, spec_tokens, num_pending = self._num_new_tokens(request, plan.token_budget)
-            if num_new <= 0:  # every token it may still produce is already in flight
+            num_new_tokens, spec_tokens, num_pending = self._num_new_tokens(
+                request, plan.token_budget
+            )
+            if num_new_tokens <= 0:  # every token it may still produce is already in flight
                 index += 1
                 continue
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
             if new_blocks is None:
-                new_blocks = self._make_room(request, num_new, plan)
+                new_blocks = self._make_room(request, num_new_tokens, plan)
             if request.status is not RequestStatus.RUNNING:
                 continue  # it was its own victim; the list shrank under index
             index += 1
             if new_blocks is not None:
-                plan.add(request, num_new, spec_tokens, num_pending)
+                plan.add(request, num_new_tokens, spec_tokens, num_pending)
                 plan.add_cached(request, new_blocks)
 
-    def _steady_decodes(self, running: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each running request's slot, which are steady decodes (one pending token, no drafts,
-        room for an output), and which of those start a block (their frontier is a multiple of
-        the block size: the next position may need a new block; every other one's block is
-        held, since every computed token has a KV slot). With speculation only frontiers inside
-        a block count (the general path gives a sampling request its ``-1`` drafts). Preemptions
-        later in the step only shorten ``running`` from its end, so the arrays stay aligned."""
+    def _steady_decodes(
+        self, running: list[Request]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Each running request's slot, its kind (``_GENERAL``; ``_PLAIN``: a steady decode,
+        one pending token, no drafts, room for an output; ``_SPEC``: a steady speculative decode,
+        one pending token and its drafts), which plain ones start a block (their frontier is a
+        multiple of the block size: the next position may need a new block; every other one's
+        block is held, since every computed token has a KV slot), and the tokens each steady
+        request schedules (None without speculation: one each). With speculation only plain
+        frontiers inside a block count (the general path gives a sampling request its ``-1``
+        drafts). A speculative decode schedules its pending token and its drafts, trimmed as
+        ``_num_new_tokens`` trims them (room for outputs, the long-prefill threshold; the token
+        budget is applied per run; the kinds are a bool array, True for ``_PLAIN``, when none is
+        ``_SPEC``). Preemptions later in the step only shorten ``running`` from its end, so the
+        arrays stay aligned."""
         books = self._books
         slots = self._running_slots(running)  # [num_running]
         num_computed = books.num_computed[slots]
         num_placeholders = books.num_placeholders[slots]
-        num_output = books.num_output[slots]
-        num_tokens = books.num_prompt[slots] + num_output + num_placeholders
-        steady = (
-            ~books.has_drafts[slots]
-            & (num_tokens - num_computed == 1)
-            & (num_output + num_placeholders < books.max_tokens[slots])
+        num_outputs = books.num_output[slots] + num_placeholders  # committed and in flight
+        num_tokens = books.num_prompt[slots] + num_outputs
+        max_tokens = books.max_tokens[slots]
+        has_drafts = books.has_drafts[slots]
+        decode = (
+            (num_tokens - num_computed == 1)
+            & (num_outputs < max_tokens)
             & (num_tokens < self.max_model_len)
         )
+        steady = decode & ~has_drafts
         needs_block = steady & (num_computed % self.cache.block_size == 0)
+        num_new: np.ndarray | None = None
         if self.num_spec_tokens:
             steady &= ~needs_block
-        return slots, steady, needs_block
+        kind = steady  # False: _GENERAL, True: _PLAIN (no speculative decode)
+        if self.num_spec_tokens and self.spec_fast_path:
+            spec = decode & has_drafts
+            if spec.any():
+                kind = steady.astype(np.int8)
+                # ``_num_new_tokens``: room = min(max_tokens - outputs, max_model_len - tokens),
+                # counting placeholders; drafts = min(len(drafts), room - 1), then the threshold.
+                room = np.minimum(max_tokens - num_outputs, self.max_model_len - num_tokens)
+                num_drafts = np.fromiter(map(len, map(_spec_of, running)), np.int64, len(running))
+                num_new = 1 + np.minimum(num_drafts, room - 1)
+                threshold = self.config.long_prefill_token_threshold
+                if threshold > 0:
+                    np.minimum(num_new, threshold, out=num_new)
+                kind[spec] = _SPEC
+        return slots, kind, needs_block, num_new
 
     def _running_slots(self, running: list[Request]) -> np.ndarray:
         """The running requests' slots, looked up again only after ``running`` changed."""
@@ -281,6 +325,72 @@ class Scheduler:
         books.num_computed[slots] = num_computed + 1
         books.num_placeholders[slots] += 1
         books.num_in_flight[slots] += 1
+
+    def _plan_spec_decodes(
+        self,
+        plan: StepPlan,
+        running: list[Request],
+        slots: np.ndarray,
+        num_new: np.ndarray | None,
+        index: int,
+        end: int,
+    ) -> int:
+        """Plan the steady speculative decodes ``running[index:end]`` (``_steady_decodes``) that
+        the token budget and the pool allow, and advance their books at once, as
+        ``_after_schedule`` would: each schedules ``num_new`` tokens (its pending token and
+        ``num_new - 1`` drafts), samples as many slots and gets fresh ``-1`` drafts. The run
+        stops before the first request the budget cannot hold whole (the general path trims
+        it) and, when the pool cannot give every request the blocks its new tokens need (taken
+        at once, in order, all or nothing), before the first that needs one. Returns the run's
+        end."""
+        assert num_new is not None
+        counts = num_new[index:end]
+        budget_end = bisect.bisect_right(np.cumsum(counts).tolist(), plan.token_budget)
+        if budget_end == 0:
+            return index
+        end = index + budget_end
+        counts = counts[:budget_end]
+        run_slots = slots[index:end]
+        requests = running[index:end]
+        books = self._books
+        num_computed = books.num_computed[run_slots]  # [n], before this step
+        req_ids = list(map(_req_id_of, requests))
+        # Only a request whose new tokens cross into a block its computed ones do not reach may
+        # need one (every computed token has a KV slot; a rolled-back verify may hold more).
+        size = self.cache.block_size
+        num_after = num_computed + counts
+        crossing = np.flatnonzero(-(-num_after // size) > -(-num_computed // size)).tolist()
+        new_blocks: list[list[int]] | None = None
+        if crossing:
+            kv = self.kv_cache_manager
+            crossing_ids = [req_ids[i] for i in crossing]
+            needs = kv.next_blocks_needed(crossing_ids, num_after[crossing].tolist())
+            needing = [(i, need) for i, need in zip(crossing, needs, strict=True) if need]
+            if needing:
+                taken = kv.take_blocks([requests[i] for i, _ in needing], [n for _, n in needing])
+                if taken is None:  # before the first that needs one: nothing taken
+                    end = index + needing[0][0]
+                    if end == index:
+                        return index
+                    return self._plan_spec_decodes(plan, running, slots, num_new, index, end)
+                new_blocks = [[]] * len(requests)  # one shared, read-only empty list
+                for (i, _), block_ids in zip(needing, taken, strict=True):
+                    new_blocks[i] = block_ids
+        count_list = counts.tolist()
+        spec_tokens = {
+            req_id: request.spec_token_ids[: count - 1]
+            for req_id, request, count in zip(req_ids, requests, count_list, strict=True)
+            if count > 1
+        }
+        plan.add_spec_decodes(req_ids, count_list, num_computed.tolist(), new_blocks, spec_tokens)
+        plan.decode_runs.append((requests, run_slots))
+        books.num_computed[run_slots] = num_computed + counts
+        books.num_placeholders[run_slots] += counts
+        books.num_in_flight[run_slots] += 1
+        num_spec_tokens = self.num_spec_tokens
+        for request in requests:  # the device proposes the next drafts right after sampling
+            request.spec_token_ids = [-1] * num_spec_tokens
+        return end
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> tuple[int, list[int], int]:
         """Tokens to schedule for a running request, the drafts among them, and its

@@ -104,6 +104,33 @@ class StepPlan:
         self.cached_new_block_ids += new_block_ids
         self.cached_num_computed += num_computed_tokens
 
+    def add_spec_decodes(
+        self,
+        req_ids: list[str],
+        num_new_tokens: list[int],
+        num_computed_tokens: list[int],
+        new_block_ids: list[list[int]] | None,
+        spec_tokens: dict[str, list[int]],
+    ) -> None:
+        """``add`` + ``add_cached`` of running requests that each advance their one pending
+        token and ``num_new_tokens[i] - 1`` drafts (``spec_tokens``, only those with any) and
+        sample as many slots: the steady speculative decode step. Their books are advanced by
+        the scheduler at once (``num_computed_tokens``: the values before); ``new_block_ids``:
+        per request, the blocks taken for it (None: no request needed one)."""
+        counts = dict(zip(req_ids, num_new_tokens, strict=True))
+        self.num_scheduled_tokens.update(counts)
+        self.num_sampled_slots.update(counts)
+        num_tokens = sum(num_new_tokens)
+        self.token_budget -= num_tokens
+        self.num_decode_reqs += len(req_ids)
+        self.num_decode_slots += num_tokens
+        self.spec_tokens.update(spec_tokens)
+        self.cached_req_ids += req_ids
+        if new_block_ids is None:
+            new_block_ids = [[]] * len(req_ids)  # one shared empty list: the records are read-only
+        self.cached_new_block_ids += new_block_ids
+        self.cached_num_computed += num_computed_tokens
+
     def add_cached(self, request: Request, new_block_ids: list[int]) -> None:
         self.cached_req_ids.append(request.req_id)
         self.cached_new_block_ids.append(new_block_ids)
