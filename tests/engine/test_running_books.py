@@ -26,6 +26,7 @@ from tests.engine.test_sched_harness import (
     EOS,
     FakeDevice,
     SchedulerParts,
+    drive,
     prompt_tokens,
     target_token,
 )
@@ -130,42 +131,26 @@ def _run(seed: int, depth: int, device_cls: type[FakeDevice]) -> tuple[list[list
     cls = Scheduler if depth == 1 else AsyncScheduler
     scheduler = parts.build(cls, _stop_string)
     device = device_cls(4, eos_at=eos_at, sync=depth == 1)
-    queue: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
     steps: list[list[RequestOutput]] = []
     num_columnar = 0
     results: dict[str, list] = {}
-    last = max(arrivals)
-    for iteration in range(2000):
-        for request in arrivals.get(iteration, []):
-            scheduler.add_request(request)
-        if iteration > last and not scheduler.has_unfinished_requests() and not queue:
-            break
-        scheduled = 0
-        if len(queue) < depth and scheduler.has_unfinished_requests():
-            out = scheduler.schedule()
-            scheduled = out.total_num_scheduled_tokens
-            if scheduled:
-                queue.append((out, device.execute(out)))
-        if queue and (len(queue) == depth or not scheduled):
-            outputs = scheduler.update_from_output(*queue.pop(0))
-            if isinstance(outputs, StepOutputs):
-                num_columnar += 1
-                # The columns and the explicit outputs are the materialised list, split.
-                assert len(outputs) == len(outputs.explicit) + len(outputs.plain_req_ids)
-                by_id = {o.req_id: o for o in outputs}
-                for req_id, token_id in zip(
-                    outputs.plain_req_ids, outputs.plain_token_ids, strict=True
-                ):
-                    assert by_id[req_id].new_token_ids == [token_id]
-                    assert not by_id[req_id].finished
-            steps.append(list(outputs))
-            for o in outputs:
-                entry = results.setdefault(o.req_id, [[], None, None])
-                entry[0].extend(o.new_token_ids)
-                if o.finished:
-                    entry[1], entry[2] = o.finish_reason, o.stop_reason
-    else:
-        raise AssertionError("did not drain")
+    for _, _, outputs in drive(scheduler, device, arrivals, depth, 2000):
+        if isinstance(outputs, StepOutputs):
+            num_columnar += 1
+            # The columns and the explicit outputs are the materialised list, split.
+            assert len(outputs) == len(outputs.explicit) + len(outputs.plain_req_ids)
+            by_id = {o.req_id: o for o in outputs}
+            for req_id, token_id in zip(
+                outputs.plain_req_ids, outputs.plain_token_ids, strict=True
+            ):
+                assert by_id[req_id].new_token_ids == [token_id]
+                assert not by_id[req_id].finished
+        steps.append(list(outputs))
+        for o in outputs:
+            entry = results.setdefault(o.req_id, [[], None, None])
+            entry[0].extend(o.new_token_ids)
+            if o.finished:
+                entry[1], entry[2] = o.finish_reason, o.stop_reason
     scheduler.check_invariants()
     stats = scheduler.get_stats()
     assert scheduler.num_requests == 0 and stats.output_placeholders == 0

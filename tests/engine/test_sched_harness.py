@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -283,6 +283,36 @@ def run_engine(
                 if output.finished:
                     result.finish_reasons[output.req_id] = output.finish_reason
     raise AssertionError("engine did not drain")
+
+
+def drive(
+    scheduler: Scheduler,
+    device: FakeDevice,
+    arrivals: dict[int, list[Request]],
+    depth: int,
+    max_iterations: int,
+) -> Iterator[tuple[SchedulerOutput, ModelRunnerOutput, Any]]:
+    """The engine loop of the columnar-path tests, without :func:`run_engine`'s books: requests
+    join at their iteration, up to ``depth`` steps are in flight, and each update is yielded as
+    (scheduler output, runner output, what ``update_from_output`` returned) once its step leaves
+    the queue. Fails when the scheduler has not drained after ``max_iterations``."""
+    queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
+    last = max(arrivals)
+    for iteration in range(max_iterations):
+        for request in arrivals.get(iteration, []):
+            scheduler.add_request(request)
+        if iteration > last and not scheduler.has_unfinished_requests() and not queue:
+            return
+        scheduled = 0
+        if len(queue) < depth and scheduler.has_unfinished_requests():
+            out = scheduler.schedule()
+            scheduled = out.total_num_scheduled_tokens
+            if scheduled:
+                queue.append((out, device.execute(out)))
+        if queue and (len(queue) == depth or not scheduled):
+            out, runner_out = queue.popleft()
+            yield out, runner_out, scheduler.update_from_output(out, runner_out)
+    raise AssertionError("did not drain")
 
 
 def assert_drained(scheduler: Scheduler) -> None:

@@ -19,9 +19,9 @@ import pytest
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler.async_scheduler import AsyncScheduler
-from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.scheduler.outputs import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
-from tests.engine.test_sched_harness import EOS, FakeDevice, SchedulerParts, prompt_tokens
+from tests.engine.test_sched_harness import EOS, FakeDevice, SchedulerParts, drive, prompt_tokens
 
 BLOCK_SIZE = 4
 
@@ -86,42 +86,26 @@ def _run(seed: int, depth: int, fast: bool, spec: bool = True) -> tuple[list, di
     scheduler = parts.build(Scheduler if depth == 1 else AsyncScheduler)
     scheduler.spec_fast_path = fast
     device = FakeDevice(BLOCK_SIZE, num_spec_tokens=k, eos_at=eos_at, sync=depth == 1)
-    queue: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
     steps: list[tuple[SchedulerOutput, list]] = []
     results: dict[str, list] = {}
-    last = max(arrivals)
-    for iteration in range(3000):
-        for request in arrivals.get(iteration, []):
-            scheduler.add_request(request)
-        if iteration > last and not scheduler.has_unfinished_requests() and not queue:
-            break
-        scheduled = 0
-        if len(queue) < depth and scheduler.has_unfinished_requests():
-            out = scheduler.schedule()
-            scheduled = out.total_num_scheduled_tokens
-            if scheduled:
-                queue.append((out, device.execute(out)))
-        if queue and (len(queue) == depth or not scheduled):
-            out, runner_out = queue.pop(0)
-            outputs = list(scheduler.update_from_output(out, runner_out))
-            steps.append((out, outputs))
-            for o in outputs:
-                entry = results.setdefault(o.req_id, [[], None])
-                entry[0].extend(o.new_token_ids)
-                if o.finished:
-                    entry[1] = o.finish_reason
-            if depth == 1 and k and config["cpu_drafts"]:
-                # A CPU proposer: the device's drafts, cut to a length of 0..k (deterministic in
-                # the request and the step, so both runs get the same ones).
-                drafts = {}
-                for req_id in out.num_scheduled_tokens:
-                    row = device.rows.get(req_id)
-                    if row is not None:
-                        cut = random.Random(f"{seed}/{req_id}/{out.step}").randint(0, k)
-                        drafts[req_id] = row.drafts[:cut]
-                scheduler.update_draft_token_ids(drafts)
-    else:
-        raise AssertionError("did not drain")
+    for out, _, update in drive(scheduler, device, arrivals, depth, 3000):
+        outputs = list(update)
+        steps.append((out, outputs))
+        for o in outputs:
+            entry = results.setdefault(o.req_id, [[], None])
+            entry[0].extend(o.new_token_ids)
+            if o.finished:
+                entry[1] = o.finish_reason
+        if depth == 1 and k and config["cpu_drafts"]:
+            # A CPU proposer: the device's drafts, cut to a length of 0..k (deterministic in
+            # the request and the step, so both runs get the same ones).
+            drafts = {}
+            for req_id in out.num_scheduled_tokens:
+                row = device.rows.get(req_id)
+                if row is not None:
+                    cut = random.Random(f"{seed}/{req_id}/{out.step}").randint(0, k)
+                    drafts[req_id] = row.drafts[:cut]
+            scheduler.update_draft_token_ids(drafts)
     scheduler.check_invariants()
     assert scheduler.num_requests == 0 and scheduler.get_stats().output_placeholders == 0
     return steps, {req_id: tuple(v) for req_id, v in results.items()}, scheduler
