@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--num-kv-blocks", type=int, default=16384)
     p.add_argument("--out", help="write the JSON here")
+    p.add_argument("--keep-trace", help="write the measured run's trace here (default: a temp dir)")
     return p
 
 
@@ -181,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     trace = args.trace_path
     command: list[str] = []
     if trace is None:
-        trace = os.path.join(tempfile.mkdtemp(prefix="stepscope-kw-"), "kernel_window.pftrace")
+        trace = args.keep_trace or os.path.join(
+            tempfile.mkdtemp(prefix="stepscope-kw-"), "kernel_window.pftrace"
+        )
         command = engine_command(args, trace)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run(command, check=True, cwd=ROOT, env=env)

@@ -31,7 +31,7 @@ for stage in $stages; do
     launch) for b in 1 256; do timeout 150 python3 bench/launch_breakdown.py --batch $b ${LAUNCH_ARGS:-} 2>&1 | tee "$OUT/launch_b$b.log" | head -60; done ;;
     cpuprof) for b in 1 256; do timeout 150 python3 bench/profile_cpu_step.py --batch $b --top 25 > "$OUT/cpuprof_b$b.log" 2>&1; grep -E "ms per step|graph.replay" "$OUT/cpuprof_b$b.log"; done ;;
     mixed) timeout 540 python3 bench/bench_mixed_step.py --profile --json "$OUT/mixed_step.json" 2>&1 | tee "$OUT/mixed_step.log" | tail -70 ;;
-    kernelwin) timeout 240 python3 bench/bench_kernel_window.py --out "$OUT/kernel_window.json" 2>&1 | tee "$OUT/kernel_window.log" | tail -30 ;;
+    kernelwin) timeout 240 python3 bench/bench_kernel_window.py --out "$OUT/kernel_window.json" --keep-trace "$OUT/kernel_window.pftrace" ${KW_ARGS:-} 2>&1 | tee "$OUT/kernel_window.log" | tail -30 ;;
     overhead) timeout 560 python3 bench/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s 10 ${OVERHEAD_ARGS:-} --out "$OUT/trace_overhead.json" 2>&1 | tee "$OUT/trace_overhead.log" | tail -30 ;;
     phases) timeout ${PHASES_TIMEOUT:-300} python3 bench/host_phases.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --batch 256 --in-len 128 --out-len 128 ${PHASES_ARGS:-} --json "$OUT/host_phases.json" 2>&1 | tee "$OUT/host_phases.log" | tail -20 ;;
     specphases) for v in none eagle:3 mtp:3 draft:2 ngram:1; do spec=(); [ $v != none ] && spec=(--spec $v)
