@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead mixed phases ops e2e-short e2e-long e2e-8b repro
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead mixed phases ops e2e-short e2e-long e2etrace e2e-8b repro
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -40,6 +40,11 @@ for stage in $stages; do
     e2e-short) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_256x128-128.json" 2>&1 | tee "$OUT/e2e_short.log" | tail -14 ;;
     e2e-long) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 1024x128-512 ${E2E_ARGS:-} --out "$OUT/e2e_1024x128-512.json" 2>&1 | tee "$OUT/e2e_long.log" | tail -14 ;;
     repro) timeout 460 python3 bench/repro_spec_assert.py ${REPRO_ARGS:-} --json "$OUT/repro_spec_assert.json" 2>&1 | tee "$OUT/repro_spec_assert.log" | tail -150 ;;
+    e2etrace) run=(python3 -m stepscope.cli run --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --max-num-seqs 256 --workload "synthetic:n=1024,in=128-128,out=512-512,seed=0" --no-progress)
+        timeout 150 "${run[@]}" --trace "$OUT/e2e_long.pftrace" 2>&1 | tee "$OUT/e2e_long_run.log" | head -8
+        timeout 100 python3 -m stepscope.cli analyze "$OUT/e2e_long.pftrace" > "$OUT/e2e_long_analyze.txt" 2>&1; head -45 "$OUT/e2e_long_analyze.txt"
+        timeout 150 "${run[@]}" --trace "$OUT/e2e_long_kw.pftrace" --trace-kernels ${E2ETRACE_KSTEPS:-1500:1520} 2>&1 | head -4
+        timeout 100 python3 -m stepscope.cli analyze --window ${E2ETRACE_KSTEPS:-1500:1520} "$OUT/e2e_long_kw.pftrace" > "$OUT/e2e_long_kw_analyze.txt" 2>&1; sed -n '1,/^blame/p' "$OUT/e2e_long_kw_analyze.txt" | head -60 ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
