@@ -505,6 +505,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "driver-held = the driver's, the poller's queries and conversions keeping the GIL: "
         "no driver-lock contention with the engine thread's records and launches)",
     )
+    p.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="instead of the rounds: per traced mode, one engine run with tracing switched on "
+        "and off every --block-steps steps for --min-run-s (bench/_interleaved.py): traced vs "
+        "untraced host / CPU / wall us per step of the same run, with per-pair spread",
+    )
+    p.add_argument("--block-steps", type=int, default=64, help="--interleaved: steps per block")
+    p.add_argument(
+        "--skip-steps",
+        type=int,
+        default=4,
+        help="--interleaved: first steps of each block left out (spill across a switch)",
+    )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
     if (args.model is None) == (args.model_config is None):
@@ -518,6 +532,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if names[0] != "off" or any(n not in MODES for n in names):
         raise SystemExit(f"--modes must start with off and name only {list(MODES)}")
     trace_dir = tempfile.mkdtemp(prefix="stepscope-overhead-")
+    if args.interleaved:
+        return interleaved(args, names[1:], trace_dir)
     micro_result = micro(["thread", "process"], args.micro_steps, 3, trace_dir)
     event_costs: dict[str, Any] = {}
     if args.device.startswith("cuda"):
@@ -579,6 +595,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> dict[str, Any]:
+    """``--interleaved``: per traced mode, one engine warmed up, then run for ``--min-run-s`` with
+    tracing switched every ``--block-steps`` steps (``bench/_interleaved.py``); one table per
+    mode, and the JSON (every step's sample left out; per-pair differences kept) to ``--out``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _interleaved import Interleaver, print_summary, summarize
+
+    if not names:
+        raise SystemExit("--interleaved needs a traced mode in --modes (e.g. off,trace)")
+    if args.device.startswith("cuda"):
+        from instrument.device_events import CudaClock
+
+        CudaClock.DEFAULT_API = args.event_api
+    seeds = iter(range(1, 1 << 30))
+    results: dict[str, Any] = {}
+    for name in names:
+        mode = build_mode(name, args, trace_dir)
+        assert mode.tracer is not None
+        mode.llm.run_workload(workload(args, next(seeds)))  # warm-up
+        inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)
+        start = time.perf_counter()
+        with inter.install():
+            while time.perf_counter() - start < args.min_run_s:
+                mode.llm.run_workload(workload(args, next(seeds)))
+        _sync(args.device)
+        mode.llm.close()
+        mode.tracer.close()
+        result = summarize(inter.samples)
+        result["elapsed_s"] = time.perf_counter() - start
+        print_summary(name, result, args.block_steps, args.skip_steps)
+        results[name] = result
+    out = {"interleaved": results, "config": vars(args) | {"trace_dir": trace_dir}}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
 
 
 def profile_modes(modes: list[Mode], work: list[Any], top: int) -> dict[str, Any]:

@@ -253,6 +253,9 @@ class DeviceTimeline:
         ignored when the previous stage ran on another stream.
         """
         if not self.tracer.enabled:
+            # Untraced work is enqueued now: the next traced stage cannot begin at the last
+            # traced stage's end (tracing switched off and on again mid-run: Tracer.muted).
+            self._last = None
             return _NULL_SCOPE
         if stream is None:
             stream = self.ops.default_stream()

@@ -266,8 +266,11 @@ class Tracer:
 
     def append_slices(self, slices: list[RawEvent]) -> None:
         """Many complete slices in one call: ``(EV_SLICE_AT, track, name, start_ns, end_ns,
-        args)`` tuples with ``end_ns >= start_ns`` (the device timeline's batches)."""
-        if self.enabled:
+        args)`` tuples with ``end_ns >= start_ns`` (the device timeline's batches).
+
+        Written while the tracer is muted too (``muted``, or switched off mid-run): the stages
+        were recorded while it was on; only a disabled or closed tracer drops them."""
+        if self._writer is not None and not self._closed:
             self._buffer.extend(slices)
 
     def request_slices(

@@ -1,0 +1,207 @@
+"""Tracing on and off in alternating blocks of steps of one engine run (an A/B that cancels drift).
+
+Two engines timed one after the other differ by the host's drift as much as by the tracer (the
+H200 hosts' off runs alone spread 8–13 %). Here one engine runs one long workload and its tracer
+is switched on and off every ``block_steps`` engine iterations (``run_step`` calls): blocks come
+in pairs, traced first in even pairs and untraced first in odd ones (a linear drift cancels
+within a pair). Every iteration is timed on the engine thread:
+
+* ``wall``: ``run_step``'s wall time (what output throughput follows);
+* ``host``: that minus the time blocked in ``AsyncOutput.wait`` (the engine thread's own work);
+* ``cpu``: the engine thread's CPU time (``time.thread_time_ns``) in ``run_step`` minus its CPU
+  time inside the wait (a CUDA event's synchronize may spin).
+
+Only *steady decode* iterations count: the step this iteration scheduled and the one before it
+were decode-only (one token per request), and the iteration is not among the first
+``skip_steps`` of its block. Those first ones are left out because of what spills across a
+switch: with async scheduling an iteration retires the step the previous one launched, and the
+device timeline's poller emits a traced block's last stages a few steps into the next block.
+What still spills: the tracer's flush thread (every 0.5 s) and the writer process work on the
+traced blocks' events whenever they run, in either kind of block, so a block much shorter than
+the flush interval splits their cost between the two kinds and the difference under-counts it
+(by up to half); their whole-process cost is measured by the micro benchmark instead.
+
+Switching uses ``Tracer.enabled``, as ``Tracer.muted`` does: an untraced block pays exactly the
+disabled tracer's hooks, as a run without ``--trace`` does. The trace file of such a run has holes
+(requests finishing in an untraced block have no track): it is a by-product, not for analysis.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.runner.async_output import AsyncOutput
+
+__all__ = ["Interleaver", "StepSample", "summarize"]
+
+QUANTITIES = ("host_us", "cpu_us", "wall_us")
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One ``run_step`` call: its block, whether traced, steady decode or not, times in µs."""
+
+    block: int
+    traced: bool
+    steady: bool
+    wall_us: float
+    host_us: float
+    cpu_us: float
+
+
+@dataclass
+class Interleaver:
+    """Switches ``tracer`` every ``block_steps`` calls of ``engine.run_step`` and times each call
+    (see the module docstring). ``install`` as a context manager; ``samples`` holds the calls."""
+
+    engine: Any
+    tracer: Any
+    block_steps: int = 64
+    skip_steps: int = 4
+    samples: list[StepSample] = field(default_factory=list)
+    _calls: int = 0
+    _wait_ns: int = 0
+    _wait_cpu_ns: int = 0
+    _scheduled_decode: bool = False  # the latest schedule() was decode-only
+
+    def __post_init__(self) -> None:
+        if self.block_steps < 2 * self.skip_steps + 4:
+            raise ValueError(f"block_steps {self.block_steps} too short for skip {self.skip_steps}")
+
+    def traced_block(self, block: int) -> bool:
+        """Pair p = blocks 2p, 2p+1: traced first when p is even."""
+        return (block % 2 == 0) == ((block // 2) % 2 == 0)
+
+    @contextmanager
+    def install(self) -> Iterator[Interleaver]:
+        engine, scheduler = self.engine, self.engine.scheduler
+        run_step, schedule, wait = engine.run_step, scheduler.schedule, AsyncOutput.wait
+        clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+        was_enabled = self.tracer.enabled
+
+        def timed_schedule() -> Any:
+            so = schedule()
+            self._scheduled_decode = 0 < so.num_reqs == so.total_num_scheduled_tokens
+            return so
+
+        def timed_wait(output: AsyncOutput) -> None:
+            start, cpu0 = clock(), cpu_clock()
+            try:
+                wait(output)
+            finally:
+                self._wait_cpu_ns += cpu_clock() - cpu0
+                self._wait_ns += clock() - start
+
+        def timed_step() -> Any:
+            block, offset = divmod(self._calls, self.block_steps)
+            traced = self.traced_block(block)
+            self.tracer.enabled = traced
+            previous_decode = self._scheduled_decode
+            self._scheduled_decode = False
+            wait0, wait_cpu0 = self._wait_ns, self._wait_cpu_ns
+            start, cpu0 = clock(), cpu_clock()
+            try:
+                return run_step()
+            finally:
+                wall = clock() - start
+                cpu = cpu_clock() - cpu0 - (self._wait_cpu_ns - wait_cpu0)
+                steady = previous_decode and self._scheduled_decode and offset >= self.skip_steps
+                self._calls += 1
+                self.samples.append(
+                    StepSample(
+                        block, traced, steady, wall / 1e3,
+                        (wall - (self._wait_ns - wait0)) / 1e3, cpu / 1e3,
+                    )
+                )  # fmt: skip
+
+        engine.run_step, scheduler.schedule = timed_step, timed_schedule
+        AsyncOutput.wait = timed_wait  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            engine.run_step, scheduler.schedule = run_step, schedule
+            AsyncOutput.wait = wait  # type: ignore[method-assign]
+            self.tracer.enabled = was_enabled
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))]
+
+
+def _bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the median of ``values`` (resampling pairs)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return _percentile(meds, 0.025), _percentile(meds, 0.975)
+
+
+def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
+    """Per quantity (``host_us``, ``cpu_us``, ``wall_us``): the median over steady traced and
+    untraced steps, their ratio, and per block pair (both blocks with ≥ ``min_steps`` steady
+    steps) the difference traced − untraced of the blocks' medians: its median over pairs with
+    a 95 % bootstrap interval. ``throughput_ratio``: per pair, untraced over traced mean wall
+    per step (= traced tok/s over untraced: a steady decode step yields one token per request
+    in either kind), median over pairs with its interval."""
+    steady = [s for s in samples if s.steady]
+    blocks: dict[int, list[StepSample]] = {}
+    for s in steady:
+        blocks.setdefault(s.block, []).append(s)
+    pairs = [
+        (blocks[2 * p], blocks[2 * p + 1])
+        for p in range(max(blocks, default=-1) // 2 + 1)
+        if len(blocks.get(2 * p, ())) >= min_steps and len(blocks.get(2 * p + 1, ())) >= min_steps
+    ]
+    pairs = [(a, b) if a[0].traced else (b, a) for a, b in pairs]  # (traced, untraced)
+    out: dict[str, Any] = {
+        "steps": len(samples),
+        "steady_steps": {"traced": sum(s.traced for s in steady),
+                         "untraced": sum(not s.traced for s in steady)},
+        "pairs": len(pairs),
+    }  # fmt: skip
+    if not pairs:
+        return out
+    for q in QUANTITIES:
+        on = statistics.median(getattr(s, q) for s in steady if s.traced)
+        off = statistics.median(getattr(s, q) for s in steady if not s.traced)
+        diffs = [
+            statistics.median(getattr(s, q) for s in t) - statistics.median(getattr(s, q) for s in u)
+            for t, u in pairs
+        ]
+        lo, hi = _bootstrap_median(diffs)
+        out[q] = {"traced": on, "untraced": off, "ratio": on / off if off else float("nan"),
+                  "diff_median": statistics.median(diffs), "diff_ci95": [lo, hi],
+                  "diff_per_pair": diffs}  # fmt: skip
+    ratios = [
+        statistics.fmean(s.wall_us for s in u) / statistics.fmean(s.wall_us for s in t)
+        for t, u in pairs
+    ]
+    lo, hi = _bootstrap_median(ratios)
+    out["throughput_ratio"] = {"median": statistics.median(ratios), "ci95": [lo, hi]}
+    return out
+
+
+def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_steps: int) -> None:
+    print(f"interleaved, {name}: one engine run, tracing switched every {block_steps} steps "
+          f"(first {skip_steps} of each block left out), {result['pairs']} block pairs, steady "
+          f"decode steps traced {result['steady_steps']['traced']} / untraced "
+          f"{result['steady_steps']['untraced']} (of {result['steps']})")  # fmt: skip
+    if not result["pairs"]:
+        print("    no block pair with enough steady decode steps: run longer")
+        return
+    print(f"    {'per step (median)':<22} {'traced':>9} {'untraced':>9} {'diff, pairs':>11} "
+          f"{'95% CI':>19} {'ratio':>6}")  # fmt: skip
+    labels = {"host_us": "host wall us", "cpu_us": "engine CPU us", "wall_us": "step wall us"}
+    for q, label in labels.items():
+        r = result[q]
+        lo, hi = r["diff_ci95"]
+        print(f"    {label:<22} {r['traced']:>9.1f} {r['untraced']:>9.1f} "
+              f"{r['diff_median']:>+11.1f} [{lo:>+7.1f}, {hi:>+7.1f}] {r['ratio']:>6.3f}")  # fmt: skip
+    t = result["throughput_ratio"]
+    print(f"    throughput traced / untraced (per pair: mean step wall, median of pairs): "
+          f"{t['median']:.4f} [{t['ci95'][0]:.4f}, {t['ci95'][1]:.4f}]")  # fmt: skip
