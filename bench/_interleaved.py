@@ -170,7 +170,8 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
         on = statistics.median(getattr(s, q) for s in steady if s.traced)
         off = statistics.median(getattr(s, q) for s in steady if not s.traced)
         diffs = [
-            statistics.median(getattr(s, q) for s in t) - statistics.median(getattr(s, q) for s in u)
+            statistics.median(getattr(s, q) for s in t)
+            - statistics.median(getattr(s, q) for s in u)
             for t, u in pairs
         ]
         lo, hi = _bootstrap_median(diffs)

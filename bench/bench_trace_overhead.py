@@ -619,8 +619,10 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)
         start = time.perf_counter()
         with inter.install():
-            while time.perf_counter() - start < args.min_run_s:
+            while True:  # at least one workload
                 mode.llm.run_workload(workload(args, next(seeds)))
+                if time.perf_counter() - start >= args.min_run_s:
+                    break
         _sync(args.device)
         mode.llm.close()
         mode.tracer.close()

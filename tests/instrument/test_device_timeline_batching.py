@@ -524,3 +524,49 @@ def test_hot_path_hook_polls_inline_only_when_the_poller_cannot_keep_up(tmp_path
     assert timeline.num_emitted == 20 and woken == [10, 15]
     timeline.drain()
     tracer.close()
+
+
+def test_tracing_switched_off_and_on_mid_run_keeps_every_traced_stage(tmp_path):
+    """Tracing switched off and on every 3 steps (Tracer.muted, bench_trace_overhead.py
+    --interleaved): stages recorded while on and emitted by polls while off are written, with
+    their exact times; untraced steps add nothing; nothing is dropped."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer)
+    for step in range(60):
+        tracer.enabled = (step // 3) % 2 == 0
+        loop.launch(step)
+        for stream in loop.streams.values():
+            stream.advance(3)
+        loop.timeline.poll()  # half of these run while tracing is off
+    tracer.enabled = True
+    for stream in loop.streams.values():
+        stream.advance()
+    loop.timeline.drain()
+    tracer.close()
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    assert {step for step, _ in written} == {s for s in range(60) if (s // 3) % 2 == 0}
+    for key, (start, end) in loop.expected.items():
+        assert abs(written[key][0] - start) <= 1 and abs(written[key][1] - end) <= 1, key
+    assert not any(k.startswith("dropped_") for k in load_trace(path).metadata)
+
+
+def test_a_contiguous_stage_after_untraced_work_records_its_own_begin(tmp_path):
+    """Work enqueued while tracing was off lies between the last traced stage and the next one:
+    that stage cannot begin at the last one's end event, even when declared contiguous."""
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    loop = EngineLoop(tracer)
+    compute = loop.streams["compute"]
+    with loop.timeline.stage("forward", step=0, stream=compute):
+        pass
+    first = loop.timeline._last
+    with tracer.muted():
+        with loop.timeline.stage("forward", step=1, stream=compute):
+            StandInCudaEvent().record(compute)  # untraced work on the stream
+    with loop.timeline.stage("sample", step=1, stream=compute, contiguous=True):
+        pass
+    second = loop.timeline._last
+    assert second is not first and second.begin is not first.end
+    assert second.begin.ns > first.end.ns
+    tracer.close()

@@ -1,0 +1,80 @@
+"""bench_trace_overhead.py --interleaved: tracing switched on and off in blocks of one engine run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+
+from bench._interleaved import Interleaver, StepSample, summarize
+from bench.bench_trace_overhead import main
+from tests.instrument.conftest import read_trace
+
+
+def _synthetic(added_us: float, num_blocks: int, block: int) -> list[StepSample]:
+    """Steps whose untraced cost drifts slowly (1000 → 1400 µs over the run) with noise; traced
+    steps cost ``added_us`` more."""
+    rng = random.Random(1)
+    inter = Interleaver(engine=None, tracer=None, block_steps=block, skip_steps=4)
+    out = []
+    for i in range(num_blocks * block):
+        b = i // block
+        traced = inter.traced_block(b)
+        base = 1000 + 400 * i / (num_blocks * block) + rng.gauss(0, 20)
+        host = base + (added_us if traced else 0.0)
+        out.append(StepSample(b, traced, i % block >= 4, host + 3000, host, host * 0.9))
+    return out
+
+
+def test_summarize_recovers_a_known_added_cost_under_drift() -> None:
+    samples = _synthetic(added_us=30.0, num_blocks=40, block=32)
+    result = summarize(samples)
+    assert result["pairs"] == 20
+    # Pooled medians: brute force over the steady steps.
+    steady = [s for s in samples if s.steady]
+    assert result["host_us"]["traced"] == statistics.median(s.host_us for s in steady if s.traced)
+    assert result["host_us"]["untraced"] == statistics.median(
+        s.host_us for s in steady if not s.traced
+    )
+    # The drift (400 µs over the run, 13x the effect) cancels within pairs.
+    lo, hi = result["host_us"]["diff_ci95"]
+    assert lo <= 30.0 <= hi and hi - lo < 20.0
+    assert abs(result["host_us"]["diff_median"] - 30.0) < 8.0
+    assert abs(result["cpu_us"]["diff_median"] - 27.0) < 8.0
+    # Wall = host + 3000: throughput ratio ≈ (3000 + ~1200) / (3030 + ~1200).
+    assert 0.990 < result["throughput_ratio"]["median"] < 0.996
+    # Blocks alternate traced-first and untraced-first pair by pair.
+    assert [Interleaver(None, None, 16, 4).traced_block(b) for b in range(8)] == [
+        True, False, False, True, True, False, False, True,
+    ]  # fmt: skip
+
+
+def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
+    out = tmp_path / "il.json"
+    result = main(
+        ["--interleaved", "--modes", "off,trace", "--num-requests", "4", "--max-num-seqs", "4",
+         "--in-len", "8", "--out-len", "72", "--block-steps", "16", "--skip-steps", "2",
+         "--min-run-s", "0", "--out", str(out)]
+    )  # fmt: skip
+    r = result["interleaved"]["trace"]
+    assert r["pairs"] >= 1
+    assert r["steady_steps"]["traced"] > 0 and r["steady_steps"]["untraced"] > 0
+    for q in ("host_us", "cpu_us", "wall_us"):
+        assert r[q]["traced"] > 0 and r[q]["untraced"] > 0
+        lo, hi = r[q]["diff_ci95"]
+        assert lo <= r[q]["diff_median"] <= hi
+    assert json.loads(out.read_text())["interleaved"]["trace"]["pairs"] == r["pairs"]
+    # The trace of the switched run: only some steps traced, and every device slice of a traced
+    # step lies after that step was scheduled (a stage after a switch back on does not begin at
+    # a stale event of the block before) and none was dropped.
+    trace = read_trace(os.path.join(result["config"]["trace_dir"], "trace.pftrace"))
+    slices = trace.slices()
+    scheduled = {a["step"]: start for _, name, start, _, a in slices if name == "schedule"}
+    device = [(name, start, a["step"]) for t, name, start, _, a in slices if t.startswith("gpu:")]
+    assert device and scheduled
+    for name, start, step in device:
+        assert step in scheduled, (name, step)
+        assert start >= scheduled[step], (name, step)
+    meta = [e.args for e in trace.events if e.name == "trace_metadata"]
+    assert not any(k.startswith("dropped_device") for m in meta for k in m)
