@@ -65,6 +65,10 @@ class Interleaver:
     block_steps: int = 64
     skip_steps: int = 4
     samples: list[StepSample] = field(default_factory=list)
+    # cProfile per block kind (traced, untraced), enabled around each run_step (engine thread
+    # only on Python < 3.12); None: not profiled. Inflates the times: profile a separate run.
+    profilers: dict[bool, Any] | None = None
+    profiled_steps: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     _calls: int = 0
     _wait_ns: int = 0
     _wait_cpu_ns: int = 0
@@ -105,11 +109,18 @@ class Interleaver:
             previous_decode = self._scheduled_decode
             self._scheduled_decode = False
             wait0, wait_cpu0 = self._wait_ns, self._wait_cpu_ns
+            profiler = None
+            if self.profilers and previous_decode and offset >= self.skip_steps:
+                profiler = self.profilers[traced]  # decode steps only: like for like
+                self.profiled_steps[traced] += 1
+                profiler.enable()
             start, cpu0 = clock(), cpu_clock()
             try:
                 return run_step()
             finally:
                 wall = clock() - start
+                if profiler is not None:
+                    profiler.disable()
                 cpu = cpu_clock() - cpu0 - (self._wait_cpu_ns - wait_cpu0)
                 steady = previous_decode and self._scheduled_decode and offset >= self.skip_steps
                 self._calls += 1
@@ -128,6 +139,26 @@ class Interleaver:
             engine.run_step, scheduler.schedule = run_step, schedule
             AsyncOutput.wait = wait  # type: ignore[method-assign]
             self.tracer.enabled = was_enabled
+
+
+def profile_diff(
+    profilers: dict[bool, Any], profiled_steps: dict[bool, int], top: int
+) -> list[tuple[str, float]]:
+    """The ``top`` functions whose own time per step (µs, over the profiled steps of each kind:
+    those after a decode-only step, past the block's first ``skip_steps``) grew most in traced
+    blocks over untraced ones: where the tracer's engine-thread time goes."""
+    import pstats
+
+    per_step: dict[bool, dict[str, float]] = {}
+    for traced, prof in profilers.items():
+        steps = max(1, profiled_steps[traced])
+        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        per_step[traced] = {
+            f"{k[0].rsplit('/', 2)[-1]}:{k[1]}({k[2]})": v[2] / steps * 1e6
+            for k, v in stats.items()
+        }
+    grown = {f: t - per_step[False].get(f, 0.0) for f, t in per_step[True].items()}
+    return sorted(grown.items(), key=lambda kv: -kv[1])[:top]
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

@@ -602,7 +602,7 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
     tracing switched every ``--block-steps`` steps (``bench/_interleaved.py``); one table per
     mode, and the JSON (every step's sample left out; per-pair differences kept) to ``--out``."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _interleaved import Interleaver, print_summary, summarize
+    from _interleaved import Interleaver, print_summary, profile_diff, summarize
 
     if not names:
         raise SystemExit("--interleaved needs a traced mode in --modes (e.g. off,trace)")
@@ -624,11 +624,13 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
                 if time.perf_counter() - start >= args.min_run_s:
                     break
         _sync(args.device)
-        mode.llm.close()
-        mode.tracer.close()
         result = summarize(inter.samples)
         result["elapsed_s"] = time.perf_counter() - start
         print_summary(name, result, args.block_steps, args.skip_steps)
+        if args.profile:
+            result["profile"] = _interleaved_profile(mode, args, seeds, profile_diff)
+        mode.llm.close()
+        mode.tracer.close()
         results[name] = result
     out = {"interleaved": results, "config": vars(args) | {"trace_dir": trace_dir}}
     if args.out:
@@ -636,6 +638,30 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         with open(args.out, "w") as f:
             json.dump(out, f, indent=2)
     return out
+
+
+def _interleaved_profile(
+    mode: Mode, args: argparse.Namespace, seeds: Any, profile_diff: Any
+) -> list[tuple[str, float]]:
+    """``--interleaved --profile N``: one more workload, switched the same way, cProfile'd per
+    block kind; prints the N functions whose own time per step grew most when traced."""
+    import cProfile
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _interleaved import Interleaver
+
+    profilers = {True: cProfile.Profile(), False: cProfile.Profile()}
+    inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)
+    inter.profilers = profilers
+    with inter.install():
+        mode.llm.run_workload(workload(args, next(seeds)))
+    rows = profile_diff(profilers, inter.profiled_steps, args.profile)
+    print(f"cProfile, traced minus untraced blocks, own time per decode step (us; "
+          f"{inter.profiled_steps[True]} / {inter.profiled_steps[False]} steps; engine thread "
+          "only on Python < 3.12):")  # fmt: skip
+    for fn, us in rows:
+        print(f"  {us:8.1f}  {fn}")
+    return rows
 
 
 def profile_modes(modes: list[Mode], work: list[Any], top: int) -> dict[str, Any]:

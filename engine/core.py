@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import operator
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -63,11 +62,27 @@ from instrument.schema import ENGINE_THREAD, Arg, Counter, CpuSlice, WaitKind
 from instrument.sync_detect import cold_region, hot_region
 from instrument.tracer import Tracer, get_tracer
 
+# Trace names as plain strings, looked up once: an Enum member's ``.value`` runs Python frames
+# (enum's DynamicClassAttribute), a dozen times per step on the hot path (docs/design.md §4.3).
+_ARG_NUM_ACCEPTED = Arg.NUM_ACCEPTED.value
+_ARG_NUM_DECODE = Arg.NUM_DECODE.value
+_ARG_NUM_FINISHED = Arg.NUM_FINISHED.value
+_ARG_NUM_PREFILL = Arg.NUM_PREFILL.value
+_ARG_NUM_REJECTED = Arg.NUM_REJECTED.value
+_ARG_NUM_REQS = Arg.NUM_REQS.value
+_ARG_NUM_SPEC_TOKENS = Arg.NUM_SPEC_TOKENS.value
+_ARG_NUM_TOKENS = Arg.NUM_TOKENS.value
+_ARG_STEP = Arg.STEP.value
+_CPU_GRAMMAR_MASK = CpuSlice.GRAMMAR_MASK.value
+_CPU_READ_OUTPUT = CpuSlice.READ_OUTPUT.value
+_CPU_SCHEDULE = CpuSlice.SCHEDULE.value
+_CPU_UPDATE_FROM_OUTPUT = CpuSlice.UPDATE_FROM_OUTPUT.value
+_CPU_WAIT_OUTPUT = CpuSlice.WAIT_OUTPUT.value
+
 __all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
 
 BATCH_QUEUE_DEPTH = 2
 _COUNTER_NAMES = tuple(c.value for c in Counter)
-_counter_values = operator.attrgetter(*_COUNTER_NAMES)  # SchedulerStats -> a tuple, in C
 _log = logging.getLogger("stepscope.engine")
 
 
@@ -310,7 +325,7 @@ class EngineCore:
         """The step's grammar mask (host), or None when no structured request runs in it."""
         if not self.structured.needs_mask(so):
             return None
-        with self.tracer.span(CpuSlice.GRAMMAR_MASK.value, step=so.step):
+        with self.tracer.span(_CPU_GRAMMAR_MASK, step=so.step):
             bitmask = self.structured.build_bitmask(so, self.device.host_empty)
         return bitmask
 
@@ -329,20 +344,21 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput | None:
         if self.kernel_window is not None:
             self.kernel_window.before_schedule(self.scheduler.next_step)
-        with self.tracer.span(CpuSlice.SCHEDULE.value) as span:
+        with self.tracer.span(_CPU_SCHEDULE) as span:
             so = self.scheduler.schedule()
-            span.set_args(
-                **{
-                    Arg.STEP.value: so.step,
-                    Arg.NUM_REQS.value: so.num_reqs,
-                    Arg.NUM_TOKENS.value: so.total_num_scheduled_tokens,
-                    Arg.NUM_PREFILL.value: so.num_prefill_reqs,
-                    Arg.NUM_DECODE.value: so.num_decode_reqs,
-                    Arg.NUM_SPEC_TOKENS.value: sum(
-                        len(t) for t in so.scheduled_spec_decode_tokens.values()
-                    ),
-                }
-            )
+            if self.tracer.enabled:  # the span's args, built only when traced
+                span.set_args(
+                    **{
+                        _ARG_STEP: so.step,
+                        _ARG_NUM_REQS: so.num_reqs,
+                        _ARG_NUM_TOKENS: so.total_num_scheduled_tokens,
+                        _ARG_NUM_PREFILL: so.num_prefill_reqs,
+                        _ARG_NUM_DECODE: so.num_decode_reqs,
+                        _ARG_NUM_SPEC_TOKENS: sum(
+                            len(t) for t in so.scheduled_spec_decode_tokens.values()
+                        ),
+                    }
+                )
         if so.total_num_scheduled_tokens == 0:
             return None
         # Only a request the runner sees anew can be scheduled for the first time: the running
@@ -359,18 +375,18 @@ class EngineCore:
             kind = WaitKind.SAMPLED
         # The device timeline's batched poll, on time the host is about to wait anyway.
         self.runner.timeline.poll_while_waiting(handle.is_ready)
-        with self.tracer.span(CpuSlice.WAIT_OUTPUT.value, step=so.step, kind=kind.value):
+        with self.tracer.span(_CPU_WAIT_OUTPUT, step=so.step, kind=kind.value):
             with cold_region():  # the intended wait: for the device's output event only
                 handle.wait()
         # Host work on output that is already in host memory (docs/design.md §5.5).
-        with self.tracer.span(CpuSlice.READ_OUTPUT.value, step=so.step, kind=kind.value):
+        with self.tracer.span(_CPU_READ_OUTPUT, step=so.step, kind=kind.value):
             out = handle.get()
         if self.structured.active:
             self.structured.note_drafts(handle.draft_token_ids())
         return out
 
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> Sequence[RequestOutput]:
-        with self.tracer.span(CpuSlice.UPDATE_FROM_OUTPUT.value, step=so.step) as span:
+        with self.tracer.span(_CPU_UPDATE_FROM_OUTPUT, step=so.step) as span:
             outputs = self._advance_grammars(self.scheduler.update_from_output(so, out))
             self.requests.committed(outputs)
             if self.tracer.enabled:  # the span's args: a pass over the outputs only when traced
@@ -382,9 +398,9 @@ class EngineCore:
                     num_finished += o.finished
                 span.set_args(
                     **{
-                        Arg.NUM_ACCEPTED.value: num_accepted,
-                        Arg.NUM_REJECTED.value: num_drafts - num_accepted,
-                        Arg.NUM_FINISHED.value: num_finished,
+                        _ARG_NUM_ACCEPTED: num_accepted,
+                        _ARG_NUM_REJECTED: num_drafts - num_accepted,
+                        _ARG_NUM_FINISHED: num_finished,
                     }
                 )
         self._sample_counters()
@@ -415,7 +431,7 @@ class EngineCore:
         if not self.tracer.enabled:
             return
         # One buffered tuple of the stats' values (the writer expands it): no dict per step.
-        self.tracer.counter_values(_COUNTER_NAMES, _counter_values(self.scheduler.get_stats()))
+        self.tracer.counter_values(_COUNTER_NAMES, self.scheduler.counter_values())
 
     # ---- start and end --------------------------------------------------------------------
     def drain(self) -> list[RequestOutput]:

@@ -34,6 +34,8 @@ from typing import Any, Protocol
 
 import torch
 
+_allocate_lock = threading.Lock  # the C lock type: no Python frame to make one
+
 __all__ = [
     "DeviceEvent",
     "Device",
@@ -115,21 +117,26 @@ class Device(ABC):
 
 
 class _Stamp:
-    """The outcome of one ``CpuEvent.record``: set when the worker reaches the marker."""
+    """The outcome of one ``CpuEvent.record``, and its marker in the stream's queue: ``finished``
+    turns True when the worker reaches it, after ``ns`` and ``error`` are set; ``done`` is a lock
+    held until then (the worker releases it), which waiters acquire and release in turn.
 
-    __slots__ = ("done", "ns", "error")
+    A lock made and taken in C, not a ``threading.Event`` (a Condition and its locks built in
+    Python: several µs per record, paid on the engine thread for every event of every step)."""
+
+    __slots__ = ("done", "ns", "error", "finished")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self.done = _allocate_lock()
+        self.done.acquire()
         self.ns = 0
         self.error: BaseException | None = None
+        self.finished = False
 
-
-class _Marker:
-    __slots__ = ("stamp",)
-
-    def __init__(self, stamp: _Stamp) -> None:
-        self.stamp = stamp
+    def wait(self) -> None:
+        if not self.finished:
+            self.done.acquire()  # released by the worker at the marker
+            self.done.release()  # for the next waiter
 
 
 class _Wait:
@@ -159,17 +166,19 @@ class CpuStream:
         self.name = name
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._error: BaseException | None = None
+        self._closed = False  # only close() ends the worker (_step keeps every error)
         self._thread = threading.Thread(target=self._run, name=f"cpu-stream-{name}", daemon=True)
         self._thread.start()
         _OPEN_STREAMS.add(self)
 
     def enqueue(self, item: Any) -> None:
-        if not self._thread.is_alive():
+        if self._closed:  # a flag, not Thread.is_alive (Python frames, on every enqueue)
             raise RuntimeError(f"CPU stream {self.name!r} is closed")
         self._queue.put(item)
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        if not self._closed:
+            self._closed = True
             self._queue.put(_STOP)
             self._thread.join()
 
@@ -183,12 +192,13 @@ class CpuStream:
                 self._step(item)
 
     def _step(self, item: Any) -> None:
-        if isinstance(item, _Marker):
-            item.stamp.error = self._error
-            item.stamp.ns = time.monotonic_ns()
-            item.stamp.done.set()
+        if isinstance(item, _Stamp):  # a marker
+            item.error = self._error
+            item.ns = time.monotonic_ns()
+            item.finished = True
+            item.done.release()
         elif isinstance(item, _Wait):
-            item.stamp.done.wait()
+            item.stamp.wait()
             if item.stamp.error is not None and self._error is None:
                 self._error = item.stamp.error
         elif self._error is None:
@@ -207,24 +217,24 @@ class CpuEvent:
     def record(self, stream: Any = None) -> None:
         if not isinstance(stream, CpuStream):
             raise TypeError(f"CpuEvent.record needs a CpuStream, got {type(stream).__name__}")
-        self._stamp = _Stamp()
-        stream.enqueue(_Marker(self._stamp))
+        stamp = self._stamp = _Stamp()
+        stream.enqueue(stamp)
 
     def query(self) -> bool:
         """Non-blocking: has the worker passed the marker? (True if never recorded, as CUDA.)"""
-        return self._stamp is None or self._stamp.done.is_set()
+        return self._stamp is None or self._stamp.finished
 
     def synchronize(self) -> None:
         """Block until the marker is reached; re-raise an error the stream hit before it."""
         if self._stamp is None:
             return
-        self._stamp.done.wait()
+        self._stamp.wait()
         if self._stamp.error is not None:
             raise self._stamp.error
 
     def host_ns(self) -> int:
         """``time.monotonic_ns()`` at which the worker reached the marker (once ``query()``)."""
-        if self._stamp is None or not self._stamp.done.is_set():
+        if self._stamp is None or not self._stamp.finished:
             raise RuntimeError("CpuEvent.host_ns() before the event completed")
         return self._stamp.ns
 

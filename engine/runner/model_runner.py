@@ -58,6 +58,16 @@ from instrument.device_timeline import DeviceTimeline
 from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
 
+# Trace names as plain strings, looked up once: an Enum member's ``.value`` runs Python frames
+# (enum's DynamicClassAttribute), a dozen times per step on the hot path (docs/design.md §4.3).
+_CPU_LAUNCH = CpuSlice.LAUNCH.value
+_CPU_PREPARE_INPUTS = CpuSlice.PREPARE_INPUTS.value
+_DEV_DRAFT = DeviceSlice.DRAFT.value
+_DEV_FORWARD = DeviceSlice.FORWARD.value
+_DEV_INPUT_PREP = DeviceSlice.INPUT_PREP.value
+_DEV_SAMPLE = DeviceSlice.SAMPLE.value
+_DEV_VERIFY = DeviceSlice.VERIFY.value
+
 __all__ = ["ModelRunner"]
 
 
@@ -180,9 +190,7 @@ class ModelRunner:
         batch, spec_shape = self._prepare_step(out, graphable=bitmask is None)
         if batch is None:
             return AsyncOutput.empty(out.step)
-        with self.tracer.span(
-            CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
-        ):
+        with self.tracer.span(_CPU_LAUNCH, step=out.step, flow_out=FLOW_ID_BASE + out.step):
             if spec_shape is not None:
                 return self._launch_spec_graphs(batch, spec_shape)
             step = self._launch_forward(batch, with_logits=bitmask is not None)
@@ -198,9 +206,7 @@ class ModelRunner:
         batch, _ = self._prepare_step(out, graphable=False)
         if batch is None:
             return PendingSample(out.step, None)
-        with self.tracer.span(
-            CpuSlice.LAUNCH.value, step=out.step, flow_out=FLOW_ID_BASE + out.step
-        ):
+        with self.tracer.span(_CPU_LAUNCH, step=out.step, flow_out=FLOW_ID_BASE + out.step):
             step = self._launch_forward(batch, with_logits=True)
         return PendingSample(out.step, batch, step)
 
@@ -211,7 +217,7 @@ class ModelRunner:
         ``bitmask`` None: its structured requests finished meanwhile; sample unmasked."""
         if pending.batch is None:
             return AsyncOutput.empty(pending.step)
-        with self.tracer.span(CpuSlice.LAUNCH.value, step=pending.step):
+        with self.tracer.span(_CPU_LAUNCH, step=pending.step):
             handle = self._launch_sample(pending.batch, pending.in_flight, bitmask)
         return handle
 
@@ -223,7 +229,7 @@ class ModelRunner:
         and the speculative graph shape it replays (None: not a captured speculative step;
         ``graphable`` False: a grammar mask or deferred sampling, never replayed)."""
         self.timeline.poll_if_due()
-        with self.tracer.span(CpuSlice.PREPARE_INPUTS.value, step=out.step):
+        with self.tracer.span(_CPU_PREPARE_INPUTS, step=out.step):
             if out.scheduled_spec_decode_tokens and self.spec is None:
                 raise ValueError("the scheduler sent drafts but this runner has no proposer")
             self.states.remove(out.finished_req_ids)
@@ -276,12 +282,12 @@ class ModelRunner:
         def logits() -> None:
             in_flight.logits = self.fwd.logits(batch, in_flight.require("hidden"))
 
-        with tl.stage(DeviceSlice.INPUT_PREP.value, step=step, stream=compute):
+        with tl.stage(_DEV_INPUT_PREP, step=step, stream=compute):
             self.states.apply(flushes)
             self.step_inputs.apply(step_flush)
             dev.submit(compute, lambda: self.fwd.prepare(batch))
         with tl.stage(
-            DeviceSlice.FORWARD.value,
+            _DEV_FORWARD,
             step=step,
             stream=compute,
             contiguous=True,
@@ -310,9 +316,7 @@ class ModelRunner:
             def sample() -> None:
                 in_flight.sampled = self._sample(batch, in_flight, mask)
 
-            with tl.stage(
-                DeviceSlice.SAMPLE.value, step=step, stream=compute, contiguous=contiguous
-            ):
+            with tl.stage(_DEV_SAMPLE, step=step, stream=compute, contiguous=contiguous):
                 dev.submit(compute, sample)
         else:
             self._enqueue_verify(batch, in_flight, mask)
@@ -349,11 +353,11 @@ class ModelRunner:
                 shape, batch.num_logits, batch.num_reqs, batch.max_num_logprobs
             )
 
-        with tl.stage(DeviceSlice.VERIFY.value, step=step, stream=compute):
+        with tl.stage(_DEV_VERIFY, step=step, stream=compute):
             dev.submit(compute, verify)
         sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
         dev.wait_event(d2h, sampled_ready)
-        with tl.stage(DeviceSlice.DRAFT.value, step=step, stream=compute):
+        with tl.stage(_DEV_DRAFT, step=step, stream=compute):
             dev.submit(compute, lambda: graphs.draft(shape))
         host = self._host_buffers(batch, with_drafts=False)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
@@ -399,9 +403,7 @@ class ModelRunner:
                 in_flight.require("num_accepted"),
             )  # fmt: skip
 
-        with self.timeline.stage(
-            DeviceSlice.DRAFT.value, step=batch.step, stream=self.device.compute_stream
-        ):
+        with self.timeline.stage(_DEV_DRAFT, step=batch.step, stream=self.device.compute_stream):
             self.device.submit(self.device.compute_stream, draft)
 
     # stepscope: hot

@@ -856,6 +856,20 @@ class Scheduler:
             prefix_cache_hit_tokens=self._num_prefix_hit_tokens,
         )
 
+    def counter_values(self) -> tuple[int, int, float, int, int, int]:
+        """The trace's per-step counters in ``instrument.schema.Counter`` order (running, waiting,
+        kv_usage, output_placeholders, accepted_tokens, batch_tokens): :meth:`get_stats`'s values
+        without building a ``SchedulerStats`` each step (the engine's tracing hot path)."""
+        queues = self._queues
+        return (
+            len(queues.running),
+            len(queues.waiting),
+            self.kv_cache_manager.usage,
+            self._num_placeholders,
+            self._last_accepted,
+            self._last_batch_tokens,
+        )
+
     def check_invariants(self) -> None:
         """Raise AssertionError if any book disagrees with another (debug; O(requests + blocks))."""
         self._queues.check(self.config.max_num_seqs)

@@ -304,3 +304,24 @@ def test_runner_rows_are_matched_by_id_not_position(num_spec_tokens: int) -> Non
     in_order = run(reorder=False)
     assert run(reorder=True) == in_order
     assert sum(len(o.new_token_ids) for o in in_order) == 18
+
+
+def test_counter_values_are_get_stats_in_counter_order() -> None:
+    """The engine's per-step counters (Scheduler.counter_values, no SchedulerStats built) equal
+    get_stats()'s fields named by instrument.schema.Counter, at every iteration of a run with
+    preemptions."""
+    from instrument.schema import Counter
+
+    requests = [make_request(f"r{i}", prompt_len=6 + i, max_tokens=20) for i in range(4)]
+    tight = _config(num_kv_blocks=16, max_model_len=64).build()
+    seen: list[tuple[object, ...]] = []
+
+    def check(_: int) -> None:
+        stats = tight.get_stats()
+        expected = tuple(getattr(stats, c.value) for c in Counter)
+        assert tight.counter_values() == expected
+        seen.append(expected)
+
+    run_engine(tight, FakeDevice(4), {0: requests}, on_iteration=check)
+    assert tight.get_stats().num_preemptions > 0
+    assert len(set(seen)) > 10  # the values moved
