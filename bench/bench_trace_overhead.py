@@ -26,6 +26,13 @@ over stand-in events that count their calls). ``--modes`` can add ``trace-thread
 ``trace+requests-thread``: the same with ``--trace-writer thread`` (encoding on a thread of the
 engine's process). The output digest of every run must match (tracing changes no tokens).
 
+``--interleaved`` replaces all of that with an A/B inside one engine run, which cancels the
+host's drift between runs: per traced mode, tracing is switched on and off every
+``--block-steps`` engine iterations for ``--min-run-s``, and the traced and untraced steady decode
+iterations are compared (host wall, engine-thread CPU, step wall, throughput ratio; per block
+pair differences with a bootstrap interval; ``bench/_interleaved.py``). ``--profile N`` then adds
+a cProfile of one more workload per block kind.
+
 CPU (default, small model, short):
     python bench/bench_trace_overhead.py --out /tmp/overhead.json
 H200 (the issue's workload):
@@ -34,6 +41,8 @@ H200 (the issue's workload):
         --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 \\
         --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s 10 \\
         --out bench/results/h200/trace_overhead.json
+    (the same with --interleaved --min-run-s 75 --block-steps 256: bash bench/h200_session.sh
+    overhead-il)
 """
 
 from __future__ import annotations
