@@ -621,9 +621,13 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         CudaClock.DEFAULT_API = args.event_api
     seeds = iter(range(1, 1 << 30))
     results: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for name in names:
         mode = build_mode(name, args, trace_dir)
         assert mode.tracer is not None
+        ops = mode.llm.engine.runner.timeline.ops
+        print(f"{name}: device timeline event calls: {getattr(ops, 'api', type(ops).__name__)} "
+              f"{getattr(ops, 'api_reason', '')}")  # fmt: skip
         mode.llm.run_workload(workload(args, next(seeds)))  # warm-up
         inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)
         start = time.perf_counter()
@@ -641,11 +645,11 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         mode.llm.close()
         mode.tracer.close()
         results[name] = result
-    out = {"interleaved": results, "config": vars(args) | {"trace_dir": trace_dir}}
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=2)
+        out = {"interleaved": results, "config": vars(args) | {"trace_dir": trace_dir}}
+        if args.out:  # after every mode: a run cut short by a time limit keeps what it measured
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=2)
     return out
 
 
