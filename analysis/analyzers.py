@@ -283,6 +283,7 @@ def steps_and_lead(p: Pass) -> None:
         p.idle_ns,
         p.span_ns,
         p.frames.metadata.get("format", ""),
+        p.frames.decisions,
     )
     p.head |= lead.headline
     p.tables |= {
