@@ -191,9 +191,14 @@ def _verdicts(
         out += _launch_bound(steps, starvation)
     if measured_ns and head["busy_source"] != BUSY_KERNELS:
         aware = head["bubble_ratio_starvation_aware"]
+        where = (
+            "from stage slices outside the kernel window"
+            if head["busy_source"] == BUSY_MIXED
+            else "from stage slices, no kernel data"
+        )
         text = (
             f"bubble_ratio {100 * idle_ns / measured_ns:.0f}% is a lower bound on device idle "
-            "(from stage slices, no kernel data)"
+            f"({where})"
         )
         if aware is not None and not reason and aware > idle_ns / measured_ns + 0.005:
             text += (
