@@ -202,3 +202,25 @@ def test_runs_by_source_against_a_bitmap() -> None:
         int(bits[a:z].sum()) for a, z in zip(runs["cycle_start_ns"], runs["end_ns"], strict=True)
     ]
     assert list(out["idle_ns"]) == expect
+
+
+def test_graph_replayed_takes_the_trace_arg_else_the_decisions() -> None:
+    from analysis.metrics.submit import graph_replayed
+
+    steps = pd.DataFrame({"step": [0, 1], "phase": ["decode_only", "mixed"]})
+    stages = pd.DataFrame(
+        {"step": [0, 0, 1, 1], "stage": ["forward", "sample", "forward", "sample"]}
+    )
+
+    def decisions(**on: bool) -> pd.DataFrame:
+        return pd.DataFrame({"feature": list(on), "resolved": list(on.values())})
+
+    both = decisions(cuda_graphs=True, mixed_cuda_graphs=True)
+    assert list(graph_replayed(stages, steps, both)) == [True, False, True, False]
+    decode = decisions(cuda_graphs=True, mixed_cuda_graphs=False)
+    assert list(graph_replayed(stages, steps, decode)) == [True, False, False, False]
+    assert not graph_replayed(stages, steps, decisions(cuda_graphs=False)).any()
+    assert not graph_replayed(stages, steps, None).any()
+    # The engine's own arg wins over the decisions (a step too large for any captured graph).
+    with_arg = stages.assign(graph_replay=[True, None, False, None])
+    assert list(graph_replayed(with_arg, steps, both)) == [True, False, False, False]
