@@ -200,7 +200,8 @@ def source_verdict(runs: pd.DataFrame, steps: tuple[int, int] | None) -> str:
         total = int(span[mine.index].sum())
         ratio = int(mine["idle_ns"].sum()) / total if total else 0.0
         ranges = ", ".join(
-            f"{int(f)}..{int(la)}" for f, la in zip(mine["first_step"], mine["last_step"])
+            f"{int(f)}..{int(la)}"
+            for f, la in zip(mine["first_step"], mine["last_step"], strict=True)
         )
         what = what or "stage slices (a lower bound on idle)"
         parts.append(f"steps {ranges} from {what}: bubble_ratio {100 * ratio:.1f}%")
