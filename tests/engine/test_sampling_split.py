@@ -15,8 +15,11 @@ pytest.importorskip("triton")
 
 from engine.kernels import sampling as sk  # noqa: E402
 from engine.kernels import sampling_split as ss  # noqa: E402
-from engine.kernels.backend import TritonKernels  # noqa: E402
+from engine.kernels.backend import TorchKernels, TritonKernels  # noqa: E402
 from engine.kernels.noise import NoiseStream  # noqa: E402
+from engine.sample.metadata import build_sampling_metadata  # noqa: E402
+from engine.sample.sampler import Sampler  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton interpreter tests run without CUDA"
@@ -189,3 +192,23 @@ def test_bad_launch_constants_are_refused(chunk: int, block: int) -> None:
         ss.sample_commit_split_triton(a, chunk=chunk, block=block)
     with pytest.raises(ValueError, match="power of two"):
         TritonKernels(split_chunk=chunk if chunk != 128 else 96)
+
+
+def test_sampler_on_the_split_path_matches_torch() -> None:
+    """The sampler's penalised path (gumbel_sample) and logprobs (row_logsumexp) through the
+    backend's split kernels: the torch backend's tokens and logprobs."""
+    params = [
+        SamplingParams(temperature=0.8, seed=1, logprobs=3),
+        SamplingParams(temperature=0.0, logprobs=0),
+        SamplingParams(temperature=1.1, top_k=40, top_p=0.9, seed=3),
+        SamplingParams(temperature=1.0, min_p=0.01, repetition_penalty=1.2, seed=4),
+    ]
+    meta = build_sampling_metadata(
+        params, positions=[3, 4, 5, 6], vocab_size=VOCAB, default_seeds=[9] * 4
+    )
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(11)) * 3
+    want = Sampler(TorchKernels()).sample(logits, meta)
+    got = Sampler(TritonKernels(split_chunk=CHUNK)).sample(logits, meta)
+    assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+    assert torch.equal(got.logprob_token_ids, want.logprob_token_ids)
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
