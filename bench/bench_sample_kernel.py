@@ -3,7 +3,8 @@
 For batches of 1..256 rows over a 151,936-token vocab (Qwen3), bf16 and fp32 logits, times
 ``sample_commit`` (greedy, and random: Gumbel-max with each row's seed) and ``row_logsumexp``
 (logprobs' normaliser), old (``engine.kernels.sampling``) against new
-(``engine.kernels.sampling_split``), checks that both give the same tokens, and prints per case:
+(``engine.kernels.sampling_split``), checks that both give the torch reference's tokens and
+commits (column ``same``), and prints per case:
 
 * ``dev_us``: device time per call: the call captured in a CUDA graph, replayed, timed with CUDA
   events (median of ``--iters`` replays after warm-up); what a captured step pays;
@@ -169,26 +170,29 @@ def _logits(n: int, vocab: int, dtype: torch.dtype, device: str) -> torch.Tensor
 
 
 def _old_new(op: str, logits: torch.Tensor, **launch: int) -> tuple[Callable, Callable, bool]:
-    """(old call, new call, whether they agree: the same tokens and commit / lse within 1e-4)."""
+    """(old call, new call, whether old, new and the torch reference agree: the same tokens and
+    commits; logsumexp within 1e-4)."""
     from engine.kernels import sampling as sk
     from engine.kernels import sampling_split as ss
 
     if op == "lse":
         old = sk.row_logsumexp_triton(logits)
         new = ss.row_logsumexp_split_triton(logits, **launch)
-        same = torch.allclose(old, new, atol=1e-4, rtol=1e-5)
+        ref = sk.row_logsumexp_torch(logits.float())
+        same = all(torch.allclose(x, ref, atol=1e-4, rtol=1e-5) for x in (old, new))
         return (
             lambda: sk.row_logsumexp_triton(logits),
             lambda: ss.row_logsumexp_split_triton(logits, **launch),
             same,
         )
     a = _commit_args(logits, op)
-    old_args, new_args = _fresh(a), _fresh(a)
-    same = torch.equal(
-        sk.sample_commit_triton(old_args), ss.sample_commit_split_triton(new_args, **launch)
-    )
-    same = same and torch.equal(old_args.token_ids, new_args.token_ids)
-    same = same and torch.equal(old_args.last_sampled, new_args.last_sampled)
+    ref_args, old_args, new_args = _fresh(a), _fresh(a), _fresh(a)
+    want = sk.sample_commit_torch(ref_args)
+    same = torch.equal(sk.sample_commit_triton(old_args), want)
+    same = same and torch.equal(ss.sample_commit_split_triton(new_args, **launch), want)
+    for got in (old_args, new_args):  # commit_rows is a permutation: no two rows race
+        same = same and torch.equal(got.token_ids, ref_args.token_ids)
+        same = same and torch.equal(got.last_sampled, ref_args.last_sampled)
     return (
         lambda: sk.sample_commit_triton(a),
         lambda: ss.sample_commit_split_triton(a, **launch),

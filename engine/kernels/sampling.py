@@ -131,6 +131,17 @@ if HAS_TRITON:
         return x ^ (x >> 16)
 
     @triton.jit
+    def _mix32_u32(x):
+        # _mix32 on native uint32 lanes: a uint32 multiply wraps mod 2**32, so this is the same
+        # function without int64 arithmetic (which the GPU emulates with several 32-bit ops): the
+        # per-element hash, run V times per row, is the random path's main cost.
+        x = x ^ (x >> 16)
+        x = x * 0x7FEB352D
+        x = x ^ (x >> 15)
+        x = x * 0x846CA68B
+        return x ^ (x >> 16)
+
+    @triton.jit
     def _row_key(init: tl.constexpr, seed, position):
         # noise._chain for one row: init = (KEY*_INIT + stream) mod 2**32, then the four words.
         h = _mix32(tl.full((), init, tl.int64))
@@ -146,6 +157,8 @@ if HAS_TRITON:
         # (engine/kernels/sampling_split.py): both score every element with this same code.
         greedy = temp == 0.0
         safe_t = tl.where(greedy, 1.0, temp)
+        k1 = key1.to(tl.uint32)  # the row keys are in [0, 2**32): exact
+        k2 = key2.to(tl.uint32)
         best_val = tl.full((), float("-inf"), tl.float32)
         best_idx = tl.full((), 0, tl.int32)
         for start in range(lo, hi, BLOCK):
@@ -153,7 +166,7 @@ if HAS_TRITON:
             in_vocab = offs < vocab_size
             x = tl.load(row_ptr + offs, mask=in_vocab, other=float("-inf")).to(tl.float32)
             scaled = tl.div_rn(x, safe_t)  # IEEE division, as torch's
-            h = _mix32(_mix32(offs.to(tl.int64) ^ key1) ^ key2)
+            h = _mix32_u32(_mix32_u32(offs.to(tl.uint32) ^ k1) ^ k2)
             u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
             gumbel = -tl.log(-tl.log(u))
             score = tl.where(scaled >= threshold, scaled + gumbel, float("-inf"))
