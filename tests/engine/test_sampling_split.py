@@ -212,3 +212,21 @@ def test_sampler_on_the_split_path_matches_torch() -> None:
     assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
     assert torch.equal(got.logprob_token_ids, want.logprob_token_ids)
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
+
+
+def test_split_path_is_capturable() -> None:
+    """No host data goes in and no device value comes out (engine/runner/capture_guard.py): the
+    split path may run inside a captured graph (spec verify's, with logprobs)."""
+    from engine.runner.capture_guard import HostDataGuard
+
+    a = _commit_args(_greedy_ties(torch.float32)[:3], torch.tensor([0.0, 0.5, 1.0]), 0, False)
+    temperature, seeds = torch.ones(3), torch.arange(3)
+    registered = [getattr(a, f.name) for f in dataclasses.fields(a)]
+    registered = [t for t in registered if isinstance(t, torch.Tensor)] + [temperature, seeds]
+    with HostDataGuard(registered) as guard:
+        ss.sample_commit_split_triton(a, chunk=CHUNK, block=BLOCK)
+        ss.gumbel_sample_split_triton(
+            a.logits, temperature, temperature, seeds, seeds, chunk=CHUNK, block=BLOCK
+        )
+        ss.row_logsumexp_split_triton(a.logits, chunk=CHUNK, block=BLOCK)
+    assert guard.num_ops > 0 and guard.violations == []
