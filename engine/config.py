@@ -553,7 +553,7 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         triton_possible,
         triton_why,
         # Sampling runs the split-vocab kernels when the vocab has more than one chunk, the
-        # per-row ones otherwise (engine/kernels/sampling_split.py, docs/design.md §2.7).
+        # per-row ones otherwise (engine/kernels/sampling_split.py, docs/design.md §2.15).
         "Triton kernels for attention, input prep and sampling (split-vocab sampling for a "
         "vocab over one chunk)",
     )

@@ -280,7 +280,7 @@ class TritonKernels(KernelBackend):
     kernels of :mod:`engine.kernels.sampling_split` (a rows x vocab-chunks grid, then one reduction
     per row; the same tokens) whenever the vocab has more than one ``split_chunk`` chunk, for every
     sampling variant; a vocab of one chunk runs the one-program-per-row kernels of
-    :mod:`engine.kernels.sampling` (one launch instead of two; docs/design.md §2.7)."""
+    :mod:`engine.kernels.sampling` (one launch instead of two; docs/design.md §2.15)."""
 
     name = "triton"
 

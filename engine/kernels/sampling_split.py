@@ -3,7 +3,7 @@
 The one-program-per-row kernels of :mod:`engine.kernels.sampling` walk a row's whole vocab
 serially: at batch 256 and V = 151,936 that is 256 programs on 132 SMs, each a long dependent
 loop, and the step's sampling took ~131 us on the H200 for a logits read worth ~20-40 us of
-bandwidth (docs/design.md §2.7, issue 17). Here stage 1 runs one program per (row, chunk of
+bandwidth (docs/design.md §2.15, issue 17). Here stage 1 runs one program per (row, chunk of
 ``chunk`` tokens) and writes that chunk's partial; stage 2 runs one program per row, reduces the
 row's partials and stores (and, for :func:`sample_commit_split_triton`, commits) the result.
 
