@@ -24,7 +24,13 @@ from analysis.loading.profiles import Profile
 from analysis.metrics.bubbles import BUBBLE_COLUMNS, blame_bubbles, blame_table
 from analysis.metrics.decisions import ineffective_features, silent_fallbacks
 from analysis.metrics.grammar import grammar_by_step, grammar_headline
-from analysis.metrics.kernel_window import busy_with_kernels
+from analysis.metrics.kernel_window import (
+    busy_with_kernels,
+    kernel_steps,
+    profiler_breaks,
+    runs_by_source,
+    source_verdict,
+)
 from analysis.metrics.kernels import kernel_breakdown, kernel_slices
 from analysis.metrics.latency import percentiles, request_latency
 from analysis.metrics.overlap import SCHEDULING_SLICES, overall_overlap, overlap_by_step
@@ -123,11 +129,15 @@ def measured_window(p: Pass) -> None:
     p.all_steps = step_table(p.frames.slices)
     p.slices, p.window = select_window(p.frames.slices, p.skip_steps, p.window_rule, p.all_steps)
     p.busy, p.kernel_windows = busy_with_kernels(p.frames.slices)
-    p.runs = run_spans(p.slices, p.window.start_ns, p.window.end_ns)
+    k_steps = kernel_steps(p.frames.slices, p.frames.metadata) if p.kernel_windows[0].size else None
+    breaks = profiler_breaks(k_steps)
+    p.runs = run_spans(p.slices, p.window.start_ns, p.window.end_ns, breaks)
     p.span_ns = measured_ns(p.runs)
     p.idle = idle_in_runs(p.busy, p.runs) if p.span_ns else _NO_IDLE
+    p.runs = runs_by_source(p.runs, p.idle, p.kernel_windows)
     p.head["window"] = p.window.to_dict()
     p.tables["runs"] = p.runs
+    p.verdicts += [v for v in [source_verdict(p.runs, k_steps)] if v]
 
 
 def overlap(p: Pass) -> None:
@@ -283,6 +293,7 @@ def steps_and_lead(p: Pass) -> None:
         p.idle_ns,
         p.span_ns,
         p.frames.metadata.get("format", ""),
+        p.frames.decisions,
     )
     p.head |= lead.headline
     p.tables |= {

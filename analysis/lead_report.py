@@ -29,6 +29,7 @@ from analysis.metrics.starvation import (
     starved_busy,
     step_spans,
 )
+from analysis.metrics.submit import graph_replayed, paced_mask
 
 __all__ = ["LeadSection", "lead_section", "LEAD_SECTION_KEYS", "BUSY_KERNELS", "BUSY_SLICES"]
 
@@ -79,10 +80,12 @@ def lead_section(
     idle_ns: int,
     measured_ns: int,
     format_: str = "perfetto",
+    decisions: pd.DataFrame | None = None,
 ) -> LeadSection:
     """Lead, starvation and kernel fill over one window's ``slices`` (``steps``: its step table;
     ``runs``: ``analysis.metrics.runs.run_spans``; ``busy``/``windows``: ``busy_with_kernels``;
-    ``idle_ns``/``measured_ns``: the report's idle and denominator)."""
+    ``idle_ns``/``measured_ns``: the report's idle and denominator; ``decisions``: the trace's
+    feature decisions, which say which stages replay CUDA graphs)."""
     stages = stage_lead(slices)
     per_step = step_lead(stages)
     steps = steps.merge(per_step, on="step", how="left")
@@ -90,11 +93,19 @@ def lead_section(
     start = int(runs["start_ns"].min()) if len(runs) else 0
     end = int(runs["end_ns"].max()) if len(runs) else 0
     source = _busy_source(format_, windows, start, end)
-    outside = stages
+    correction = int(stages.attrs.get("clock_correction_ns", 0))
+    graph = graph_replayed(stages, steps, decisions)
+    outside = np.ones(len(stages), dtype=bool)
     if windows[0].size:
-        outside = stages[assign(stages["ts_ns"].to_numpy(), *windows) < 0]
+        outside = assign(stages["ts_ns"].to_numpy(), *windows) < 0
     fill = stage_fill(slices)
-    starved = starved_busy(outside, steps, _starved_fill(fill, stages, steps))
+    starved = starved_busy(
+        stages[outside],
+        steps,
+        _starved_fill(fill, stages, steps, correction),
+        graph[outside],
+        correction,
+    )
     hidden = int(starved["hidden_idle_ns"].sum())
     spans = step_spans(slices, steps, runs)
     starvation = phase_starvation(spans, busy, starved, steps)
@@ -139,14 +150,13 @@ def lead_section(
 
 
 def _starved_fill(
-    fill: pd.DataFrame, stages: pd.DataFrame, steps: pd.DataFrame
+    fill: pd.DataFrame, stages: pd.DataFrame, steps: pd.DataFrame, correction_ns: int = 0
 ) -> dict[tuple[str, str], float]:
-    """Median measured fill of the starved stages inside kernel windows, per (stage, phase)."""
+    """Median measured fill of the host-paced stages inside kernel windows, per (stage, phase)."""
     if fill.empty or stages.empty:
         return {}
-    measured = fill.merge(
-        stages[stages["starved"]][["step", "stage", "ts_ns"]], on=["step", "stage", "ts_ns"]
-    )
+    paced = stages[paced_mask(stages, correction_ns)]
+    measured = fill.merge(paced[["step", "stage", "ts_ns"]], on=["step", "stage", "ts_ns"])
     measured = measured.assign(phase=measured["step"].map(steps.set_index("step")["phase"]))
     medians = measured.dropna(subset=["fill"]).groupby(["stage", "phase"])["fill"].median()
     return {(str(k[0]), str(k[1])): float(v) for k, v in medians.items()}
@@ -181,12 +191,20 @@ def _verdicts(
         out += _launch_bound(steps, starvation)
     if measured_ns and head["busy_source"] != BUSY_KERNELS:
         aware = head["bubble_ratio_starvation_aware"]
+        where = (
+            "from stage slices outside the kernel window"
+            if head["busy_source"] == BUSY_MIXED
+            else "from stage slices, no kernel data"
+        )
         text = (
             f"bubble_ratio {100 * idle_ns / measured_ns:.0f}% is a lower bound on device idle "
-            "(from stage slices, no kernel data)"
+            f"({where})"
         )
         if aware is not None and not reason and aware > idle_ns / measured_ns + 0.005:
-            text += f"; counting starved stages' launch gaps it is about {100 * aware:.0f}%"
+            text += (
+                f"; counting host-paced stages' launch gaps and CUDA-graph kernel gaps it is "
+                f"about {100 * aware:.0f}% (an estimate)"
+            )
         out.append(text + ".")
     return out
 
@@ -205,8 +223,9 @@ def _launch_bound(steps: pd.DataFrame, starvation: pd.DataFrame) -> list[str]:
             f"host in {100 * frac:.0f}% of them (host launch {row['launch_ms_p50']:.2f} ms vs "
             f"device slices {row['stage_ms_p50']:.2f} ms per step, p50)"
         )
-        if row["hidden_idle_ns"] > 0:
-            per_step = row["hidden_idle_ns"] / 1e6 / max(int(group["starved"].sum()), 1)
+        launch_gaps = row["hidden_idle_ns"] - row["graph_gap_ns"]
+        if launch_gaps > 0:
+            per_step = launch_gaps / 1e6 / max(int(group["starved"].sum()), 1)
             text += (
                 f"; about {per_step:.2f} ms of each starved step's slices is launch gaps, "
                 f"blamed on {row['blame']}"

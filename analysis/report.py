@@ -73,5 +73,5 @@ def build_report(
     headline = Headline(**p.head)
     tables = {**{name: p.tables[name] for name in TABLE_ORDER if name in p.tables}, **p.tables}
     says = verdicts(headline, frames, p.extra)
-    sampled = [runs_verdict(p.runs)] if len(p.runs) > 1 else []
+    sampled = [v for v in [runs_verdict(p.runs)] if v]
     return Report(headline, says[:1] + p.verdicts + sampled + says[1:], tables, frames, p.extra)

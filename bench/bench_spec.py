@@ -129,7 +129,10 @@ def measured_repeat(args: argparse.Namespace, engines: list[SpecEngine]) -> tupl
         if fits < need:
             need = fits
             how += f"; LOWERED to fit --time-budget-s {args.time_budget_s:g}: runs shorter than {args.min_run_s:g} s"
-    return max(1, min(need, args.max_repeat)), how
+    if need > args.max_repeat:
+        how += f"; CAPPED at --max-repeat {args.max_repeat}: runs shorter than {args.min_run_s:g} s"
+        need = args.max_repeat
+    return max(1, need), how
 
 
 def run_rounds(
@@ -424,7 +427,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=10.0,
         help="the fastest variant's measured run lasts at least this long",
     )
-    p.add_argument("--max-repeat", type=int, default=64)
+    p.add_argument("--max-repeat", type=int, default=256)
     p.add_argument(
         "--time-budget-s",
         type=float,

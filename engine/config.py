@@ -552,7 +552,10 @@ def resolve_features(config: EngineConfig, cuda_available: bool | None = None) -
         config.requested.triton_kernels,
         triton_possible,
         triton_why,
-        "Triton kernels for attention, input prep and sampling",
+        # Sampling runs the split-vocab kernels when the vocab has more than one chunk, the
+        # per-row ones otherwise (engine/kernels/sampling_split.py, docs/design.md §2.15).
+        "Triton kernels for attention, input prep and sampling (split-vocab sampling for a "
+        "vocab over one chunk)",
     )
     if config.requested.triton_kernels is None and not on_cuda and triton_decision.resolved:
         triton_decision = FeatureDecision("triton_kernels", None, False, f"auto: off, {triton_why}")

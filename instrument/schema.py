@@ -193,6 +193,10 @@ class Arg(str, Enum):
     # recorded the stage's end event, i.e. finished enqueueing the stage. The slice's end is when
     # the stream reached that event, so CPU lead = slice end - host_end_ns (docs/design.md §5.14.1).
     HOST_END_NS = "host_end_ns"
+    # On a device stage slice: True when the stage's work was one CUDA-graph replay (submitted at
+    # once, just before its end event). Absent: the analysis infers it from the feature decisions
+    # (docs/design.md §5.14.2).
+    GRAPH_REPLAY = "graph_replay"
     # On a kernel slice (``gpu:<i> kernels``): the device stage it ran in (``forward``, ...) and
     # its CUPTI activity kind (``kernel``, ``memcpy``, ``memset``).
     STAGE = "stage"

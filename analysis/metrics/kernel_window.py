@@ -20,11 +20,24 @@ import pandas as pd
 from analysis.frames import ROLE_COMPUTE, ROLE_KERNEL, require_columns
 from analysis.intervals import Union, complement, intersect, intersect_measure, union
 from analysis.metrics.runs import kept_runs
-from instrument.schema import Arg
+from instrument.schema import Arg, CaptureArg
 
 ACTIVITY_MEMCPY = "memcpy"
 
-__all__ = ["FILL_COLUMNS", "kernel_windows", "busy_with_kernels", "stage_fill", "has_kernels"]
+__all__ = [
+    "FILL_COLUMNS",
+    "kernel_windows",
+    "busy_with_kernels",
+    "stage_fill",
+    "has_kernels",
+    "kernel_steps",
+    "profiler_breaks",
+    "runs_by_source",
+    "source_verdict",
+]
+SOURCE_KERNELS = "kernels"
+SOURCE_SLICES = "stage_slices"
+SOURCE_MIXED = "kernels_and_stage_slices"
 
 FILL_COLUMNS = {
     "step": "int64",
@@ -131,3 +144,82 @@ def stage_fill(slices: pd.DataFrame) -> pd.DataFrame:
             "fill": fill,
         }
     ).astype(FILL_COLUMNS)
+
+
+def kernel_steps(slices: pd.DataFrame, metadata: dict[str, object]) -> tuple[int, int] | None:
+    """The kernel window's engine steps ``(A, B)`` (steps A..B-1): ``capture_kernel_steps`` of the
+    trace metadata (``CaptureArg.KERNEL_STEPS``, "A:B"), else the steps of the kernel slices;
+    None without kernels."""
+    text = str(metadata.get(CaptureArg.KERNEL_STEPS.value) or "")
+    head, sep, tail = text.partition(":")
+    if sep and head.strip().isdigit() and tail.strip().isdigit():
+        return int(head), int(tail)
+    step = slices["step"].to_numpy(np.int64)[(slices["role"] == ROLE_KERNEL).to_numpy(bool)]
+    step = step[step >= 0]
+    return (int(step.min()), int(step.max()) + 1) if step.size else None
+
+
+def profiler_breaks(steps: tuple[int, int] | None) -> tuple[int, ...]:
+    """Steps before which the profiler of a kernel window ``(A, B)`` started or stopped: it starts
+    just before step A is scheduled and stops once step B-1 is retired, i.e. before step B is
+    scheduled (synchronous loop) or step B+1 (batch queue of depth 2: B was already in flight).
+    Measuring runs split there leaves the profiler's own pauses out (docs/design.md §5.14.3)."""
+    if steps is None:
+        return ()
+    a, b = steps
+    return (a, b, b + 1)
+
+
+def runs_by_source(runs: pd.DataFrame, idle: Union, windows: Union) -> pd.DataFrame:
+    """``runs`` (``analysis.metrics.runs.run_spans``) with ``busy_source`` (``kernels`` when the
+    kernel windows cover its measured cycles, ``stage_slices`` when they miss them,
+    ``kernels_and_stage_slices`` in between) and ``idle_ns`` (idle inside its cycles)."""
+    lo = runs["cycle_start_ns"].to_numpy(np.int64)
+    hi = runs["end_ns"].to_numpy(np.int64)
+    span = np.maximum(hi - lo, 0)
+    covered = intersect_measure(lo, hi, windows) if windows[0].size else np.zeros(len(runs))
+    source = np.where(
+        covered >= span, SOURCE_KERNELS, np.where(covered <= 0, SOURCE_SLICES, SOURCE_MIXED)
+    )
+    source = np.where(windows[0].size == 0, SOURCE_SLICES, source).astype(object)
+    idle_ns = intersect_measure(lo, hi, idle) if idle[0].size else np.zeros(len(runs))
+    return runs.assign(busy_source=source, idle_ns=np.asarray(idle_ns, dtype=np.int64))
+
+
+def source_verdict(runs: pd.DataFrame, steps: tuple[int, int] | None) -> str:
+    """Which steps' idle came from kernels and which from stage slices (with each part's
+    bubble ratio), and where the profiler's start/stop split the window; "" without kernels."""
+    if steps is None or "busy_source" not in runs.columns:
+        return ""
+    span = (runs["end_ns"] - runs["cycle_start_ns"]).clip(lower=0)
+    parts = []
+    for source, what in ((SOURCE_KERNELS, "CUPTI kernels (measured)"), (SOURCE_SLICES, None)):
+        mine = runs[(runs["busy_source"] == source) & (span > 0)]
+        if mine.empty:
+            continue
+        total = int(span[mine.index].sum())
+        ratio = int(mine["idle_ns"].sum()) / total if total else 0.0
+        ranges = ", ".join(
+            f"{int(f)}..{int(la)}"
+            for f, la in zip(mine["first_step"], mine["last_step"], strict=True)
+        )
+        what = what or "stage slices (a lower bound on idle)"
+        parts.append(f"steps {ranges} from {what}: bubble_ratio {100 * ratio:.1f}%")
+    a, b = steps
+    text = "Device busy: " + ("; ".join(parts) if parts else "no measured step cycles")
+    split = [int(s) for s in runs.loc[runs["split"] == "profiler", "first_step"]]
+    events = [f"started before step {a}"] if a in split else []
+    stops = [s for s in split if s != a]
+    if stops:
+        events.append(
+            f"stopped after step {b - 1} retired (split before step(s) "
+            + ", ".join(str(s) for s in stops)
+            + ")"
+        )
+    if events:
+        text += (
+            f". The kernel window's profiler (steps {a}..{b - 1}) "
+            + " and ".join(events)
+            + ": those pauses are left out of the measured time, not counted as engine idle"
+        )
+    return text + "."

@@ -20,6 +20,9 @@ from analysis.intervals import Union, complement, intersect, union
 
 __all__ = [
     "RUN_COLUMNS",
+    "SPLIT_FIRST",
+    "SPLIT_GAP",
+    "SPLIT_PROFILER",
     "kept_runs",
     "run_spans",
     "in_runs",
@@ -37,20 +40,34 @@ RUN_COLUMNS = {
     "start_ns": "int64",
     "end_ns": "int64",
     "cycle_start_ns": "int64",
+    "split": "object",
 }
+# Why a run starts where it does (``split``): the first run, a step missing before it (a sampled
+# trace), or a profiler start/stop (a kernel window's edge, ``breaks``).
+SPLIT_FIRST = "first"
+SPLIT_GAP = "gap"
+SPLIT_PROFILER = "profiler"
 
 
-def kept_runs(steps: np.ndarray) -> pd.DataFrame:
-    """Runs of consecutive step numbers among ``steps`` (any order, repeats allowed).
+def kept_runs(steps: np.ndarray, breaks: tuple[int, ...] = ()) -> pd.DataFrame:
+    """Runs of consecutive step numbers among ``steps`` (any order, repeats allowed); a step in
+    ``breaks`` also starts a new run (a profiler start or stop just before it).
 
-    Columns: ``run_id``, ``first_step``, ``last_step``, ``num_steps`` (int64), in step order.
+    Columns: ``run_id``, ``first_step``, ``last_step``, ``num_steps`` (int64), ``split``
+    (``first``, ``gap`` or ``profiler``: why the run starts there), in step order.
     """
     s = np.unique(np.asarray(steps, dtype=np.int64))
     s = s[s >= 0]
     if s.size == 0:
-        return pd.DataFrame({k: pd.Series(dtype="int64") for k in list(RUN_COLUMNS)[:4]})
-    new = np.ones(s.size, dtype=bool)
-    new[1:] = s[1:] != s[:-1] + 1
+        cols = ["run_id", "first_step", "last_step", "num_steps"]
+        return pd.DataFrame({k: pd.Series(dtype=RUN_COLUMNS[k]) for k in [*cols, "split"]})
+    gap = np.zeros(s.size, dtype=bool)
+    gap[1:] = s[1:] != s[:-1] + 1
+    profiler = np.isin(s, np.asarray(breaks, dtype=np.int64)) & ~gap
+    new = gap | profiler
+    new[0] = True
+    split = np.where(gap, SPLIT_GAP, SPLIT_PROFILER).astype(object)
+    split[0] = SPLIT_FIRST
     first = np.flatnonzero(new)
     last = np.append(first[1:] - 1, s.size - 1)
     return pd.DataFrame(
@@ -59,12 +76,16 @@ def kept_runs(steps: np.ndarray) -> pd.DataFrame:
             "first_step": s[first],
             "last_step": s[last],
             "num_steps": (last - first + 1).astype(np.int64),
+            "split": split[first],
         }
     )
 
 
-def run_spans(slices: pd.DataFrame, window_start_ns: int, window_end_ns: int) -> pd.DataFrame:
-    """The kept runs of ``slices`` (one window's slices) and the device span of each.
+def run_spans(
+    slices: pd.DataFrame, window_start_ns: int, window_end_ns: int, breaks: tuple[int, ...] = ()
+) -> pd.DataFrame:
+    """The kept runs of ``slices`` (one window's slices) and the device span of each; a step in
+    ``breaks`` starts a new run (``analysis.metrics.kernel_window.profiler_breaks``).
 
     A run's span (``start_ns``..``end_ns``) runs from the first start to the last end of the
     compute slices of its steps, clipped to the window; scheduling is paired with device work
@@ -78,10 +99,16 @@ def run_spans(slices: pd.DataFrame, window_start_ns: int, window_end_ns: int) ->
     """
     require_columns(slices, ["step", "role", "ts_ns", "end_ns"], "run_spans")
     step = slices["step"].to_numpy(np.int64)
-    runs = kept_runs(step)
+    runs = kept_runs(step, breaks)
     if len(runs) == 0:  # no step numbers (a stepless Kineto window): one run, the window
         runs = pd.DataFrame(
-            {"run_id": [0], "first_step": [-1], "last_step": [-1], "num_steps": [0]}
+            {
+                "run_id": [0],
+                "first_step": [-1],
+                "last_step": [-1],
+                "num_steps": [0],
+                "split": [SPLIT_FIRST],
+            }
         )
     if len(runs) <= 1:
         return runs.assign(
@@ -148,8 +175,8 @@ def measured_ns(runs: pd.DataFrame) -> int:
 
 
 def runs_verdict(runs: pd.DataFrame) -> str:
-    """A sentence for a sampled trace (more than one kept run); "" otherwise."""
-    if len(runs) <= 1:
+    """A sentence for a sampled trace (a run that starts after missing steps); "" otherwise."""
+    if len(runs) <= 1 or not (runs["split"] == SPLIT_GAP).any():
         return ""
     lengths = runs["num_steps"].to_numpy(np.int64)
     text = (

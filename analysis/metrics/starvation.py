@@ -1,31 +1,34 @@
-"""Starved time is not busy time (docs/design.md §4): a starvation-aware idle estimate.
+"""Starved time is not busy time (docs/design.md §4, §5.14.2): a starvation-aware idle estimate.
 
-A stage slice runs from the device reaching its begin event to reaching its end event. When the
-stage is *starved* (its CPU lead is below ``analysis.metrics.lead.STARVED_LEAD_NS``) the host enqueued the
-stage's kernels slower than the device ran them, so the slice also covers the launch gaps
-between them. Stage-slice idle is then a lower bound on device idle.
+A stage slice runs from the device reaching its begin event to reaching its end event. Where the
+host submitted the stage's work slower than the device ran it (a *host-paced* stage,
+``analysis.metrics.submit``), the slice also covers the gaps where the device waited for the
+host, so stage-slice idle is a lower bound on device idle.
 
-The estimator (``starved_busy``), from stage slices alone:
+The estimator (``starved_busy``), from stage slices and their ``host_end_ns`` alone (never from
+the kernels of the span it estimates):
 
-1. An *unstarved* compute stage (lead >= threshold) had work queued behind it the whole time, so
-   its slice duration is its device busy time.
-2. Per stage name, fit busy = a + b * num_tokens (the step's scheduled tokens) by least squares
-   over the unstarved slices (b clipped at >= 0; with fewer than 3 distinct token counts,
-   b = 0 and a = their median). Assumption: a stage's device time depends on the step's tokens
-   and not on whether the host was slow to launch it.
-3. A starved stage's busy estimate is that prediction, clipped to [0, slice duration]; the rest of
-   its slice (``hidden_idle_ns``) is idle the stage slices hid. It is ``extrapolated`` when its
-   token count lies outside the unstarved range of its stage (trust it less).
-4. A stage name with no unstarved slice gets no estimate (its slice counts as busy) and the
-   report says so.
+1. A stage that is not host-paced had its work queued when the device began it: its slice is
+   busy (a CUDA-graph replay less its intra-graph kernel gaps, step 3).
+2. A host-paced eager stage: per stage name, fit busy = a + b * num_tokens (the step's scheduled
+   tokens) by least squares over the stage's slices that were not host-paced (b clipped at
+   >= 0; with fewer than 3 distinct token counts, b = 0 and a = their median). Its busy estimate
+   is max(that prediction, its tail after the host finished submitting), clipped to [0, slice];
+   ``extrapolated`` when its token count lies outside the reference range. A stage name with no
+   reference gets no estimate (its slice counts as busy) and the report says so.
+3. A host-paced CUDA-graph replay (submitted at once, at about ``host_end_ns``): busy = its tail
+   ``e - max(b, host_end)`` (``method`` ``graph_submit``); every replay then loses
+   ``GRAPH_GAP_SHARE`` of its busy time to gaps between its kernels (``graph_gap_ns``;
+   ``graph_gaps`` for a replay that was not host-paced).
+4. Where the trace also has a kernel window (``--trace-kernels``), kernel data calibrates the
+   estimate: a host-paced stage outside the window whose (stage, phase) was also host-paced
+   inside it gets busy = the median fill (kernel union / slice) of those measured stages x its
+   slice (``method`` ``kernel_fill``).
 
-Where the trace also has a kernel window (``--trace-kernels``), kernel data calibrates the
-estimate instead: a starved stage outside the window whose (stage, phase) was also starved inside
-it gets busy = the median fill (kernel union / slice) of those measured starved stages x its slice
-(``method`` ``kernel_fill``; the regression is ``reference_fit``).
-
-The hidden idle is blamed on the CPU slice that was launching: ``launch``, named by phase
-(``launch (mixed)``). A phase is *launch-bound* when most of its steps are starved.
+Everything but step 1's slices is an estimate (the rest of each slice, ``hidden_idle_ns``, is
+idle the stage slices hid). The hidden idle of host-paced stages is blamed on the CPU slice that
+was launching: ``launch``, named by phase (``launch (mixed)``); graph gaps are device-side. A
+phase is *launch-bound* when most of its steps are starved.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import pandas as pd
 
 from analysis.frames import ROLE_COMPUTE, require_columns
 from analysis.intervals import Union, intersect_measure
+from analysis.metrics.submit import GRAPH_GAP_SHARE, paced_mask, submit_tail
 from instrument.schema import Arg
 
 __all__ = [
@@ -62,6 +66,9 @@ STARVED_COLUMNS = {
     "estimated": "bool",
     "extrapolated": "bool",
     "method": "object",
+    "paced": "bool",
+    "graph_replay": "bool",
+    "graph_gap_ns": "int64",
 }
 SPAN_COLUMNS = {"step": "int64", "start_ns": "int64", "end_ns": "int64", "phase": "object"}
 
@@ -89,43 +96,59 @@ def starved_busy(
     stages: pd.DataFrame,
     steps: pd.DataFrame,
     fill_by: dict[tuple[str, str], float] | None = None,
+    graph: np.ndarray | None = None,
+    correction_ns: int = 0,
 ) -> pd.DataFrame:
-    """The estimator of the module docstring, for every starved compute stage of ``stages``
+    """The estimator of the module docstring, for the compute stages of ``stages``
     (``analysis.metrics.lead.stage_lead`` rows; pass only those outside any kernel window).
 
     ``steps``: a step table (``step``, ``phase``, and ``num_tokens`` when the trace has it);
-    ``fill_by``: measured fill of starved stages per (stage, phase) from a kernel window. Columns:
-    ``STARVED_COLUMNS``; ``estimated`` False where no reference existed (then est_busy = slice).
+    ``fill_by``: measured fill of host-paced stages per (stage, phase) from a kernel window;
+    ``graph``: per row of ``stages``, whether it was a CUDA-graph replay
+    (``analysis.metrics.submit.graph_replayed``; default none); ``correction_ns``: the clock
+    correction ``stage_lead`` added to ``end_ns``. One row per host-paced or graph-replayed
+    compute stage. Columns: ``STARVED_COLUMNS``; ``estimated`` False where no reference existed
+    (then est_busy = slice).
     """
-    require_columns(stages, ["step", "stage", "role", "ts_ns", "end_ns", "starved"], "starved")
-    comp = stages[stages["role"] == ROLE_COMPUTE]
+    require_columns(
+        stages, ["step", "stage", "role", "ts_ns", "end_ns", "host_end_ns", "starved"], "starved"
+    )
+    is_comp = (stages["role"] == ROLE_COMPUTE).to_numpy(bool)
+    comp = stages[is_comp]
     key = Arg.NUM_TOKENS.value
     tok_by_step = (
         steps.set_index("step")[key].astype("float64") if key in steps.columns else pd.Series()
     )
     tokens = comp["step"].map(tok_by_step).astype("float64").fillna(0.0).to_numpy(np.float64)
-    dur = (comp["end_ns"] - comp["ts_ns"]).to_numpy(np.int64)
-    starved = comp["starved"].to_numpy(bool)
+    dur, tail = submit_tail(comp, correction_ns)
+    paced = paced_mask(comp, correction_ns)
+    is_graph = np.zeros(len(comp), bool) if graph is None else np.asarray(graph, bool)[is_comp]
     stage = comp["stage"].to_numpy(object)
-    est = dur.astype(np.float64).copy()
-    estimated = np.zeros(len(comp), dtype=bool)
+    # Step 3: graph replays, busy = tail (host-paced) or slice, less the intra-graph gaps.
+    base = np.where(paced, tail, dur).astype(np.float64)
+    est = np.where(is_graph, base * (1.0 - GRAPH_GAP_SHARE), dur.astype(np.float64))
+    method = np.where(is_graph, np.where(paced, "graph_submit", "graph_gaps"), "none").astype(
+        object
+    )
     extrapolated = np.zeros(len(comp), dtype=bool)
-    for name in np.unique(stage[starved]):
-        fit = _fit(tokens[(stage == name) & ~starved], dur[(stage == name) & ~starved])
-        sel = (stage == name) & starved
+    eager = paced & ~is_graph
+    for name in np.unique(stage[eager]):  # step 2: host-paced eager stages
+        ref = ~paced & ~is_graph & (stage == name)
+        fit = _fit(tokens[ref], dur[ref])
+        sel = eager & (stage == name)
         if fit is None:
             continue
         a, b, lo, hi = fit
-        est[sel] = np.clip(a + b * tokens[sel], 0.0, dur[sel])
-        estimated[sel] = True
+        est[sel] = np.clip(np.maximum(a + b * tokens[sel], tail[sel]), 0.0, dur[sel])
+        method[sel] = "reference_fit"
         extrapolated[sel] = (tokens[sel] < lo) | (tokens[sel] > hi)
-    method = np.where(estimated, "reference_fit", "none").astype(object)
     phase = comp["step"].map(steps.set_index("step")["phase"]).fillna("unknown").to_numpy(object)
-    for (name, ph), fill in (fill_by or {}).items():
-        sel = starved & (stage == name) & (phase == ph)
+    for (name, ph), fill in (fill_by or {}).items():  # step 4
+        sel = paced & (stage == name) & (phase == ph)
         est[sel] = np.clip(fill, 0.0, 1.0) * dur[sel]
-        estimated[sel], extrapolated[sel], method[sel] = True, False, "kernel_fill"
+        extrapolated[sel], method[sel] = False, "kernel_fill"
     est_busy = np.rint(est).astype(np.int64)
+    graph_gap = np.where(method == "kernel_fill", 0, np.rint(base * GRAPH_GAP_SHARE))
     out = pd.DataFrame(
         {
             "step": comp["step"].to_numpy(np.int64),
@@ -136,12 +159,15 @@ def starved_busy(
             "num_tokens": tokens,
             "est_busy_ns": est_busy,
             "hidden_idle_ns": dur - est_busy,
-            "estimated": estimated,
+            "estimated": method != "none",
             "extrapolated": extrapolated,
             "method": method,
+            "paced": paced,
+            "graph_replay": is_graph,
+            "graph_gap_ns": np.where(is_graph, graph_gap, 0).astype(np.int64),
         }
     )
-    return out[starved].reset_index(drop=True).astype(STARVED_COLUMNS)
+    return out[paced | is_graph].reset_index(drop=True).astype(STARVED_COLUMNS)
 
 
 def step_spans(slices: pd.DataFrame, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -182,11 +208,12 @@ def phase_starvation(
 ) -> pd.DataFrame:
     """Per phase (only phases with device spans): ``num_steps``, ``span_ns`` (Σ step device
     spans), ``idle_ns`` (Σ|span \\ B|), ``bubble_ratio`` (idle / span: a lower bound where B came
-    from stage slices), ``num_starved_stages``, ``hidden_idle_ns`` (starved stages' estimated
-    launch gaps), ``unestimated_stages`` (starved stages without a reference),
+    from stage slices), ``num_starved_stages`` (host-paced stages), ``hidden_idle_ns`` (the
+    estimated idle stage slices hid: launch gaps and ``graph_gap_ns``, the intra-graph kernel gaps
+    among them), ``unestimated_stages`` (host-paced stages without a reference),
     ``bubble_ratio_starvation_aware`` ((idle + hidden) / span), ``launch_ms_p50`` (host ``launch``
-    time per step) and ``stage_ms_p50`` (device compute slices per step), over the phase's starved
-    steps when it has any, else all its steps; ``blame`` (``launch (<phase>)``). Where ``busy``
+    time per step) and ``stage_ms_p50`` (device compute slices per step), over the phase's
+    host-paced steps when it has any, else all its steps; ``blame`` (``launch (<phase>)``). Where ``busy``
     is the kernel union (``analysis.metrics.kernel_window``) ``bubble_ratio`` is measured, not a bound.
     """
     cols: dict[str, str] = {
@@ -197,6 +224,7 @@ def phase_starvation(
         "bubble_ratio": "float64",
         "num_starved_stages": "int64",
         "hidden_idle_ns": "int64",
+        "graph_gap_ns": "int64",
         "unestimated_stages": "int64",
         "bubble_ratio_starvation_aware": "float64",
         "launch_ms_p50": "float64",
@@ -208,7 +236,7 @@ def phase_starvation(
     spans = spans.assign(idle_ns=_span_idle(spans, busy))
     phase_of = steps.set_index("step")["phase"]
     hidden = starved.assign(phase=starved["step"].map(phase_of))
-    starved_steps = set(starved["step"].tolist())
+    starved_steps = set(starved.loc[starved["paced"], "step"].tolist())
     rows = []
     for phase, group in spans.groupby("phase", sort=False):
         span = int((group["end_ns"] - group["start_ns"]).sum())
@@ -216,7 +244,8 @@ def phase_starvation(
         mine = hidden[hidden["phase"] == phase]
         hid = int(mine["hidden_idle_ns"].sum())
         st = steps[steps["step"].isin(group["step"])]
-        focus = st[st["step"].isin(starved_steps)] if not mine.empty else st
+        paced = mine[mine["paced"]]
+        focus = st[st["step"].isin(starved_steps)] if not paced.empty else st
         launch = focus["launch_ns"] if "launch_ns" in focus.columns else pd.Series(dtype=float)
         stage = focus["device_busy_ns"] if "device_busy_ns" in focus.columns else launch[:0]
         rows.append(
@@ -226,9 +255,10 @@ def phase_starvation(
                 "span_ns": span,
                 "idle_ns": idle,
                 "bubble_ratio": idle / span if span else np.nan,
-                "num_starved_stages": len(mine),
+                "num_starved_stages": len(paced),
                 "hidden_idle_ns": hid,
-                "unestimated_stages": int((~mine["estimated"]).sum()),
+                "graph_gap_ns": int(mine["graph_gap_ns"].sum()),
+                "unestimated_stages": int((~paced["estimated"]).sum()),
                 "bubble_ratio_starvation_aware": min(idle + hid, span) / span if span else np.nan,
                 "launch_ms_p50": float(launch.median()) / 1e6 if len(launch) else np.nan,
                 "stage_ms_p50": float(stage.median()) / 1e6 if len(stage) else np.nan,

@@ -29,6 +29,7 @@ from engine.kernels import (
     rejection,
     rope,
     sampling,
+    sampling_split,
     staged_write,
 )
 from engine.kernels.attention_metadata import AttentionMetadata
@@ -273,13 +274,22 @@ class TorchKernels(KernelBackend):
 
 class TritonKernels(KernelBackend):
     """The Triton kernels. ``rms_norm`` of a tensor that is not 2-D (q/k-norm head views) runs the
-    torch reference, as the Triton kernel takes ``[T, H]`` rows."""
+    torch reference, as the Triton kernel takes ``[T, H]`` rows.
+
+    Sampling (``sample_commit``, ``gumbel_sample``, ``row_logsumexp``) runs the split-vocab
+    kernels of :mod:`engine.kernels.sampling_split` (a rows x vocab-chunks grid, then one reduction
+    per row; the same tokens) whenever the vocab has more than one ``split_chunk`` chunk, for every
+    sampling variant; a vocab of one chunk runs the one-program-per-row kernels of
+    :mod:`engine.kernels.sampling` (one launch instead of two; docs/design.md §2.15)."""
 
     name = "triton"
 
-    def __init__(self) -> None:
+    def __init__(self, split_chunk: int = sampling_split.SPLIT_CHUNK) -> None:
         if not input_prep.HAS_TRITON:
             raise RuntimeError("the triton kernel backend needs triton, which is not installed")
+        sampling_split.check_split_launch(split_chunk, sampling_split.SPLIT_BLOCK)
+        self.split_chunk = split_chunk
+        self._split_block = min(sampling_split.SPLIT_BLOCK, split_chunk)
 
     # stepscope: hot
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -357,16 +367,29 @@ class TritonKernels(KernelBackend):
         positions: torch.Tensor,
         stream: int = NoiseStream.SAMPLE,
     ) -> torch.Tensor:
+        if sampling_split.split_applies(logits.shape[1], self.split_chunk):
+            return sampling_split.gumbel_sample_split_triton(
+                logits, temperature, keep_threshold, seeds, positions, stream,
+                chunk=self.split_chunk, block=self._split_block,
+            )  # fmt: skip
         return sampling.gumbel_sample_triton(
             logits, temperature, keep_threshold, seeds, positions, stream
         )
 
     # stepscope: hot
     def sample_commit(self, a: sampling.SampleCommitArgs) -> torch.Tensor:
+        if sampling_split.split_applies(a.logits.shape[1], self.split_chunk):
+            return sampling_split.sample_commit_split_triton(
+                a, chunk=self.split_chunk, block=self._split_block
+            )
         return sampling.sample_commit_triton(a)
 
     # stepscope: hot
     def row_logsumexp(self, logits: torch.Tensor) -> torch.Tensor:
+        if sampling_split.split_applies(logits.shape[1], self.split_chunk):
+            return sampling_split.row_logsumexp_split_triton(
+                logits, chunk=self.split_chunk, block=self._split_block
+            )
         return sampling.row_logsumexp_triton(logits)
 
     # stepscope: hot

@@ -131,6 +131,17 @@ if HAS_TRITON:
         return x ^ (x >> 16)
 
     @triton.jit
+    def _mix32_u32(x):
+        # _mix32 on native uint32 lanes: a uint32 multiply wraps mod 2**32, so this is the same
+        # function without int64 arithmetic (which the GPU emulates with several 32-bit ops): the
+        # per-element hash, run V times per row, is the random path's main cost.
+        x = x ^ (x >> 16)
+        x = x * 0x7FEB352D
+        x = x ^ (x >> 15)
+        x = x * 0x846CA68B
+        return x ^ (x >> 16)
+
+    @triton.jit
     def _row_key(init: tl.constexpr, seed, position):
         # noise._chain for one row: init = (KEY*_INIT + stream) mod 2**32, then the four words.
         h = _mix32(tl.full((), init, tl.int64))
@@ -140,18 +151,22 @@ if HAS_TRITON:
         return _mix32(h ^ ((position >> 32) & 0xFFFFFFFF))
 
     @triton.jit
-    def _gumbel_argmax(row_ptr, vocab_size, temp, threshold, key1, key2, BLOCK: tl.constexpr):
-        # argmax_v (x_v / T + g_v) over {x_v / T >= threshold}; argmax_v x_v when T == 0.
+    def _gumbel_span(row_ptr, lo, hi, vocab_size, temp, threshold, key1, key2, BLOCK: tl.constexpr):
+        # (max, argmax) over v in [lo, hi) of x_v / T + g_v, kept where x_v / T >= threshold
+        # (x_v when T == 0). One span is the whole row here and one vocab chunk in the split path
+        # (engine/kernels/sampling_split.py): both score every element with this same code.
         greedy = temp == 0.0
         safe_t = tl.where(greedy, 1.0, temp)
+        k1 = key1.to(tl.uint32)  # the row keys are in [0, 2**32): exact
+        k2 = key2.to(tl.uint32)
         best_val = tl.full((), float("-inf"), tl.float32)
         best_idx = tl.full((), 0, tl.int32)
-        for start in range(0, vocab_size, BLOCK):
+        for start in range(lo, hi, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             in_vocab = offs < vocab_size
-            x = tl.load(row_ptr + offs, mask=in_vocab, other=float("-inf"))
+            x = tl.load(row_ptr + offs, mask=in_vocab, other=float("-inf")).to(tl.float32)
             scaled = tl.div_rn(x, safe_t)  # IEEE division, as torch's
-            h = _mix32(_mix32(offs.to(tl.int64) ^ key1) ^ key2)
+            h = _mix32_u32(_mix32_u32(offs.to(tl.uint32) ^ k1) ^ k2)
             u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
             gumbel = -tl.log(-tl.log(u))
             score = tl.where(scaled >= threshold, scaled + gumbel, float("-inf"))
@@ -162,21 +177,36 @@ if HAS_TRITON:
             better = block_max > best_val  # strict: ties keep the first index, like torch
             best_idx = tl.where(better, start + block_idx, best_idx)
             best_val = tl.where(better, block_max, best_val)
+        return best_val, best_idx
+
+    @triton.jit
+    def _gumbel_argmax(row_ptr, vocab_size, temp, threshold, key1, key2, BLOCK: tl.constexpr):
+        # argmax_v (x_v / T + g_v) over {x_v / T >= threshold}; argmax_v x_v when T == 0.
+        _, best_idx = _gumbel_span(
+            row_ptr, 0, vocab_size, vocab_size, temp, threshold, key1, key2, BLOCK
+        )
         return best_idx
 
     @triton.jit
-    def _argmax_row(row_ptr, vocab_size, BLOCK: tl.constexpr):
-        # argmax_v x_v, the first index among ties (torch.argmax's rule).
+    def _argmax_span(row_ptr, lo, hi, vocab_size, BLOCK: tl.constexpr):
+        # (max, argmax) of x_v over v in [lo, hi), the first index among ties (torch's rule).
         best_val = tl.full((), float("-inf"), tl.float32)
         best_idx = tl.full((), 0, tl.int32)
-        for start in range(0, vocab_size, BLOCK):
+        for start in range(lo, hi, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
+            x = x.to(tl.float32)
             block_max = tl.max(x, axis=0)
             block_idx = tl.argmax(x, axis=0)
             better = block_max > best_val
             best_idx = tl.where(better, start + block_idx, best_idx)
             best_val = tl.where(better, block_max, best_val)
+        return best_val, best_idx
+
+    @triton.jit
+    def _argmax_row(row_ptr, vocab_size, BLOCK: tl.constexpr):
+        # argmax_v x_v, the first index among ties (torch.argmax's rule).
+        _, best_idx = _argmax_span(row_ptr, 0, vocab_size, vocab_size, BLOCK)
         return best_idx
 
     @triton.jit

@@ -286,12 +286,19 @@ class ModelRunner:
             self.states.apply(flushes)
             self.step_inputs.apply(step_flush)
             dev.submit(compute, lambda: self.fwd.prepare(batch))
+        # One CUDA-graph replay, submitted at once (the analysis starts its work at host_end_ns,
+        # docs/design.md §5.14.2); eager logits after it make the stage eager.
+        if run_forward is None:
+            graph = not with_logits and self.fwd.replays_graph(batch)
+        else:
+            graph = not with_logits and dev.is_cuda  # the speculative forward graph
         with tl.stage(
             _DEV_FORWARD,
             step=step,
             stream=compute,
             contiguous=True,
             flow_in=FLOW_ID_BASE + step,
+            graph_replay=graph,
         ):
             dev.submit(compute, forward)
             if with_logits:
@@ -353,11 +360,12 @@ class ModelRunner:
                 shape, batch.num_logits, batch.num_reqs, batch.max_num_logprobs
             )
 
-        with tl.stage(_DEV_VERIFY, step=step, stream=compute):
+        replayed = dev.is_cuda
+        with tl.stage(_DEV_VERIFY, step=step, stream=compute, graph_replay=replayed):
             dev.submit(compute, verify)
         sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
         dev.wait_event(d2h, sampled_ready)
-        with tl.stage(_DEV_DRAFT, step=step, stream=compute):
+        with tl.stage(_DEV_DRAFT, step=step, stream=compute, graph_replay=replayed):
             dev.submit(compute, lambda: graphs.draft(shape))
         host = self._host_buffers(batch, with_drafts=False)
         with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):

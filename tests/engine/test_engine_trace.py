@@ -129,3 +129,18 @@ def test_spec_run_ends_with_every_device_stage_written(tmp_path, tiny_model_conf
     launched = set(frames.slices[frames.slices["name"] == CpuSlice.LAUNCH.value]["step"])
     drafts = set(device[device["name"] == DeviceSlice.DRAFT.value]["step"])
     assert drafts == launched  # every step drafted, the last one included
+
+
+def test_forward_slices_say_whether_they_replayed_a_cuda_graph(tmp_path, tiny_model_config):
+    """``graph_replay`` (docs/design.md §4.9) is on every forward slice; on the CPU the captured
+    bodies run eagerly, so it is False everywhere and the analysis models no graph replay."""
+    path = _run(tmp_path, tiny_model_config, async_on=True)
+    frames = load_trace(path)
+    sl = frames.slices
+    fwd = sl[sl["name"] == DeviceSlice.FORWARD.value]
+    assert len(fwd) > 0 and fwd["graph_replay"].notna().all()
+    assert not fwd["graph_replay"].astype(bool).any()
+    others = sl[sl["track"].str.startswith("gpu:0") & (sl["name"] != DeviceSlice.FORWARD.value)]
+    assert others["graph_replay"].isna().all()
+    starved = analyze_trace(path, window="all").tables["starved"]
+    assert not starved["graph_replay"].any()

@@ -7,7 +7,7 @@ import torch
 
 from engine.config import CacheConfig, SchedulerConfig
 from engine.device import CpuDevice
-from engine.kernels.backend import create_kernel_backend
+from engine.kernels.backend import KernelBackend, create_kernel_backend
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from tests.engine.runner_harness import (
@@ -29,7 +29,9 @@ def device():
     dev.close()
 
 
-def make_runner(device: CpuDevice, model, use_triton: bool = False) -> ModelRunner:
+def make_runner(
+    device: CpuDevice, model, use_triton: bool = False, kernels: KernelBackend | None = None
+) -> ModelRunner:
     limits = SchedulerConfig(
         max_num_seqs=2,  # forces the finished row to be reused
         max_model_len=32,
@@ -40,7 +42,7 @@ def make_runner(device: CpuDevice, model, use_triton: bool = False) -> ModelRunn
         device,
         limits,
         CacheConfig(block_size=4, num_kv_blocks=32),
-        kernels=create_kernel_backend("triton" if use_triton else "torch"),
+        kernels=kernels or create_kernel_backend("triton" if use_triton else "torch"),
     )
 
 
@@ -173,17 +175,25 @@ def _sampled_schedule(runner: ModelRunner, params: dict[str, SamplingParams]) ->
     return got
 
 
-@pytest.mark.parametrize("penalised", [False, True])
-def test_triton_kernels_sample_the_torch_tokens(device: CpuDevice, penalised: bool) -> None:
+@pytest.mark.parametrize(("penalised", "split_chunk"), [(False, None), (True, None), (False, 32)])
+def test_triton_kernels_sample_the_torch_tokens(
+    device: CpuDevice, penalised: bool, split_chunk: int | None
+) -> None:
     """Fused input prep and sample + commit (Triton, interpreted) against the torch backend;
-    with a penalised request the step takes the generic (unfused) sampling path."""
+    with a penalised request the step takes the generic (unfused) sampling path. ``split_chunk``
+    32: sampling and logprobs run the split-vocab kernels (V = 97: four chunks, the last of one
+    token; engine/kernels/sampling_split.py)."""
     pytest.importorskip("triton")
+    from engine.kernels.backend import TritonKernels
+
     params = dict(SAMPLED)
     if penalised:
         params["C"] = SamplingParams(temperature=0.9, presence_penalty=0.5, seed=9, max_tokens=32)
     model = tiny_model()
     want = _sampled_schedule(make_runner(device, model), params)
-    got = _sampled_schedule(make_runner(device, tiny_model(use_triton=True), True), params)
+    kernels = None if split_chunk is None else TritonKernels(split_chunk=split_chunk)
+    triton_runner = make_runner(device, tiny_model(use_triton=True), True, kernels)
+    got = _sampled_schedule(triton_runner, params)
     assert [len(want[r]) for r in "ABC"] == [3, 4, 2]
     assert {r: got[r] for r in "ABC"} == {r: want[r] for r in "ABC"}
     assert [i for i, _ in got["B logprobs"][0]] == [i for i, _ in want["B logprobs"][0]]

@@ -124,6 +124,8 @@ def test_sample_commit_compiled_matches_torch_on_cuda(kind: str) -> None:
         pytest.skip("needs CUDA")
     import dataclasses
 
+    from engine.kernels.sampling_split import sample_commit_split_triton
+
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     n, vocab, rows, max_len = 256, 151_936, 300, 640
@@ -150,7 +152,12 @@ def test_sample_commit_compiled_matches_torch_on_cuda(kind: str) -> None:
         args, last_sampled=args.last_sampled.clone(), token_ids=args.token_ids.clone()
     )
     want = sk.sample_commit_torch(ref)
-    got = sk.sample_commit_triton(args)
-    assert torch.equal(got, want)
-    assert torch.equal(args.last_sampled, ref.last_sampled)
-    assert torch.equal(args.token_ids, ref.token_ids)
+    # The per-row kernel and the split-vocab kernels (engine/kernels/sampling_split.py).
+    for run in (sk.sample_commit_triton, sample_commit_split_triton):
+        mine = dataclasses.replace(
+            args, last_sampled=args.last_sampled.clone(), token_ids=args.token_ids.clone()
+        )
+        got = run(mine)
+        assert torch.equal(got, want)
+        assert torch.equal(mine.last_sampled, ref.last_sampled)
+        assert torch.equal(mine.token_ids, ref.token_ids)

@@ -92,9 +92,22 @@ def test_no_host_end_ns_gives_null_lead_and_says_why(tmp_path: Path) -> None:
 def test_kernel_window_replaces_stage_slices(tmp_path: Path) -> None:
     spec, truth = _trace(with_kernels=True)
     report = analyze_trace(write(spec, tmp_path / "t.pftrace"), window="all", skip_steps=0)
-    lo, hi = truth["busy"][0][0], truth["busy"][-1][1]
-    idle = int((~_bitmap(truth["kernel_busy"], lo, hi)).sum())
-    assert report.headline["bubble_ratio"] == pytest.approx(idle / (hi - lo))
+    # The kernel window's edges split the measured runs (the profiler starts before step 8 and
+    # stops before step 16 or 17): runs 0..7, 8..15, 16, 17..; each measured over its cycles,
+    # from the end of its first step's device work to its last step's end.
+    busy = truth["busy"]
+    runs = [(0, 7), (8, 15), (16, 16), (17, len(busy) - 1)]
+    idle = span = 0
+    for first, last in runs:
+        lo, hi = busy[first][1], busy[last][1]
+        inside = [(a, b) for a, b in truth["kernel_busy"] if b > lo and a < hi]
+        idle += int((~_bitmap(inside, lo, hi)).sum())
+        span += hi - lo
+    assert report.headline["bubble_ratio"] == pytest.approx(idle / span)
+    assert list(report.tables["runs"]["split"]) == ["first", "profiler", "profiler", "profiler"]
+    # Step 16 alone measures no cycle; its span lies in the kernel window's span.
+    sources = list(report.tables["runs"]["busy_source"])
+    assert sources[:2] == ["stage_slices", "kernels"] and sources[3] == "stage_slices"
     assert report.headline["busy_source"] == "kernels_and_stage_slices"
     fill = report.tables["fill"].set_index("step")
     assert list(fill.index) == list(KERNEL_STEPS)
