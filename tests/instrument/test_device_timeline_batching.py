@@ -109,8 +109,9 @@ def test_event_calls_per_engine_step(tmp_path):
     # integers: a float difference with anchors recorded (a slow run) is not exactly 8
     records = StandInCudaEvent.calls["record"] - loop.timeline.ops.num_anchor_records
     assert records == 8 * num_steps
-    anchors = 2 * loop.timeline.ops.num_anchor_records / num_steps  # each read once or twice
-    assert 8 <= calls["elapsed_time"] - anchors <= 8.2  # a contiguous begin split across polls
+    anchors = loop.timeline.ops.num_anchor_records / num_steps  # each read once or twice
+    # 8 a step, a few more where a contiguous begin was split across polls
+    assert calls["elapsed_time"] - anchors >= 8 and calls["elapsed_time"] - 2 * anchors <= 8.2
     assert calls["query"] <= 2
     assert len(made) < 200 + 3 * num_steps  # pooled, but for the 3 lent per step
     # A lent sync event is the stage's end event, and is never recorded again.
