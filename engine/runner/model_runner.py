@@ -289,7 +289,7 @@ class ModelRunner:
         # One CUDA-graph replay, submitted at once (the analysis starts its work at host_end_ns,
         # docs/design.md §5.14.2); eager logits after it make the stage eager.
         if run_forward is None:
-            graph = not with_logits and self.fwd.replays_graph(batch)
+            graph = not with_logits and tl.enabled and self.fwd.replays_graph(batch)
         else:
             graph = not with_logits and dev.is_cuda  # the speculative forward graph
         with tl.stage(
