@@ -210,6 +210,56 @@ if HAS_TRITON:
         return best_idx
 
     @triton.jit
+    def _row_noise_params(
+        j,
+        state_rows_ptr,
+        logits_indices_ptr,
+        positions_ptr,
+        temperature_ptr,
+        temperature_stride,
+        seeds_ptr,
+        seeds_stride,
+        threshold_ptr,
+        KEY1_INIT: tl.constexpr,
+        KEY2_INIT: tl.constexpr,
+        HAS_THRESHOLD: tl.constexpr,
+        INDIRECT: tl.constexpr,
+    ):
+        # (T, threshold, key1, key2) of logits row j. INDIRECT (sample + commit): the parameters
+        # live in state row state_rows[j], the noise position is positions[logits_indices[j]] + 1;
+        # else (gumbel_sample) they are row j's and the position is positions[j].
+        if INDIRECT:
+            token = tl.load(logits_indices_ptr + j).to(tl.int64)
+            position = tl.load(positions_ptr + token).to(tl.int64) + 1
+            state_row = tl.load(state_rows_ptr + j).to(tl.int64)
+        else:
+            position = tl.load(positions_ptr + j).to(tl.int64)
+            state_row = j.to(tl.int64)
+        temp = tl.load(temperature_ptr + state_row * temperature_stride)
+        seed = tl.load(seeds_ptr + state_row * seeds_stride).to(tl.int64)
+        if HAS_THRESHOLD:
+            threshold = tl.load(threshold_ptr + j)
+        else:
+            threshold = tl.full((), float("-inf"), tl.float32)
+        key1 = _row_key(KEY1_INIT, seed, position)
+        key2 = _row_key(KEY2_INIT, seed, position)
+        return temp, threshold, key1, key2
+
+    @triton.jit
+    def _commit_sampled(
+        j, sampled, commit_rows_ptr, logits_indices_ptr, positions_ptr, last_sampled_ptr,
+        token_ids_ptr, token_ids_stride, max_model_len,
+    ):  # fmt: skip
+        # Commit logits row j's token: last_sampled and token_ids at the position it occupies
+        # (the row's token position + 1, clamped to the table).
+        token = tl.load(logits_indices_ptr + j).to(tl.int64)
+        position = tl.load(positions_ptr + token).to(tl.int64) + 1
+        commit_row = tl.load(commit_rows_ptr + j).to(tl.int64)
+        tl.store(last_sampled_ptr + commit_row, sampled)
+        column = tl.minimum(position, max_model_len - 1)
+        tl.store(token_ids_ptr + commit_row * token_ids_stride + column, sampled)
+
+    @triton.jit
     def _gumbel_sample_kernel(
         logits_ptr,
         logits_stride,
@@ -224,12 +274,10 @@ if HAS_TRITON:
         BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0)
-        temp = tl.load(temperature_ptr + row)
-        threshold = tl.load(threshold_ptr + row)
-        seed = tl.load(seeds_ptr + row).to(tl.int64)
-        position = tl.load(positions_ptr + row).to(tl.int64)
-        key1 = _row_key(KEY1_INIT, seed, position)
-        key2 = _row_key(KEY2_INIT, seed, position)
+        temp, threshold, key1, key2 = _row_noise_params(
+            row, row, row, positions_ptr, temperature_ptr, 1, seeds_ptr, 1, threshold_ptr,
+            KEY1_INIT, KEY2_INIT, True, False,
+        )  # fmt: skip
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
         best_idx = _gumbel_argmax(row_ptr, vocab_size, temp, threshold, key1, key2, BLOCK)
         tl.store(out_ptr + row, best_idx.to(tl.int64))
@@ -260,29 +308,22 @@ if HAS_TRITON:
         BLOCK: tl.constexpr,
     ):
         j = tl.program_id(0)
-        # position the sampled token will occupy = the logits row's token position + 1
-        token = tl.load(logits_indices_ptr + j).to(tl.int64)
-        position = tl.load(positions_ptr + token).to(tl.int64) + 1
         row_ptr = logits_ptr + j.to(tl.int64) * logits_stride
         if ALL_GREEDY:
             best_idx = _argmax_row(row_ptr, vocab_size, BLOCK)
         else:
-            state_row = tl.load(logit_rows_ptr + j).to(tl.int64)
-            temp = tl.load(temperature_ptr + state_row * temperature_stride)
-            seed = tl.load(seeds_ptr + state_row * seeds_stride).to(tl.int64)
-            if HAS_THRESHOLD:
-                threshold = tl.load(threshold_ptr + j)
-            else:
-                threshold = tl.full((), float("-inf"), tl.float32)
-            key1 = _row_key(KEY1_INIT, seed, position)
-            key2 = _row_key(KEY2_INIT, seed, position)
+            temp, threshold, key1, key2 = _row_noise_params(
+                j, logit_rows_ptr, logits_indices_ptr, positions_ptr, temperature_ptr,
+                temperature_stride, seeds_ptr, seeds_stride, threshold_ptr,
+                KEY1_INIT, KEY2_INIT, HAS_THRESHOLD, True,
+            )  # fmt: skip
             best_idx = _gumbel_argmax(row_ptr, vocab_size, temp, threshold, key1, key2, BLOCK)
         sampled = best_idx.to(tl.int64)
         tl.store(out_ptr + j, sampled)
-        commit_row = tl.load(commit_rows_ptr + j).to(tl.int64)
-        tl.store(last_sampled_ptr + commit_row, sampled)
-        column = tl.minimum(position, max_model_len - 1)
-        tl.store(token_ids_ptr + commit_row * token_ids_stride + column, sampled)
+        _commit_sampled(
+            j, sampled, commit_rows_ptr, logits_indices_ptr, positions_ptr, last_sampled_ptr,
+            token_ids_ptr, token_ids_stride, max_model_len,
+        )  # fmt: skip
 
     @triton.jit
     def _row_logsumexp_kernel(logits_ptr, logits_stride, out_ptr, vocab_size, BLOCK: tl.constexpr):

@@ -35,7 +35,12 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from engine.kernels.sampling import _argmax_span, _gumbel_span, _row_key
+    from engine.kernels.sampling import (
+        _argmax_span,
+        _commit_sampled,
+        _gumbel_span,
+        _row_noise_params,
+    )
 
 __all__ = [
     "SPLIT_BLOCK",
@@ -80,42 +85,6 @@ def _launch_constants(vocab_size: int, chunk: int, block: int) -> tuple[int, int
 
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _row_noise_params(
-        j,
-        state_rows_ptr,
-        logits_indices_ptr,
-        positions_ptr,
-        temperature_ptr,
-        temperature_stride,
-        seeds_ptr,
-        seeds_stride,
-        threshold_ptr,
-        KEY1_INIT: tl.constexpr,
-        KEY2_INIT: tl.constexpr,
-        HAS_THRESHOLD: tl.constexpr,
-        INDIRECT: tl.constexpr,
-    ):
-        # (T, threshold, key1, key2) of logits row j. INDIRECT (sample + commit): the parameters
-        # live in state row state_rows[j], the noise position is positions[logits_indices[j]] + 1;
-        # else (gumbel_sample) they are row j's and the position is positions[j].
-        if INDIRECT:
-            token = tl.load(logits_indices_ptr + j).to(tl.int64)
-            position = tl.load(positions_ptr + token).to(tl.int64) + 1
-            state_row = tl.load(state_rows_ptr + j).to(tl.int64)
-        else:
-            position = tl.load(positions_ptr + j).to(tl.int64)
-            state_row = j.to(tl.int64)
-        temp = tl.load(temperature_ptr + state_row * temperature_stride)
-        seed = tl.load(seeds_ptr + state_row * seeds_stride).to(tl.int64)
-        if HAS_THRESHOLD:
-            threshold = tl.load(threshold_ptr + j)
-        else:
-            threshold = tl.full((), float("-inf"), tl.float32)
-        key1 = _row_key(KEY1_INIT, seed, position)
-        key2 = _row_key(KEY2_INIT, seed, position)
-        return temp, threshold, key1, key2
 
     @triton.jit
     def _sample_partials_kernel(
@@ -188,12 +157,10 @@ if HAS_TRITON:
         sampled = tl.sum(tl.where(offs == best, idxs, 0), axis=0).to(tl.int64)
         tl.store(out_ptr + j, sampled)
         if COMMIT:
-            token = tl.load(logits_indices_ptr + j).to(tl.int64)
-            position = tl.load(positions_ptr + token).to(tl.int64) + 1
-            commit_row = tl.load(commit_rows_ptr + j).to(tl.int64)
-            tl.store(last_sampled_ptr + commit_row, sampled)
-            column = tl.minimum(position, max_model_len - 1)
-            tl.store(token_ids_ptr + commit_row * token_ids_stride + column, sampled)
+            _commit_sampled(
+                j, sampled, commit_rows_ptr, logits_indices_ptr, positions_ptr, last_sampled_ptr,
+                token_ids_ptr, token_ids_stride, max_model_len,
+            )  # fmt: skip
 
     @triton.jit
     def _lse_partials_kernel(
