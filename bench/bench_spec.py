@@ -10,8 +10,9 @@ all arriving at once, ``--max-tokens`` each, fresh request ids per copy); withou
 is sized from the untimed passes so that the fastest variant's run lasts ``--min-run-s`` (with a
 1.25x margin: the untimed passes' speeds are rough). Rounds alternate every variant
 ``--rounds`` times in this process (the order rotates each round); each round's output tok/s is
-divided by the no-speculation run of the same round. The rounds run with the tracer muted (``--traced extra``, the default: speed as ``stepscope run`` without ``--trace``);
-then one traced pass per variant (a quarter of the workload) gives the trace's numbers below and
+divided by the no-speculation run of the same round. The rounds run with the tracer muted
+(``--traced extra``, the default: speed as ``stepscope run`` without ``--trace``); then one
+traced pass per variant (a quarter of the workload) gives the trace's numbers below and
 its own tok/s, printed apart (``--traced every``: every round traced, as before).
 
 Per variant: output tok/s and its ratio to ``none`` (median, min..max over rounds), acceptance
