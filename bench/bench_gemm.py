@@ -5,7 +5,7 @@ and the lm_head with ``M`` = the batch. On the H200 at batch 256 the four took ~
 (7 µs each; the session-7 kernel window), against ~10 µs a layer of compute or memory floor. This
 bench times each shape as ``--reps`` launches captured in one CUDA graph (median over
 ``--replays`` replays, µs per launch): ``F.linear`` with torch's default BLAS backend and with
-cuBLASLt preferred, and the Triton kernel of ``engine/kernels/gemm.py`` over a sweep of launch
+cuBLASLt preferred, and the Triton kernel of ``bench/_gemm_triton.py`` over a sweep of launch
 constants (tile rows/cols/depth, stages, K splits). Each Triton config is first checked against
 a float64 product (relative max error ≤ 1e-2 of the output scale, else listed as wrong and left
 out). Prints per shape the library time, the best Triton config and the ratio, then per ``M``
@@ -32,7 +32,7 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before triton is imp
 
 import torch  # noqa: E402
 
-from engine.kernels.gemm import GemmLaunch, gemm_torch, gemm_triton  # noqa: E402
+from bench._gemm_triton import GemmLaunch, gemm_torch, gemm_triton  # noqa: E402
 
 # (name, N, K) of the Qwen3-0.6B decode step: hidden 1024, 16 q / 8 kv heads of 128, inter 3072.
 QWEN3_06B = [("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072)]

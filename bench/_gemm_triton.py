@@ -5,8 +5,9 @@ A decode step's projections have few rows (``M`` = the batch, at most a few hund
 K loops on few of them. This kernel tiles ``M x N`` and can split ``K`` over ``SPLIT_K`` programs,
 which write fp32 partial sums to a workspace ``[SPLIT_K, M, N]`` that a second kernel sums and
 rounds to the output dtype (no atomics: the sum order is fixed, so results are deterministic).
-The launch constants come from :data:`GEMM_LAUNCH` (measured per shape on the H200 by
-``bench/bench_gemm.py``; docs/design.md §2.16); ``gemm_torch`` is the reference.
+``gemm_torch`` is the reference. An experiment, not an engine kernel: on the H200 the library
+GEMM was as fast or faster at batch 256 (``bench/bench_gemm.py``, bench/README.md "Decode GEMMs"),
+so the engine keeps ``F.linear``.
 """
 
 from __future__ import annotations
