@@ -91,7 +91,12 @@ def _query(event: Any) -> bool:
 
 
 class FactoryEventOps(EventOps):
-    """:class:`EventOps` over a factory of :class:`TimedEvent` objects."""
+    """:class:`EventOps` over a factory of :class:`TimedEvent` objects.
+
+    When the factory is a class, ``record`` and ``query`` are that class's own functions (one
+    Python frame per call, not two): the events given to them must be instances of it, as the
+    ones :meth:`new` makes are (and as ``DeviceTimeline.event_after_stage``'s ``make`` must
+    return)."""
 
     record = staticmethod(_record)
     query = staticmethod(_query)
