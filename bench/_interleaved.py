@@ -53,6 +53,8 @@ class StepSample:
     wall_us: float
     host_us: float
     cpu_us: float
+    records: int = 0  # device-timeline event records on the engine thread (``time_records``)
+    record_us: float = 0.0  # their wall time
 
 
 @dataclass
@@ -69,7 +71,15 @@ class Interleaver:
     # only on Python < 3.12); None: not profiled. Inflates the times: profile a separate run.
     profilers: dict[bool, Any] | None = None
     profiled_steps: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    # Time every event record the device timeline makes on the engine thread (its stages' begin
+    # and end events, and the runner's sync events when untraced): wall time around each
+    # ``timeline._record`` call. Adds a Python frame and two clock reads per record, in both
+    # kinds of block (traced: 8 records a step, untraced: 3), so it inflates the difference a
+    # little; it says how much of the tracer's added host time is the event calls themselves.
+    time_records: bool = False
     _calls: int = 0
+    _records: int = 0
+    _record_ns: int = 0
     _wait_ns: int = 0
     _wait_cpu_ns: int = 0
     _scheduled_decode: bool = False  # the latest schedule() was decode-only
@@ -109,6 +119,7 @@ class Interleaver:
             previous_decode = self._scheduled_decode
             self._scheduled_decode = False
             wait0, wait_cpu0 = self._wait_ns, self._wait_cpu_ns
+            records0, record_ns0 = self._records, self._record_ns
             profiler = None
             if self.profilers and previous_decode and offset >= self.skip_steps:
                 profiler = self.profilers[traced]  # decode steps only: like for like
@@ -128,16 +139,32 @@ class Interleaver:
                     StepSample(
                         block, traced, steady, wall / 1e3,
                         (wall - (self._wait_ns - wait0)) / 1e3, cpu / 1e3,
+                        self._records - records0, (self._record_ns - record_ns0) / 1e3,
                     )
                 )  # fmt: skip
 
+        timeline = engine.runner.timeline if self.time_records else None
+        record = timeline._record if timeline is not None else None
+
+        def timed_record(event: Any, stream: Any) -> None:
+            start = clock()
+            try:
+                record(event, stream)  # type: ignore[misc]
+            finally:
+                self._record_ns += clock() - start
+                self._records += 1
+
         engine.run_step, scheduler.schedule = timed_step, timed_schedule
         AsyncOutput.wait = timed_wait  # type: ignore[method-assign]
+        if timeline is not None:
+            timeline._record = timed_record
         try:
             yield self
         finally:
             engine.run_step, scheduler.schedule = run_step, schedule
             AsyncOutput.wait = wait  # type: ignore[method-assign]
+            if timeline is not None:
+                timeline._record = record
             self.tracer.enabled = was_enabled
 
 
@@ -215,6 +242,16 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     ]
     lo, hi = _bootstrap_median(ratios)
     out["throughput_ratio"] = {"median": statistics.median(ratios), "ci95": [lo, hi]}
+    if any(s.records for s in steady):  # Interleaver.time_records
+        out["event_records"] = {}
+        for kind, traced in (("traced", True), ("untraced", False)):
+            mine = [s for s in steady if s.traced == traced]
+            n, us = sum(s.records for s in mine), sum(s.record_us for s in mine)
+            out["event_records"][kind] = {
+                "per_step": n / len(mine),
+                "us_per_record": us / n if n else 0.0,
+                "us_per_step": us / len(mine),
+            }
     return out
 
 
@@ -237,3 +274,11 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
     t = result["throughput_ratio"]
     print(f"    throughput traced / untraced (per pair: mean step wall, median of pairs): "
           f"{t['median']:.4f} [{t['ci95'][0]:.4f}, {t['ci95'][1]:.4f}]")  # fmt: skip
+    rec = result.get("event_records")
+    if rec:
+        on, off = rec["traced"], rec["untraced"]
+        print(f"    event records on the engine thread (wall, mean over steady steps): traced "
+              f"{on['per_step']:.2f} a step x {on['us_per_record']:.2f} us = "
+              f"{on['us_per_step']:.1f} us, untraced {off['per_step']:.2f} x "
+              f"{off['us_per_record']:.2f} = {off['us_per_step']:.1f} us: "
+              f"{on['us_per_step'] - off['us_per_step']:+.1f} us a step added")  # fmt: skip

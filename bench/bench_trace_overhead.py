@@ -528,6 +528,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4,
         help="--interleaved: first steps of each block left out (spill across a switch)",
     )
+    p.add_argument(
+        "--time-records",
+        action="store_true",
+        help="--interleaved: also time every device-timeline event record on the engine thread "
+        "(wall; records a step and us per record, traced vs untraced: how much of the added "
+        "host time is the event calls; adds a frame and two clock reads per record)",
+    )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
     if (args.model is None) == (args.model_config is None):
@@ -630,6 +637,7 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
               f"{getattr(ops, 'api_reason', '')}")  # fmt: skip
         mode.llm.run_workload(workload(args, next(seeds)))  # warm-up
         inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)
+        inter.time_records = args.time_records
         start = time.perf_counter()
         with inter.install():
             while True:  # at least one workload

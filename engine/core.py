@@ -347,6 +347,7 @@ class EngineCore:
         with self.tracer.span(_CPU_SCHEDULE) as span:
             so = self.scheduler.schedule()
             if self.tracer.enabled:  # the span's args, built only when traced
+                drafts = so.scheduled_spec_decode_tokens
                 span.set_args(
                     **{
                         _ARG_STEP: so.step,
@@ -354,9 +355,7 @@ class EngineCore:
                         _ARG_NUM_TOKENS: so.total_num_scheduled_tokens,
                         _ARG_NUM_PREFILL: so.num_prefill_reqs,
                         _ARG_NUM_DECODE: so.num_decode_reqs,
-                        _ARG_NUM_SPEC_TOKENS: sum(
-                            len(t) for t in so.scheduled_spec_decode_tokens.values()
-                        ),
+                        _ARG_NUM_SPEC_TOKENS: sum(map(len, drafts.values())) if drafts else 0,
                     }
                 )
         if so.total_num_scheduled_tokens == 0:

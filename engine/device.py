@@ -214,11 +214,24 @@ class CpuEvent:
     def __init__(self) -> None:
         self._stamp: _Stamp | None = None
 
-    def record(self, stream: Any = None) -> None:
+    # One frame: the stamp is built and enqueued inline (the device timeline records five of
+    # these per traced step on the engine thread; docs/design.md §4.3).
+    def record(
+        self,
+        stream: Any = None,
+        _new: Callable[..., Any] = object.__new__,
+        _lock: Any = _allocate_lock,
+    ) -> None:
         if not isinstance(stream, CpuStream):
             raise TypeError(f"CpuEvent.record needs a CpuStream, got {type(stream).__name__}")
-        stamp = self._stamp = _Stamp()
-        stream.enqueue(stamp)
+        if stream._closed:
+            raise RuntimeError(f"CPU stream {stream.name!r} is closed")
+        stamp = _new(_Stamp)  # as _Stamp(), without its __init__ frame
+        done = stamp.done = _lock()
+        done.acquire()
+        stamp.ns, stamp.error, stamp.finished = 0, None, False
+        self._stamp = stamp
+        stream._queue.put(stamp)
 
     def query(self) -> bool:
         """Non-blocking: has the worker passed the marker? (True if never recorded, as CUDA.)"""

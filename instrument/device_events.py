@@ -91,13 +91,24 @@ def _query(event: Any) -> bool:
 
 
 class FactoryEventOps(EventOps):
-    """:class:`EventOps` over a factory of :class:`TimedEvent` objects."""
+    """:class:`EventOps` over a factory of :class:`TimedEvent` objects.
+
+    When the factory is a class, ``record`` and ``query`` are that class's own functions (one
+    Python frame per call, not two): the events given to them must be instances of it, as the
+    ones :meth:`new` makes are (and as ``DeviceTimeline.event_after_stage``'s ``make`` must
+    return)."""
 
     record = staticmethod(_record)
     query = staticmethod(_query)
 
     def __init__(self, factory: Callable[[], TimedEvent]) -> None:
         self._factory = factory
+        if isinstance(factory, type):  # the class's own methods: one frame less per call
+            record, query = factory.__dict__.get("record"), factory.__dict__.get("query")
+            if isinstance(record, types.FunctionType):
+                self.record = record  # type: ignore[method-assign]
+            if isinstance(query, types.FunctionType):
+                self.query = query  # type: ignore[method-assign]
 
     def new(self) -> TimedEvent:
         return self._factory()

@@ -185,7 +185,8 @@ class Tracer:
         self._span_cls: type[_Span] = type(
             "_TracerSpan",
             (base,),
-            {"__slots__": (), "_append": staticmethod(self._append), "_nvtx": self._nvtx},
+            # A bound builtin is no descriptor: ``self._append`` finds it as is (no staticmethod).
+            {"__slots__": (), "_append": self._append, "_nvtx": self._nvtx},
         )
         self._writer: PerfettoWriter | ProcessWriter | None = None
         self._flusher: threading.Thread | None = None

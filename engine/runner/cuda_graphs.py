@@ -116,6 +116,7 @@ class CudaGraphRunner:
         self.failure: str | None = None  # why decode capture failed (then all runs eagerly)
         self.mixed_failure: str | None = None  # why mixed capture failed (decode graphs stay)
         self._graphs: dict[GraphShape, tuple[torch.cuda.CUDAGraph | None, torch.Tensor]] = {}
+        self._has_memo: dict[tuple[int, int, bool], bool] = {}  # has_key; cleared with _graphs
         self._bodies: dict[GraphShape, Callable[[GraphShape], torch.Tensor]] = {}
         self.num_replays = 0  # all replays, decode and mixed
         self.num_mixed_replays = 0
@@ -160,6 +161,15 @@ class CudaGraphRunner:
     def has(self, shape: GraphShape) -> bool:
         return shape in self._graphs
 
+    def has_key(self, num_tokens: int, num_reqs: int, uniform_decode: bool) -> bool:
+        """:meth:`has` of that shape, memoised on a plain tuple (no frozen-dataclass build and
+        Python ``__hash__`` per call: the traced step's ``graph_replay`` arg asks every step)."""
+        key = (num_tokens, num_reqs, uniform_decode)
+        hit = self._has_memo.get(key)
+        if hit is None:
+            hit = self._has_memo[key] = GraphShape(*key) in self._graphs
+        return hit
+
     def describe(self) -> dict[str, str]:
         """The captured shapes for the trace's ``engine_config`` (comma-separated, "" = none)."""
         decode = sorted(s.num_tokens for s in self._graphs if s.uniform_decode)
@@ -183,6 +193,7 @@ class CudaGraphRunner:
         if self.replay_eagerly:
             self._bodies = {shape: body for shape in self.shapes()}
             self._graphs = {shape: (None, torch.empty(0)) for shape in self.shapes()}
+            self._has_memo.clear()
             return
         pool = torch.cuda.graph_pool_handle()
         stream = device.compute_stream
@@ -202,12 +213,14 @@ class CudaGraphRunner:
         self.buckets = []
         self._graphs = {}
         self._bodies = {}
+        self._has_memo.clear()
 
     def disable_mixed(self, reason: str) -> None:
         """Run mixed steps eagerly after a failed mixed capture (decode graphs stay)."""
         self.mixed_failure = reason
         self.buckets = []
         self._graphs = {s: g for s, g in self._graphs.items() if s.uniform_decode}
+        self._has_memo.clear()
         self._bodies = {s: b for s, b in self._bodies.items() if s.uniform_decode}
 
     def _capture_all(
@@ -232,6 +245,7 @@ class CudaGraphRunner:
             ):
                 out = body(shape)
             self._graphs[shape] = (graph, out)
+            self._has_memo.clear()
 
     # stepscope: hot
     def replay(self, shape: GraphShape) -> torch.Tensor:

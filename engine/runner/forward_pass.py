@@ -152,8 +152,10 @@ class ForwardPass:
     def replays_graph(self, batch: InputBatch) -> bool:
         """Whether :meth:`forward` of ``batch`` is one captured CUDA-graph replay (not a recorded
         body run eagerly): the trace's ``graph_replay`` arg (docs/design.md §4.9)."""
-        shape = GraphShape(batch.num_padded_tokens, batch.num_padded_reqs, batch.is_uniform_decode)
-        return not self.graphs.replay_eagerly and self.graphs.has(shape)
+        graphs = self.graphs
+        return not graphs.replay_eagerly and graphs.has_key(
+            batch.num_padded_tokens, batch.num_padded_reqs, batch.is_uniform_decode
+        )
 
     # stepscope: hot
     def forward(self, batch: InputBatch) -> torch.Tensor:

@@ -55,10 +55,16 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     result = main(
         ["--interleaved", "--modes", "off,trace", "--num-requests", "4", "--max-num-seqs", "4",
          "--in-len", "8", "--out-len", "72", "--block-steps", "16", "--skip-steps", "2",
-         "--min-run-s", "0", "--out", str(out)]
+         "--min-run-s", "0", "--time-records", "--out", str(out)]
     )  # fmt: skip
     r = result["interleaved"]["trace"]
     assert r["pairs"] >= 1
+    # Event records on the engine thread per steady decode step (--time-records): traced, the 5
+    # stages' 3 begin events (input_prep -> forward -> sample share theirs) and 5 end events, 3 of
+    # which are the runner's sync events; untraced, those 3 sync events only (docs/design.md §4.3).
+    records = r["event_records"]
+    assert records["traced"]["per_step"] == 8.0 and records["untraced"]["per_step"] == 3.0
+    assert records["traced"]["us_per_record"] > 0 and records["untraced"]["us_per_record"] > 0
     assert r["steady_steps"]["traced"] > 0 and r["steady_steps"]["untraced"] > 0
     for q in ("host_us", "cpu_us", "wall_us"):
         assert r[q]["traced"] > 0 and r[q]["untraced"] > 0

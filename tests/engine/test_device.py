@@ -127,3 +127,35 @@ def test_close_is_clean_and_final() -> None:
 def test_create_device_rejects_unknown_kind() -> None:
     with pytest.raises(ValueError):
         create_device("tpu")
+
+
+def test_a_timeline_record_of_a_cpu_event_is_one_python_frame(device: CpuDevice) -> None:
+    """The device timeline records five CpuEvents per traced step on the engine thread: through
+    its EventOps each record enters exactly one Python function (CpuEvent.record, which builds and
+    enqueues the stamp inline), and the event behaves as before (docs/design.md §4.3)."""
+    import sys
+
+    from instrument.device_events import as_ops
+
+    ops = as_ops(device.timed_event_factory())
+    event = ops.new()
+    calls: list[str] = []
+
+    def profile(frame, what, arg):  # noqa: ANN001 -- sys.setprofile's signature
+        if what == "call":
+            calls.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        ops.record(event, device.compute_stream)
+    finally:
+        sys.setprofile(None)
+    assert calls == ["CpuEvent.record"]
+    event.synchronize()
+    assert ops.query(event) and event.host_ns() > 0
+    with pytest.raises(TypeError, match="needs a CpuStream"):
+        ops.record(event, None)
+    closed = CpuDevice()
+    closed.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        ops.record(event, closed.compute_stream)

@@ -330,3 +330,26 @@ def test_engine_workload_padded_matches_eager(
     comparison = compare_reports(analyze_trace(eager_path), analyze_trace(path))
     assert set(comparison.differences) == {"mixed_graph_max_tokens"}
     assert comparison.contract_ok
+
+
+def test_has_key_is_has_and_follows_the_captured_shapes() -> None:
+    """``has_key`` (the traced step's ``graph_replay`` lookup, memoised on a tuple) answers as
+    ``has`` of the same shape for every shape asked, also after mixed graphs are disabled and
+    after all graphs are (its memo is cleared with the captured set)."""
+    graphs = CudaGraphRunner(True, max_batch=4, mixed_max_tokens=32, replay_eagerly=True)
+    graphs.capture(None, lambda shape: torch.empty(0), lambda shape: None)  # type: ignore[arg-type]
+    asked = [(t, r, u) for t in (1, 2, 4, 8, 16, 32, 64) for r in (1, 2, 4) for u in (True, False)]
+
+    def agree() -> list[bool]:
+        got = [graphs.has_key(*key) for key in asked]
+        assert got == [graphs.has(GraphShape(*key)) for key in asked]
+        return got
+
+    first = agree()
+    assert any(first) and graphs.has_key(16, 4, False)
+    graphs.disable_mixed("test")
+    after_mixed = agree()
+    assert not graphs.has_key(16, 4, False) and graphs.has_key(4, 4, True)
+    assert sum(after_mixed) < sum(first)
+    graphs.disable("test")
+    assert not any(agree())
