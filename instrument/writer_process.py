@@ -10,7 +10,9 @@ gate, ring, interning) and does the rest. The file and its metadata are the same
 in-process writer, byte for byte in content.
 
 Protocol on the child's stdin: frames of a 4-byte little-endian length and a pickled tuple
-``(op, *args)``: ``("write", events, thread_names)``, ``("sync",)`` (the child answers one byte
+``(op, *args)``: ``("part", events)`` (the first events of a batch, buffered by the child),
+``("write", events, thread_names)`` (the batch's last events: the child writes the parts and
+these as one batch), ``("sync",)`` (the child answers one byte
 on stdout once everything before it is written: :meth:`ProcessWriter.sync`), ``("finish",
 dropped, ts_ns)``. The child ignores SIGINT/SIGTERM (the parent's handlers close the trace) and on
 end of input without ``finish`` (the parent was killed) closes what it has: a loadable prefix.
@@ -33,6 +35,11 @@ from instrument.events import RawEvent
 __all__ = ["ProcessWriter", "main"]
 
 _LEN = struct.Struct("<I")
+# Events pickled in one call. ``pickle.dumps`` holds the GIL for its whole call: a 0.5 s batch at
+# batch 256 (~7,000 events) took 3-5 ms on the dev CPU, longer than the CPU's lead over the device
+# in a host-bound step. A batch goes as parts of at most this many events, and between parts the
+# pipe write releases the GIL (docs/design.md §4.3).
+PICKLE_CHUNK = 512
 
 
 def _plain(value: Any) -> Any:
@@ -89,10 +96,18 @@ class ProcessWriter:
         self._stdin.write(_LEN.pack(len(data)) + data)
 
     def write(self, events: list[RawEvent], thread_names: dict[int, tuple[str, int]]) -> None:
+        """Hand one batch to the child, pickled in parts of at most :data:`PICKLE_CHUNK` events
+        (each part's pipe write releases the GIL); the child writes it as one batch."""
         with self._lock:
-            if not self._closed:
-                self._send(("write", events, thread_names))
+            if self._closed:
+                return
+            start, stop = 0, len(events)
+            while stop - start > PICKLE_CHUNK:
+                self._send(("part", events[start : start + PICKLE_CHUNK]))
                 self._stdin.flush()
+                start += PICKLE_CHUNK
+            self._send(("write", events[start:] if start else events, thread_names))
+            self._stdin.flush()
 
     def sync(self) -> None:
         """Return once the child has written everything sent so far."""
@@ -131,16 +146,25 @@ def main(argv: list[str]) -> int:
     capture = CaptureConfig(*pickle.loads(bytes.fromhex(config_hex)))
     writer = PerfettoWriter(path, capture=capture, pid=int(pid))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    parts: list[RawEvent] = []  # the parts of the batch being received
+    names: dict[int, tuple[str, int]] = {}
     while True:
         head = _read_exact(stdin, _LEN.size)
         body = None if head is None else _read_exact(stdin, _LEN.unpack(head)[0])
-        if body is None:  # the parent died: keep what was written
+        if body is None:  # the parent died: keep what was written, and the parts received
+            if parts:
+                writer.write(parts, names)
             writer.close()
             return 0
         op, *args = pickle.loads(body)
-        if op == "write":
-            events, names = args
-            writer.write(events, {int(k): tuple(v) for k, v in names.items()})
+        if op == "part":
+            parts.extend(args[0])
+        elif op == "write":
+            events, sent_names = args
+            names = {int(k): tuple(v) for k, v in sent_names.items()}
+            if parts:
+                events, parts = parts + events, []
+            writer.write(events, names)
         elif op == "sync":
             stdout.write(b"k")
             stdout.flush()

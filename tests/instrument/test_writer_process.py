@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -15,7 +17,10 @@ import numpy as np
 import pytest
 
 from instrument.capture import CaptureConfig
+from instrument.events import EV_SLICE_AT
+from instrument.perfetto_writer import PerfettoWriter
 from instrument.tracer import Tracer
+from instrument.writer_process import PICKLE_CHUNK, ProcessWriter
 from tests.instrument.conftest import read_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,3 +130,59 @@ def test_parent_killed_or_signalled_leaves_a_loadable_trace(tmp_path: Path, how:
 def test_bad_writer_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="writer must be one of"):
         Tracer(tmp_path / "t.pftrace", writer="fork")
+
+
+def _batch(num: int) -> list[tuple]:
+    """``num`` complete slices on one thread track, with args (raw tuples as the tracer's)."""
+    tid = threading.get_ident()
+    return [
+        (EV_SLICE_AT, tid, "forward", 1_000 + 10 * i, 1_005 + 10 * i, {"step": i, "n": 256})
+        for i in range(num)
+    ]
+
+
+def test_a_large_batch_is_pickled_in_parts_and_written_as_one(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A batch of 3 parts and a remainder: no pickle call sees more than PICKLE_CHUNK events, and
+    the file is the in-process writer's for the same batch."""
+    events = _batch(3 * PICKLE_CHUNK + 7)
+    names = {threading.get_ident(): ("engine-core", os.getpid())}
+    sent: list[tuple[str, int]] = []
+    send = ProcessWriter._send
+
+    def spy(self, message):  # noqa: ANN001, ANN202
+        sent.append((message[0], len(message[1]) if message[0] in ("part", "write") else 0))
+        return send(self, message)
+
+    monkeypatch.setattr(ProcessWriter, "_send", spy)
+    process = ProcessWriter(str(tmp_path / "process.pftrace"))
+    process.write(events, names)
+    process.finish({}, 10**9)
+    thread = PerfettoWriter(str(tmp_path / "thread.pftrace"))
+    thread.write(events, names)
+    thread.finish({}, 10**9)
+    assert [s for s in sent if s[0] != "sync"] == [("part", PICKLE_CHUNK)] * 3 + [
+        ("write", 7),
+        ("finish", 0),
+    ]
+    got, want = (read_trace(str(tmp_path / f"{w}.pftrace")) for w in ("process", "thread"))
+    assert len(want.slices()) == len(events) and got.slices() == want.slices()
+
+
+def test_parts_received_before_the_parent_died_are_kept(tmp_path: Path) -> None:
+    """The child, its stdin closed after two parts and no ``write``: both parts are in the file."""
+    path = str(tmp_path / "t.pftrace")
+    config = pickle.dumps(
+        tuple(getattr(CaptureConfig(), f) for f in CaptureConfig.__dataclass_fields__)
+    ).hex()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "instrument.writer_process", path, config, str(os.getpid())],
+        stdin=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    for part in (_batch(5), _batch(3)):
+        data = pickle.dumps(("part", part))
+        proc.stdin.write(struct.pack("<I", len(data)) + data)
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+    assert len(read_trace(path).slices()) == 8
