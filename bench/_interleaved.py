@@ -242,6 +242,7 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     ]
     lo, hi = _bootstrap_median(ratios)
     out["throughput_ratio"] = {"median": statistics.median(ratios), "ci95": [lo, hi]}
+    out["tail"] = _tails(steady)
     if any(s.records for s in steady):  # Interleaver.time_records
         out["event_records"] = {}
         for kind, traced in (("traced", True), ("untraced", False)):
@@ -252,6 +253,24 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
                 "us_per_record": us / n if n else 0.0,
                 "us_per_step": us / len(mine),
             }
+    return out
+
+
+def _tails(steady: list[StepSample]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per quantity and kind (traced / untraced): mean, p50, p90, p99 and max over the steady
+    steps. The throughput ratio follows mean step wall, the pair differences medians: a mean
+    far above the median is a tail of long steps, which this shows (e.g. the host stalled past
+    its lead over the device)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for q in QUANTITIES:
+        out[q] = {}
+        for kind, traced in (("traced", True), ("untraced", False)):
+            values = sorted(getattr(s, q) for s in steady if s.traced == traced)
+            if not values:
+                continue
+            pct = {f"p{round(f * 100)}": values[min(len(values) - 1, int(f * len(values)))]
+                   for f in (0.5, 0.9, 0.99)}  # fmt: skip
+            out[q][kind] = {"mean": statistics.fmean(values), **pct, "max": values[-1]}
     return out
 
 
@@ -274,6 +293,11 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
     t = result["throughput_ratio"]
     print(f"    throughput traced / untraced (per pair: mean step wall, median of pairs): "
           f"{t['median']:.4f} [{t['ci95'][0]:.4f}, {t['ci95'][1]:.4f}]")  # fmt: skip
+    wall = result.get("tail", {}).get("wall_us", {})
+    if "traced" in wall and "untraced" in wall:
+        on, off = wall["traced"], wall["untraced"]
+        print("    step wall us, traced / untraced: " + ", ".join(
+            f"{k} {on[k]:.0f} / {off[k]:.0f}" for k in ("mean", "p50", "p90", "p99", "max")))  # fmt: skip
     rec = result.get("event_records")
     if rec:
         on, off = rec["traced"], rec["untraced"]

@@ -44,6 +44,12 @@ def test_summarize_recovers_a_known_added_cost_under_drift() -> None:
     assert abs(result["cpu_us"]["diff_median"] - 27.0) < 8.0
     # Wall = host + 3000: throughput ratio ≈ (3000 + ~1200) / (3030 + ~1200).
     assert 0.990 < result["throughput_ratio"]["median"] < 0.996
+    # Tails: brute force over the steady traced steps' wall times.
+    walls = sorted(s.wall_us for s in steady if s.traced)
+    tail = result["tail"]["wall_us"]["traced"]
+    assert tail["max"] == walls[-1] and tail["p50"] == walls[len(walls) // 2]
+    assert tail["p99"] == walls[int(0.99 * len(walls))]
+    assert abs(tail["mean"] - sum(walls) / len(walls)) < 1e-6
     # Blocks alternate traced-first and untraced-first pair by pair.
     assert [Interleaver(None, None, 16, 4).traced_block(b) for b in range(8)] == [
         True, False, False, True, True, False, False, True,
