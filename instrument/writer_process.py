@@ -38,7 +38,7 @@ _LEN = struct.Struct("<I")
 # Events pickled in one call. ``pickle.dumps`` holds the GIL for its whole call: a 0.5 s batch at
 # batch 256 (~7,000 events) took 3-5 ms on the dev CPU, longer than the CPU's lead over the device
 # in a host-bound step. A batch goes as parts of at most this many events, and between parts the
-# pipe write releases the GIL (docs/design.md §4.3).
+# pipe write releases the GIL (docs/design.md §4.9, "Trace writer").
 PICKLE_CHUNK = 512
 
 
