@@ -40,6 +40,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from analysis.compare import compare_output_waits, exposed_wait_line
 from bench._spec_engines import TARGET, PassRecord, SpecEngine, Variant, parse_variants
 from bench._spec_summary import analyse_passes, divergence, first_difference, summarise_variant

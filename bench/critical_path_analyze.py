@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import sys
 
+if len(sys.argv) != 3 or not sys.argv[2].isdigit():
+    sys.exit(f"usage: PYTHONPATH=CHECKOUT python {sys.argv[0]} TRACE ROUNDS\n\n{__doc__}")
 F = sys.argv[1]
 N = int(sys.argv[2])
 CHILD = r"""

@@ -23,6 +23,8 @@ import tempfile
 import time
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # case -> (engines built in order, as bench_spec variants; options)
 CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "bench": (["none", "eagle:3"], {}),
