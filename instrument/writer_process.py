@@ -12,9 +12,8 @@ in-process writer, byte for byte in content.
 Protocol on the child's stdin: frames of a 4-byte little-endian length and a pickled tuple
 ``(op, *args)``: ``("part", events)`` (the first events of a batch, buffered by the child),
 ``("write", events, thread_names)`` (the batch's last events: the child writes the parts and
-these as one batch), ``("sync",)`` (the child answers one byte
-on stdout once everything before it is written: :meth:`ProcessWriter.sync`), ``("finish",
-dropped, ts_ns)``. The child ignores SIGINT/SIGTERM (the parent's handlers close the trace) and on
+these as one batch), ``("sync",)`` (the child answers one byte on stdout once everything before
+it is written: :meth:`ProcessWriter.sync`), ``("finish", dropped, ts_ns)``. The child ignores SIGINT/SIGTERM (the parent's handlers close the trace) and on
 end of input without ``finish`` (the parent was killed) closes what it has: a loadable prefix.
 """
 
@@ -36,9 +35,9 @@ __all__ = ["ProcessWriter", "main"]
 
 _LEN = struct.Struct("<I")
 # Events pickled in one call. ``pickle.dumps`` holds the GIL for its whole call: a 0.5 s batch at
-# batch 256 (~7,000 events) took 3-5 ms on the dev CPU, longer than the CPU's lead over the device
-# in a host-bound step. A batch goes as parts of at most this many events, and between parts the
-# pipe write releases the GIL (docs/design.md §4.9, "Trace writer").
+# batch 256 (~7,000 events) took 6.9 ms on the dev CPU, longer than the host's lead over the
+# device in a host-bound step; a part of 512 took 0.36 ms. Between parts the pipe write releases
+# the GIL (docs/design.md §4.9, "Trace writer").
 PICKLE_CHUNK = 512
 
 
