@@ -13,8 +13,9 @@ Protocol on the child's stdin: frames of a 4-byte little-endian length and a pic
 ``(op, *args)``: ``("part", events)`` (the first events of a batch, buffered by the child),
 ``("write", events, thread_names)`` (the batch's last events: the child writes the parts and
 these as one batch), ``("sync",)`` (the child answers one byte on stdout once everything before
-it is written: :meth:`ProcessWriter.sync`), ``("finish", dropped, ts_ns)``. The child ignores SIGINT/SIGTERM (the parent's handlers close the trace) and on
-end of input without ``finish`` (the parent was killed) closes what it has: a loadable prefix.
+it is written: :meth:`ProcessWriter.sync`), ``("finish", dropped, ts_ns)``. The child ignores
+SIGINT/SIGTERM (the parent's handlers close the trace) and on end of input without ``finish``
+(the parent was killed) writes the parts it holds and closes what it has: a loadable prefix.
 """
 
 from __future__ import annotations
