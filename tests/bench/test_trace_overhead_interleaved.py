@@ -59,7 +59,8 @@ def test_summarize_recovers_a_known_added_cost_under_drift() -> None:
 def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     out = tmp_path / "il.json"
     result = main(
-        ["--interleaved", "--modes", "off,trace", "--num-requests", "4", "--max-num-seqs", "4",
+        ["--interleaved", "--modes", "off,trace,trace-every4", "--num-requests", "4",
+         "--max-num-seqs", "4",
          "--in-len", "8", "--out-len", "72", "--block-steps", "16", "--skip-steps", "2",
          "--min-run-s", "0", "--time-records", "--out", str(out)]
     )  # fmt: skip
@@ -70,6 +71,9 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     # which are the runner's sync events; untraced, those 3 sync events only (docs/design.md §4.3).
     records = r["event_records"]
     assert records["traced"]["per_step"] == 8.0 and records["untraced"]["per_step"] == 3.0
+    # A sampled trace still records them all: the writer, not the engine, drops steps (§4.9).
+    sampled = result["interleaved"]["trace-every4"]["event_records"]
+    assert sampled["traced"]["per_step"] == 8.0 and sampled["untraced"]["per_step"] == 3.0
     assert records["traced"]["us_per_record"] > 0 and records["untraced"]["us_per_record"] > 0
     assert r["steady_steps"]["traced"] > 0 and r["steady_steps"]["untraced"] > 0
     for q in ("host_us", "cpu_us", "wall_us"):
