@@ -26,7 +26,9 @@ def test_gemm_matches_float64(m: int, n: int, k: int, split: int) -> None:
 def test_gemm_reads_strided_rows() -> None:
     x = torch.randn(6, 160)[:, 16:112]  # rows 160 apart, 96 columns
     w = torch.randn(40, 96)
+    assert x.stride(0) == 160 and not x.is_contiguous()
     y = gemm_triton(x, w, GemmLaunch(block_m=16, block_n=32, block_k=32, split_k=2))
+    assert y.shape == (6, 40)
     torch.testing.assert_close(y.double(), x.double() @ w.double().T, atol=1e-4, rtol=1e-5)
 
 

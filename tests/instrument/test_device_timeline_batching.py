@@ -65,6 +65,12 @@ class EngineLoop:
                 if not wait_only:
                     self.sync_events.append((event, event.ns))
 
+    def finish(self) -> None:
+        """Let every stream run to its end, then drain the timeline."""
+        for stream in self.streams.values():
+            stream.advance()
+        self.timeline.drain()
+
     def completed(self) -> set[tuple[int, str]]:
         """Brute force: the stages whose end event the simulated device has passed."""
         return {
@@ -101,9 +107,7 @@ def test_event_calls_per_engine_step(tmp_path):
         for name, stream in loop.streams.items():
             stream.num_done = launched.get(name, 0)
             launched[name] = stream.num_recorded
-    for stream in loop.streams.values():
-        stream.advance()
-    loop.timeline.drain()
+    loop.finish()
     calls = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
     # 8 events a step, 3 of them the runner's sync events (recorded untraced too: 5 added).
     # integers: a float difference with anchors recorded (a slow run) is not exactly 8
@@ -151,9 +155,7 @@ def test_polls_emit_exactly_the_completed_stages(tmp_path, poll_batch):
         emitted = set(observed)
         assert emitted == loop.completed()
         assert len(observed) == len(emitted)  # nothing emitted twice
-    for stream in loop.streams.values():
-        stream.advance()
-    loop.timeline.drain()
+    loop.finish()
     tracer.close()
     written = _device_slices(path)
     assert written.keys() == loop.expected.keys()
@@ -310,9 +312,7 @@ def _run_async(loop: EngineLoop, num_steps: int, wait_s: float = 0.0) -> None:
         for name, stream in loop.streams.items():
             stream.num_done = launched.get(name, 0)
             launched[name] = stream.num_recorded
-    for stream in loop.streams.values():
-        stream.advance()
-    loop.timeline.drain()
+    loop.finish()
 
 
 def test_wait_only_sync_events_return_to_the_pool(tmp_path):
@@ -541,9 +541,7 @@ def test_tracing_switched_off_and_on_mid_run_keeps_every_traced_stage(tmp_path):
             stream.advance(3)
         loop.timeline.poll()  # half of these run while tracing is off
     tracer.enabled = True
-    for stream in loop.streams.values():
-        stream.advance()
-    loop.timeline.drain()
+    loop.finish()
     tracer.close()
     written = _device_slices(path)
     assert written.keys() == loop.expected.keys()

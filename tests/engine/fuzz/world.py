@@ -135,19 +135,29 @@ def world() -> World:
     return World(tokenizer, target, config, drafts)
 
 
+class _InlineQueue:
+    """The queue of an :class:`_InlineStream`: ``put`` runs the item at once."""
+
+    def __init__(self, stream: CpuStream) -> None:
+        self._stream = stream
+
+    def put(self, item: Any) -> None:
+        with torch.no_grad():  # as the worker threads: device work builds no autograd graph
+            self._stream._step(item)
+
+
 class _InlineStream(CpuStream):
-    """A ``CpuStream`` that runs each item as it is enqueued, on the caller's thread."""
+    """A ``CpuStream`` that runs each item as it is enqueued, on the caller's thread. Only its
+    queue differs: ``CpuStream.enqueue`` and ``CpuEvent.record`` put onto it as onto a worker's."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._error: BaseException | None = None
-
-    def enqueue(self, item: Any) -> None:
-        with torch.no_grad():  # as the worker threads: device work builds no autograd graph
-            self._step(item)
+        self._closed = False
+        self._queue = _InlineQueue(self)  # type: ignore[assignment]
 
     def close(self) -> None:
-        pass
+        pass  # no worker to stop
 
 
 class InlineCpuDevice(CpuDevice):
