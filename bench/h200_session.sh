@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm e2e-8b repro
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar e2e-8b repro
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -49,6 +49,7 @@ for stage in $stages; do
         timeout 100 python3 -m stepscope.cli analyze --window ${E2ETRACE_KSTEPS:-1500:1520} "$OUT/e2e_long_kw.pftrace" > "$OUT/e2e_long_kw_analyze.txt" 2>&1; sed -n '1,/^blame/p' "$OUT/e2e_long_kw_analyze.txt" | head -60 ;;
     sampled) timeout ${SAMPLED_TIMEOUT:-300} python3 bench/bench_sampled_trace.py --device cuda ${SAMPLED_ARGS:-} --out "$OUT/sampled_trace.json" 2>&1 | tee "$OUT/sampled_trace.log" | tail -16 ;;
     samplekernel) timeout ${SAMPLEK_TIMEOUT:-150} python3 bench/bench_sample_kernel.py --device cuda ${SAMPLEK_ARGS:-} --json "$OUT/sample_kernel.json" 2>&1 | tee "$OUT/sample_kernel.log" | tail -40 ;;
+    decvar) timeout ${DECVAR_TIMEOUT:-300} python3 bench/bench_decode_variants.py --budget-s ${DECVAR_BUDGET_S:-240} ${DECVAR_ARGS:-} --json "$OUT/decode_variants.json" 2>&1 | tee "$OUT/decode_variants.log" | tail -60 ;;
     gemm) timeout ${GEMM_TIMEOUT:-330} python3 bench/bench_gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -20 ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
