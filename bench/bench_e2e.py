@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from engine.cli import build_parser, config_from_args
+from engine.kernels import attention
 from engine.llm import LLM, CompletionOutput, outputs_digest
 from engine.workload import load_workload
 
@@ -83,6 +84,7 @@ class Variant:
     runs: list[dict[str, Any]] = field(default_factory=list)
     warmups: list[dict[str, float]] = field(default_factory=list)
     llm: LLM | None = None  # kept between rounds with --keep-engines
+    decode_launch: dict[str, Any] | None = None  # replaces attention.DECODE_LAUNCH (an A/B)
 
 
 # ---- the engine -------------------------------------------------------------------------------
@@ -139,6 +141,20 @@ def engine_run(
 ) -> None:
     """Time one run of the variant's engine (built and warmed up first unless kept from an
     earlier round); appends to ``v.runs``. Every variant of a round runs the same prompts."""
+    if v.decode_launch is None:
+        _engine_run(args, w, v, round_, expected_tokens)
+        return
+    default = attention.DECODE_LAUNCH
+    attention.DECODE_LAUNCH = v.decode_launch  # read at every launch and graph capture
+    try:
+        _engine_run(args, w, v, round_, expected_tokens)
+    finally:
+        attention.DECODE_LAUNCH = default
+
+
+def _engine_run(
+    args: argparse.Namespace, w: Workload, v: Variant, round_: int, expected_tokens: int
+) -> None:
     llm = v.llm if v.llm is not None else build_engine(args, w, v)
     outputs: list[CompletionOutput] = []
     digest = ""
@@ -306,8 +322,13 @@ def variants_of(args: argparse.Namespace, w: Workload) -> list[Variant]:
     out = [Variant("hf generate", None)] if args.hf else []
     sets = [("default", ())] + ([("tuned", w.tuned)] if args.tuned else [])
     for set_name, flags in sets:
-        for mode in ("on", "off"):
+        for mode in ("on", "off") if args.async_off else ("on",):
             out.append(Variant(f"{set_name} async {mode}", (*flags, "--async", mode)))
+    for spec in args.decode_launch_ab:
+        bn, warps, stages = (int(x) for x in spec.split(":"))
+        launch = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "head_major": True}
+        out.append(Variant(f"default on dec{bn}/{warps}/{stages}", ("--async", "on"),
+                           decode_launch=launch))  # fmt: skip
     return out
 
 
@@ -402,6 +423,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip HF generate")
     p.add_argument("--hf-batch", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3, help="alternations of every variant")
+    p.add_argument("--no-async-off", dest="async_off", action="store_false",
+                   help="skip the --async off variants")  # fmt: skip
+    p.add_argument("--decode-launch-ab", action="append", default=[], metavar="BLOCK_N:WARPS:STAGES",
+                   help="also default flags, async on, with the decode attention kernel's launch "
+                   "parameters replaced (engine.kernels.attention.DECODE_LAUNCH): an A/B of a "
+                   "kernel launch against the engine's own; repeatable")  # fmt: skip
     p.add_argument("--min-run-s", type=float, default=10.0, help="each timed run lasts this long")
     p.add_argument("--keep-engines", action="store_true",
                    help="build each engine once and keep it between rounds (needs device memory "
@@ -417,6 +444,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     args.tokenizer = args.tokenizer or None
+    if args.decode_launch_ab and args.keep_engines:
+        p.error("--decode-launch-ab builds each engine per run; drop --keep-engines")
+    for spec in args.decode_launch_ab:
+        parts = spec.split(":")
+        if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            p.error(f"--decode-launch-ab {spec!r}: expected BLOCK_N:WARPS:STAGES, e.g. 32:4:2")
     return args
 
 

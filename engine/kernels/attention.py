@@ -319,12 +319,16 @@ def _paged_decode_kernel_src(
             )
 
 
-# Launch parameters of the decode kernel, chosen on the H200 with bench/tune_decode_attention.py
-# (Qwen3-0.6B heads, block size 16; bench/README.md). With many programs (large batches) narrow
-# KV tiles win; with few (small batches, where each program walks a long context) wide ones do.
-DECODE_LAUNCH = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "head_major": True}
+# Launch parameters of the decode kernel, chosen on the H200 (Qwen3-0.6B heads, block size 16;
+# bench/README.md "Decode attention"). Many programs (large batches): KV tiles of 64, 3 stages,
+# timed inside CUDA graphs by bench/bench_decode_variants.py (1.05x the earlier 32-wide tiles
+# over contexts 128..640 at batch 256, 1.16x at 64 x 640). Few programs (small batches, where
+# each program walks a long context): wide tiles, from bench/tune_decode_attention.py.
+DECODE_LAUNCH = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "head_major": True}
 DECODE_LAUNCH_FEW_PROGRAMS = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "head_major": True}
-FEW_PROGRAMS_PER_SM = 4  # below this many programs per SM, use DECODE_LAUNCH_FEW_PROGRAMS
+# Below this many programs per SM, use DECODE_LAUNCH_FEW_PROGRAMS: at 64 x 640 (3.9 programs per
+# SM) the 64-wide tiles took 43 us against 50 us for the wide ones (bench_decode_variants.py).
+FEW_PROGRAMS_PER_SM = 2
 
 
 @functools.cache

@@ -49,3 +49,37 @@ def test_quick_smoke_run_writes_every_variant(tmp_path: Path) -> None:
         assert v["warmup"][0]["build_s"] > 0
     # fp32 on the CPU, greedy: async scheduling changes no token
     assert res["async_on_off_same_tokens"] == {"default": True}
+
+
+def test_decode_launch_ab_variant_patches_the_kernel_launch_and_restores_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import bench_e2e
+    from engine.kernels import attention
+
+    args = bench_e2e.parse_args(["--no-hf", "--no-async-off", "--decode-launch-ab", "32:4:2"])
+    variants = bench_e2e.variants_of(args, QUICK)
+    assert [v.name for v in variants] == ["default async on", "default on dec32/4/2"]
+    ab = variants[1]
+    assert ab.engine_flags == ("--async", "on")
+    assert ab.decode_launch == {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "head_major": True}
+    seen = []
+
+    def fake_run(*_a: object) -> None:
+        seen.append(attention.DECODE_LAUNCH)
+        raise RuntimeError("run failed")
+
+    monkeypatch.setattr(bench_e2e, "_engine_run", fake_run)
+    before = attention.DECODE_LAUNCH
+    with pytest.raises(RuntimeError, match="run failed"):
+        bench_e2e.engine_run(args, QUICK, ab, 0, 1)
+    assert seen == [ab.decode_launch]  # the engine was built and run under the A/B launch
+    assert attention.DECODE_LAUNCH is before  # and the default is back after a failure
+
+
+@pytest.mark.parametrize("spec", ["32:4", "32:x:2", "0:4:2"])
+def test_decode_launch_ab_rejects_bad_specs(spec: str) -> None:
+    from bench import bench_e2e
+
+    with pytest.raises(SystemExit):
+        bench_e2e.parse_args(["--decode-launch-ab", spec])
