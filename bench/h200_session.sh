@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -35,6 +35,7 @@ for stage in $stages; do
     overhead) timeout 560 python3 bench/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s 10 ${OVERHEAD_ARGS:-} --out "$OUT/trace_overhead.json" 2>&1 | tee "$OUT/trace_overhead.log" | tail -30 ;;
     eventcost) timeout 120 python3 bench/_event_cost.py --json "$OUT/event_costs.json" 2>&1 | tee "$OUT/event_costs.log" ;;
     overhead-il) timeout 290 python3 bench/bench_trace_overhead.py --interleaved --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s ${IL_RUN_S:-75} --block-steps ${IL_BLOCK_STEPS:-256} ${OVERHEAD_ARGS:-} --out "$OUT/trace_overhead_il${IL_TAG:-}.json" 2>&1 | tee "$OUT/trace_overhead_il${IL_TAG:-}.log" | tail -20 ;;
+    overhead-hb) timeout ${HB_TIMEOUT:-250} python3 bench/bench_trace_overhead.py --interleaved --device cuda --dtype bfloat16 --model samples/models/pycoder-14m --num-requests 2048 --in-len 32 --out-len 128 --max-num-seqs 256 --min-run-s ${HB_RUN_S:-40} --block-steps ${IL_BLOCK_STEPS:-256} ${HB_ARGS:---modes off,trace --time-records} --out "$OUT/trace_overhead_hostbound${IL_TAG:-}.json" 2>&1 | tee "$OUT/trace_overhead_hostbound${IL_TAG:-}.log" | tail -12 ;;
     phases) timeout ${PHASES_TIMEOUT:-300} python3 bench/host_phases.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --batch 256 --in-len 128 --out-len 128 ${PHASES_ARGS:-} --json "$OUT/host_phases.json" 2>&1 | tee "$OUT/host_phases.log" | tail -20 ;;
     specphases) for v in none eagle:3 mtp:3 draft:2 ngram:1; do spec=(); [ $v != none ] && spec=(--spec $v)
         timeout ${SPECPHASES_TIMEOUT:-110} python3 bench/host_phases.py --device cuda --dtype bfloat16 --model samples/models/pycoder-14m --batch 64 --workload samples/workloads/pycode_prompts.jsonl --out-len 128 --runs 3 "${spec[@]}" ${SPECPHASES_ARGS:-} --json "$OUT/host_phases_spec_${v/:/k}.json" 2>&1 | tee "$OUT/host_phases_spec_${v/:/k}.log" | sed -n '/cpu clock/,/host\/tok/p'; done ;;
