@@ -518,6 +518,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "driver-held = the driver's, the poller's queries and conversions keeping the GIL: "
         "no driver-lock contention with the engine thread's records and launches)",
     )
+    p.add_argument("--poll", choices=("background", "inline"), default="background",
+                   help="--interleaved: where the device timeline's polls run: its poller thread "
+                   "(the engine's default) or the engine thread (an A/B of the GIL handoffs a "
+                   "host-bound engine pays for the poller)")  # fmt: skip
     p.add_argument(
         "--interleaved",
         action="store_true",
@@ -636,7 +640,9 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
     for name in names:
         mode = build_mode(name, args, trace_dir)
         assert mode.tracer is not None
-        ops = mode.llm.engine.runner.timeline.ops
+        timeline = mode.llm.engine.runner.timeline
+        timeline.background = args.poll == "background"
+        ops = timeline.ops
         print(f"{name}: device timeline event calls: {getattr(ops, 'api', type(ops).__name__)} "
               f"{getattr(ops, 'api_reason', '')}")  # fmt: skip
         mode.llm.run_workload(workload(args, next(seeds)))  # warm-up
