@@ -140,10 +140,13 @@ class StepRule:
     """Rules 1-3 of one :class:`CaptureConfig`: ``reason(step)`` is the rule that drops the step
     (``"warmup"``, ``"range"``, ``"sampled"``) or None. Integer arithmetic on the step number and
     one remembered step (``s0``, the first step rules 1-2 keep, set by the first such step asked
-    about: ask in step order); nothing is cached per step, so the engine thread can ask once per
+    about: ask in step order). The only state besides is the latest answer and the steps
+    ``[lo, hi)`` it holds for (a warm-up, a range edge, or a run of ``run_length`` steps), so
+    most steps are one comparison; nothing grows per step, and the engine thread asks once per
     step for as long as it runs."""
 
-    __slots__ = ("_warmup_end", "_first", "_end", "_every", "_run_length", "first_kept")
+    __slots__ = ("_warmup_end", "_first", "_end", "_every", "_run_length", "first_kept",
+                 "_lo", "_hi", "_reason")  # fmt: skip
 
     def __init__(self, config: CaptureConfig) -> None:
         self._warmup_end = 0 if config.include_warmup else config.warmup_steps
@@ -152,6 +155,8 @@ class StepRule:
         self._every = config.every
         self._run_length = config.run_length
         self.first_kept: int | None = None  # s0
+        self._lo = self._hi = 0  # no answer yet
+        self._reason: str | None = None
 
     @property
     def drops_any(self) -> bool:
@@ -159,17 +164,31 @@ class StepRule:
         return bool(self._warmup_end or self._first or self._end is not None or self._every > 1)
 
     def reason(self, step: int) -> str | None:
+        if self._lo <= step < self._hi:
+            return self._reason
+        reason, self._hi = self._decide(step)
+        self._lo, self._reason = step, reason
+        return reason
+
+    def _decide(self, step: int) -> tuple[str | None, int]:
+        """The reason for ``step`` and the first later step it may not hold for."""
+        end = self._end
+        never = 1 << 62
         if step < self._warmup_end:
-            return "warmup"
-        if step < self._first or (self._end is not None and step >= self._end):
-            return "range"
-        if self._every > 1:
-            s0 = self.first_kept
-            if s0 is None:
-                s0 = self.first_kept = step
-            if ((step - s0) // self._run_length) % self._every:
-                return "sampled"
-        return None
+            return "warmup", self._warmup_end
+        if step < self._first:
+            return "range", self._first
+        if end is not None and step >= end:
+            return "range", never
+        stop = never if end is None else end  # the range's end: where the answer changes
+        if self._every == 1:
+            return None, stop
+        s0 = self.first_kept
+        if s0 is None:
+            s0 = self.first_kept = step
+        run = (step - s0) // self._run_length
+        reason = "sampled" if run % self._every else None
+        return reason, min(s0 + (run + 1) * self._run_length, stop)
 
 
 @dataclass

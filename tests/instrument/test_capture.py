@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import threading
 from pathlib import Path
 
@@ -262,12 +263,45 @@ def test_steps_skipped_on_the_engine_thread_are_counted_exactly(
     assert not tracer.enabled and not tracer.paused
 
 
+def _reason_reference(c: CaptureConfig, steps: range) -> list[str | None]:
+    """Rules 1-3 step by step, as a plain loop (the reason each step is dropped for)."""
+    out: list[str | None] = []
+    first_kept = None
+    for s in steps:
+        if s < c.warmup_steps and not c.include_warmup:
+            out.append("warmup")
+        elif s < c.first_step or (c.end_step is not None and s >= c.end_step):
+            out.append("range")
+        else:
+            first_kept = s if first_kept is None else first_kept
+            out.append("sampled" if ((s - first_kept) // c.run_length) % c.every else None)
+    return out
+
+
 def test_step_rule_is_the_gates_arithmetic() -> None:
-    """The engine's rule (no per-step cache) and the writer's gate agree step by step."""
-    for config in CASES:
+    """The engine's rule (one remembered answer, no per-step cache) and the writer's gate agree
+    with a plain loop step by step, on the cases above and on random configurations."""
+    rng = random.Random(0)
+    configs = list(CASES)
+    for _ in range(500):
+        first = rng.randrange(0, 12)
+        configs.append(
+            CaptureConfig(
+                first_step=first,
+                end_step=rng.choice([None, first + rng.randrange(1, 50)]),
+                every=rng.randrange(1, 5),
+                run_length=rng.randrange(1, 7),
+                warmup_steps=rng.randrange(0, 6),
+                include_warmup=rng.random() < 0.3,
+            )
+        )
+    steps = range(120)
+    for config in configs:
         rule, gate = StepRule(config), CaptureGate(config)
-        assert [rule.reason(s) for s in range(200)] == [gate.static(s) for s in range(200)]
-        assert rule.drops_any == (not gate.passes_all)
+        want = _reason_reference(config, steps)
+        assert [rule.reason(s) for s in steps] == want, config
+        assert [gate.static(s) for s in steps] == want, config
+        assert rule.drops_any == any(want), config
 
 
 def test_pause_outside_tracing_and_resume_after_close(tmp_path: Path) -> None:
