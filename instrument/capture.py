@@ -6,7 +6,8 @@ applied twice, with the same arithmetic:
 * on the engine thread, once per step, when the step is about to be scheduled
   (``Tracer.trace_step``): a step they drop is not traced at all (the tracer is paused around
   its phases, so it costs what an untraced step costs) and is counted there
-  (``engine_skipped_steps_<reason>``; its events were never made, so no event count exists);
+  (``engine_skipped_steps_<reason>``; its events were never made, so no event count exists;
+  docs/design.md §4.9, "Sampled traces on the engine thread");
 * on the flush thread / writer process, for every event that does reach it (the
   :class:`CaptureGate`, cached per step): producers other than the engine, and engines that trace
   every step (tensor parallel, kernel windows), are gated there as before.
@@ -195,7 +196,8 @@ class StepRule:
 class CaptureGate:
     """Applies a :class:`CaptureConfig` step by step and counts what it drops (exactly).
 
-    Used by the writer only (one thread). ``static(step)`` applies rules 1–3; ``admit(step,
+    Used by the writer only (one thread); the engine thread's own use of rules 1-3 is counted
+    in through :meth:`skipped` at close. ``static(step)`` applies rules 1–3; ``admit(step,
     size)`` applies rule 4 at encode time; ``admitted`` holds the steps written so far.
     """
 
