@@ -94,7 +94,7 @@ def _runs(steps: list[int]) -> list[list[int]]:
     return runs
 
 
-@pytest.mark.parametrize(("every", "run_length"), [(2, 4), (3, 5)])
+@pytest.mark.parametrize(("every", "run_length"), [(2, 4), (3, 5), (4, 4)])
 def test_sampled_trace_keeps_whole_runs_of_steps(
     tmp_path, tiny_model_config, full_trace, every: int, run_length: int
 ) -> None:
