@@ -118,6 +118,12 @@ def test_sampled_trace_keeps_whole_runs_of_steps(
 
     for step in kept:
         assert names(frames, step) == names(full, step), step
+
+    # Request tracks span steps: each request keeps its track whatever step it finished in.
+    def tracks(df):  # noqa: ANN001, ANN202
+        return sorted(t for t in df.slices["track"].unique() if t.startswith("request "))
+
+    assert tracks(frames) == tracks(full) and len(tracks(full)) == len(PROMPTS)
     meta = frames.metadata
     assert meta["steps_kept"] == len(kept)
     assert meta["steps_seen"] == len(all_steps)
