@@ -81,6 +81,7 @@ _CAPTURE_PREFIXES = (
     CaptureArg.STEPS_SEEN.value,
     CaptureArg.STEPS_KEPT.value,
     "ring_",
+    "engine_skipped_",  # CaptureArg.ENGINE_SKIPPED_*: steps the engine thread did not trace
 )
 _NO_IDLE: Union = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 

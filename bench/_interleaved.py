@@ -55,6 +55,10 @@ class StepSample:
     cpu_us: float
     records: int = 0  # device-timeline event records on the engine thread (``time_records``)
     record_us: float = 0.0  # their wall time
+    # Of the two steps the call works on (the one it schedules, the one it retires: scheduled by
+    # the call before), how many the engine skipped as a sampled trace's dropped steps (the
+    # tracer paused while it scheduled them); 0 when untraced or not sampled.
+    skipped_steps: int = 0
 
 
 @dataclass
@@ -83,6 +87,7 @@ class Interleaver:
     _wait_ns: int = 0
     _wait_cpu_ns: int = 0
     _scheduled_decode: bool = False  # the latest schedule() was decode-only
+    _scheduled_skipped: bool = False  # the engine skipped the latest scheduled step (sampled)
 
     def __post_init__(self) -> None:
         if self.block_steps < 2 * self.skip_steps + 4:
@@ -102,6 +107,7 @@ class Interleaver:
         def timed_schedule() -> Any:
             so = schedule()
             self._scheduled_decode = 0 < so.num_reqs == so.total_num_scheduled_tokens
+            self._scheduled_skipped = self.tracer.paused  # paused for this step: dropped
             return so
 
         def timed_wait(output: AsyncOutput) -> None:
@@ -117,7 +123,8 @@ class Interleaver:
             traced = self.traced_block(block)
             self.tracer.enabled = traced
             previous_decode = self._scheduled_decode
-            self._scheduled_decode = False
+            previous_skipped = self._scheduled_skipped
+            self._scheduled_decode = self._scheduled_skipped = False
             wait0, wait_cpu0 = self._wait_ns, self._wait_cpu_ns
             records0, record_ns0 = self._records, self._record_ns
             profiler = None
@@ -140,6 +147,7 @@ class Interleaver:
                         block, traced, steady, wall / 1e3,
                         (wall - (self._wait_ns - wait0)) / 1e3, cpu / 1e3,
                         self._records - records0, (self._record_ns - record_ns0) / 1e3,
+                        previous_skipped + self._scheduled_skipped,
                     )
                 )  # fmt: skip
 
@@ -246,13 +254,56 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     if any(s.records for s in steady):  # Interleaver.time_records
         out["event_records"] = {}
         for kind, traced in (("traced", True), ("untraced", False)):
-            mine = [s for s in steady if s.traced == traced]
-            n, us = sum(s.records for s in mine), sum(s.record_us for s in mine)
-            out["event_records"][kind] = {
-                "per_step": n / len(mine),
-                "us_per_record": us / n if n else 0.0,
-                "us_per_step": us / len(mine),
-            }
+            out["event_records"][kind] = _records([s for s in steady if s.traced == traced])
+    if any(s.skipped_steps for s in steady):
+        out["sampled"] = _sampled(steady, pairs, min_steps)
+    return out
+
+
+def _records(mine: list[StepSample]) -> dict[str, float]:
+    """Event records per step, µs per record and per step, over ``mine``."""
+    n, us = sum(s.records for s in mine), sum(s.record_us for s in mine)
+    return {
+        "per_step": n / len(mine) if mine else 0.0,
+        "us_per_record": us / n if n else 0.0,
+        "us_per_step": us / len(mine) if mine else 0.0,
+    }
+
+
+def _sampled(
+    steady: list[StepSample],
+    pairs: list[tuple[list[StepSample], list[StepSample]]],
+    min_steps: int,
+) -> dict[str, Any]:
+    """A sampled trace's traced blocks split by what the engine did: ``kept`` steps (neither of
+    the call's two steps skipped) and ``dropped`` ones (both skipped: the engine did not trace
+    them). Per kind: steady steps, medians, the pair differences against the untraced block
+    (pairs whose traced block has ≥ ``min_steps`` steps of the kind) and the event records."""
+    out: dict[str, Any] = {}
+    for kind, skipped in (("kept", 0), ("dropped", 2)):
+        mine = [s for s in steady if s.traced and s.skipped_steps == skipped]
+        entry: dict[str, Any] = {"steady_steps": len(mine)}
+        usable = [
+            ([s for s in t if s.skipped_steps == skipped], u)
+            for t, u in pairs
+            if sum(s.skipped_steps == skipped for s in t) >= min_steps
+        ]
+        entry["pairs"] = len(usable)
+        for q in QUANTITIES:
+            if not mine:
+                continue
+            diffs = [
+                statistics.median(getattr(s, q) for s in t)
+                - statistics.median(getattr(s, q) for s in u)
+                for t, u in usable
+            ]
+            entry[q] = {"median": statistics.median(getattr(s, q) for s in mine)}
+            if diffs:
+                lo, hi = _bootstrap_median(diffs)
+                entry[q] |= {"diff_median": statistics.median(diffs), "diff_ci95": [lo, hi]}
+        if any(s.records for s in steady):
+            entry["event_records"] = _records(mine)
+        out[kind] = entry
     return out
 
 
@@ -298,6 +349,16 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
         on, off = wall["traced"], wall["untraced"]
         print("    step wall us, traced / untraced: " + ", ".join(
             f"{k} {on[k]:.0f} / {off[k]:.0f}" for k in ("mean", "p50", "p90", "p99", "max")))  # fmt: skip
+    for kind, r in result.get("sampled", {}).items():
+        cpu = r.get("cpu_us", {})
+        line = f"    sampled trace, {kind} steps: {r['steady_steps']} steady"
+        if "diff_median" in cpu:
+            lo, hi = cpu["diff_ci95"]
+            line += (f", engine CPU {cpu['median']:.1f} us, {cpu['diff_median']:+.1f} "
+                     f"[{lo:+.1f}, {hi:+.1f}] over untraced ({r['pairs']} pairs)")  # fmt: skip
+        if "event_records" in r:
+            line += f", {r['event_records']['per_step']:.2f} event records a step"
+        print(line)
     rec = result.get("event_records")
     if rec:
         on, off = rec["traced"], rec["untraced"]

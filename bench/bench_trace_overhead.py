@@ -76,7 +76,8 @@ MODES: dict[str, list[str]] = {
         "--trace", "{dir}/trace_req_thread.pftrace", "--trace-requests", "--trace-writer", "thread"
     ],
     # Not run by default: a sampled trace (one run of 16 steps in 4 kept). The engine thread
-    # still pays for the steps the writer drops (docs/design.md §4.9): this measures it.
+    # skips the tracer's work on the steps it drops (docs/design.md §4.9): --interleaved reports
+    # kept and dropped steps apart (``sampled``) and what each costs over untraced.
     "trace-every4": ["--trace", "{dir}/trace_every4.pftrace", "--trace-every", "4"],
 }  # fmt: skip
 DEFAULT_MODES = "off,trace,trace+requests"

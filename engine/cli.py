@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="trace one step in N (sampled), in runs of --trace-run-length consecutive steps",
+        help="trace one step in N (sampled), in runs of --trace-run-length consecutive steps; "
+        "the engine skips the tracer's work on the others (counted in the trace's metadata)",
     )
     p.add_argument(
         "--trace-run-length",

@@ -14,6 +14,13 @@ first (async: only after the step before it is updated).
 
 Every CPU phase is a slice of docs/design.md §4.2 on the ``engine-core`` thread; the runner adds
 ``prepare_inputs``/``launch`` and the device slices; counters are sampled after each update.
+
+A step the trace drops by capture rules 1-3 (warm-up, ``--trace-steps``, ``--trace-every``) is not
+traced at all: whether it is kept is decided once, as it is about to be scheduled
+(``Tracer.trace_step``), kept with it in the batch queue, and each of its phases (schedule and
+launch; wait and update; a deferred sampling) runs with the tracer paused, so it costs the
+engine thread what an untraced step costs (docs/design.md §4.9, "Sampled traces on the engine
+thread").
 """
 
 from __future__ import annotations
@@ -176,8 +183,16 @@ class EngineCore:
         self.structured = StructuredOutputManager(
             tokenizer, self.model_config.vocab_size, self.eos_token_ids
         )
-        # A PendingSample is a structured step whose sampling waits for the step before it.
-        self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample]] = deque()
+        # A PendingSample is a structured step whose sampling waits for the step before it; the
+        # bool: the step is traced (capture rules 1-3, decided once as it was scheduled).
+        self._queue: deque[tuple[SchedulerOutput, AsyncOutput | PendingSample, bool]] = deque()
+        # Steps the trace drops are skipped here, on the engine thread. Not with tensor
+        # parallelism (the other ranks trace every step, and CPU collectives are recorded on the
+        # device thread whatever step the engine is in) nor a kernel window (it attributes its
+        # kernels to its steps' stages): their traces are gated by the writer as before.
+        self._skip_dropped_steps = (
+            self.tracer.can_skip_steps and tp is None and self.kernel_window is None
+        )
         record_start(
             self.tracer, config, self.features, self.max_model_len, self.kv,
             (self.warmup.seconds, self.warmup.num_steps), self.compiles_at_start,
@@ -263,11 +278,9 @@ class EngineCore:
         """Synchronous: schedule, launch, wait, update one step."""
         if self._queue:
             raise RuntimeError("step() with steps still queued: use step_with_batch_queue()")
-        so = self._schedule()
-        if so is None:
+        if not self._enqueue_next():
             return []
-        handle = self.runner.execute_model(so, self._grammar_bitmask(so))
-        return self._update(so, self._wait(so, handle))
+        return self._retire_oldest()
 
     def step_with_batch_queue(self) -> Sequence[RequestOutput]:
         """Async: launch step N+1 before waiting on step N (queue depth 2)."""
@@ -275,13 +288,28 @@ class EngineCore:
             return self._step_serial()
         scheduled = False
         if len(self._queue) < BATCH_QUEUE_DEPTH and self.scheduler.has_unfinished_requests():
-            so = self._schedule()
-            if so is not None:
-                self._queue.append((so, self._launch(so)))
-                scheduled = True
+            scheduled = self._enqueue_next()
         if not self._queue or (scheduled and len(self._queue) < BATCH_QUEUE_DEPTH):
             return []
         return self._retire_oldest()
+
+    def _enqueue_next(self) -> bool:
+        """Schedule the next step and launch it into the queue (False: it had nothing to run).
+
+        Whether the step is traced is decided here, once (capture rules 1-3); a dropped step's
+        phase runs with the tracer paused."""
+        traced = not self._skip_dropped_steps or self.tracer.trace_step(self.scheduler.next_step)
+        if not traced:
+            self.tracer.pause()
+        try:
+            so = self._schedule()
+            if so is None:
+                return False
+            self._queue.append((so, self._launch(so), traced))
+            return True
+        finally:
+            if not traced:
+                self.tracer.resume()
 
     def _step_serial(self) -> Sequence[RequestOutput]:
         """Wait for step N and update it before scheduling N+1. ``--spec-sync-accepted``: the CPU
@@ -291,9 +319,7 @@ class EngineCore:
         if self._queue:
             outputs = self._retire_oldest()
         if self.scheduler.has_unfinished_requests():
-            next_so = self._schedule()
-            if next_so is not None:
-                self._queue.append((next_so, self._launch(next_so)))
+            self._enqueue_next()
         return outputs
 
     def _launch(self, so: SchedulerOutput) -> AsyncOutput | PendingSample:
@@ -305,10 +331,16 @@ class EngineCore:
 
     def _retire_oldest(self) -> Sequence[RequestOutput]:
         """Wait for and update the oldest step, then sample the next one if it was deferred."""
-        so, handle = self._queue.popleft()
+        so, handle, traced = self._queue.popleft()
         if not isinstance(handle, AsyncOutput):
             raise RuntimeError(f"step {so.step} was never sampled")
-        outputs = self._update(so, self._wait(so, handle))
+        if not traced:
+            self.tracer.pause()
+        try:
+            outputs = self._update(so, self._wait(so, handle))
+        finally:
+            if not traced:
+                self.tracer.resume()
         self._sample_deferred()
         return outputs
 
@@ -317,9 +349,17 @@ class EngineCore:
         enqueue its sampling (its forward is already on the device)."""
         if not self._queue:
             return
-        so, pending = self._queue[0]
-        if isinstance(pending, PendingSample):
-            self._queue[0] = (so, self.runner.execute_sample(pending, self._grammar_bitmask(so)))
+        so, pending, traced = self._queue[0]
+        if not isinstance(pending, PendingSample):
+            return
+        if not traced:
+            self.tracer.pause()
+        try:
+            handle = self.runner.execute_sample(pending, self._grammar_bitmask(so))
+        finally:
+            if not traced:
+                self.tracer.resume()
+        self._queue[0] = (so, handle, traced)
 
     def _grammar_bitmask(self, so: SchedulerOutput) -> torch.Tensor | None:
         """The step's grammar mask (host), or None when no structured request runs in it."""

@@ -122,7 +122,8 @@ class RequestTimeline:
         if timing is None or timing.finished_ns is not None:
             return
         timing.finished_ns = now_ns()
-        if self.write_tracks and self.tracer.enabled:
+        # Paused for a step the trace drops: a request spans many steps, its track is written.
+        if self.write_tracks and (self.tracer.enabled or self.tracer.paused):
             self._write_track(req_id, timing)
 
     def _write_track(self, req_id: str, t: RequestTiming) -> None:

@@ -1,8 +1,18 @@
 """Capture control: which engine steps reach the trace file, and an exact count of the rest.
 
-Every decision is made once per step (cached), off the hot path: the tracer's hot path appends
-every event as usual and the flush thread asks the :class:`CaptureGate` whether the event's step
-is kept. An event's step is its ``step`` argument; events without one (counters, ``sync``
+Rules 1-3 below depend only on the step number (:class:`StepRule`, integer arithmetic). They are
+applied twice, with the same arithmetic:
+
+* on the engine thread, once per step, when the step is about to be scheduled
+  (``Tracer.trace_step``): a step they drop is not traced at all (the tracer is paused around
+  its phases, so it costs what an untraced step costs) and is counted there
+  (``engine_skipped_steps_<reason>``; its events were never made, so no event count exists;
+  docs/design.md §4.9, "Sampled traces on the engine thread");
+* on the flush thread / writer process, for every event that does reach it (the
+  :class:`CaptureGate`, cached per step): producers other than the engine, and engines that trace
+  every step (tensor parallel, kernel windows), are gated there as before.
+
+An event's step is its ``step`` argument; events without one (counters, ``sync``
 instants, request slices) belong to the step of the latest CPU slice that carried one. Request
 slices are written when the request finishes but span many steps, so rules 1-3 never drop them
 (a request finishing in a warm-up step keeps its track; only the size budget applies).
@@ -34,12 +44,21 @@ from dataclasses import dataclass, field
 
 from instrument.schema import CaptureArg
 
-__all__ = ["CaptureConfig", "CaptureGate", "parse_step_range", "MODES", "DEFAULT_RUN_LENGTH"]
+__all__ = [
+    "CaptureConfig",
+    "CaptureGate",
+    "StepRule",
+    "parse_step_range",
+    "MODES",
+    "DEFAULT_RUN_LENGTH",
+    "STEP_REASONS",
+]
 
 MODES = ("stop", "ring")
 _MIN_MAX_BYTES = 64 * 1024
 DEFAULT_RUN_LENGTH = 16
 REASONS = ("warmup", "range", "sampled", "size")
+STEP_REASONS = REASONS[:3]  # the rules that depend only on the step number (1-3)
 
 
 def parse_step_range(text: str) -> tuple[int, int | None]:
@@ -118,21 +137,83 @@ class CaptureConfig:
         }
 
 
+class StepRule:
+    """Rules 1-3 of one :class:`CaptureConfig`: ``reason(step)`` is the rule that drops the step
+    (``"warmup"``, ``"range"``, ``"sampled"``) or None. Integer arithmetic on the step number and
+    one remembered step (``s0``, the first step rules 1-2 keep, set by the first such step asked
+    about: ask in step order). The only state besides is the latest answer and the steps
+    ``[lo, hi)`` it holds for (a warm-up, a range edge, or a run of ``run_length`` steps), so
+    most steps are one comparison; nothing grows per step, and the engine thread asks once per
+    step for as long as it runs."""
+
+    __slots__ = ("_warmup_end", "_first", "_end", "_every", "_run_length", "first_kept",
+                 "_lo", "_hi", "_reason")  # fmt: skip
+
+    def __init__(self, config: CaptureConfig) -> None:
+        self._warmup_end = 0 if config.include_warmup else config.warmup_steps
+        self._first = config.first_step
+        self._end = config.end_step
+        self._every = config.every
+        self._run_length = config.run_length
+        self.first_kept: int | None = None  # s0
+        self._lo = self._hi = 0  # no answer yet
+        self._reason: str | None = None
+
+    @property
+    def drops_any(self) -> bool:
+        """True when some step can be dropped by rules 1-3."""
+        return bool(self._warmup_end or self._first or self._end is not None or self._every > 1)
+
+    def reason(self, step: int) -> str | None:
+        if self._lo <= step < self._hi:
+            return self._reason
+        reason, self._hi = self._decide(step)
+        self._lo, self._reason = step, reason
+        return reason
+
+    def _decide(self, step: int) -> tuple[str | None, int]:
+        """The reason for ``step`` and the first later step it may not hold for."""
+        end = self._end
+        never = 1 << 62
+        if step < self._warmup_end:
+            return "warmup", self._warmup_end
+        if step < self._first:
+            return "range", self._first
+        if end is not None and step >= end:
+            return "range", never
+        stop = never if end is None else end  # the range's end: where the answer changes
+        if self._every == 1:
+            return None, stop
+        s0 = self.first_kept
+        if s0 is None:
+            s0 = self.first_kept = step
+        run = (step - s0) // self._run_length
+        reason = "sampled" if run % self._every else None
+        return reason, min(s0 + (run + 1) * self._run_length, stop)
+
+
 @dataclass
 class CaptureGate:
     """Applies a :class:`CaptureConfig` step by step and counts what it drops (exactly).
 
-    Used by the writer only (one thread). ``static(step)`` applies rules 1–3; ``admit(step,
+    Used by the writer only (one thread); the engine thread's own use of rules 1-3 is counted
+    in through :meth:`skipped` at close. ``static(step)`` applies rules 1–3; ``admit(step,
     size)`` applies rule 4 at encode time; ``admitted`` holds the steps written so far.
     """
 
     config: CaptureConfig = field(default_factory=CaptureConfig)
     _static: dict[int, str | None] = field(default_factory=dict)
     admitted: set[int] = field(default_factory=set)
-    _first_kept: int | None = None
     _stopped: bool = False
     dropped_steps: dict[str, set[int]] = field(default_factory=lambda: {r: set() for r in REASONS})
     dropped_events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    # Steps the engine thread skipped whole (rules 1-3 there: no event of theirs reaches this
+    # gate), per reason, and the thread instants raised meanwhile; told at close (``skipped``).
+    engine_skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STEP_REASONS, 0))
+    engine_skipped_instants: int = 0
+
+    def __post_init__(self) -> None:
+        self._rule = StepRule(self.config)
 
     @property
     def passes_all(self) -> bool:
@@ -153,17 +234,7 @@ class CaptureGate:
             return self._static[step]
         except KeyError:
             pass
-        c = self.config
-        reason: str | None = None
-        if step < c.warmup_steps and not c.include_warmup:
-            reason = "warmup"
-        elif step < c.first_step or (c.end_step is not None and step >= c.end_step):
-            reason = "range"
-        elif c.every > 1:
-            if self._first_kept is None:
-                self._first_kept = step
-            if ((step - self._first_kept) // c.run_length) % c.every:
-                reason = "sampled"
+        reason = self._rule.reason(step)
         self._static[step] = reason
         if reason is not None:
             self.dropped_steps[reason].add(step)
@@ -185,19 +256,37 @@ class CaptureGate:
         """Count ``n`` events dropped for ``reason``."""
         self.dropped_events[reason] += n
 
+    def skipped(self, steps: dict[str, int], instants: int = 0) -> None:
+        """Add the steps the engine thread skipped whole, per reason of rules 1-3, and the thread
+        instants it did not write meanwhile (``Tracer.trace_step``). Those steps never reach this
+        gate (none of their events was made), so they are counted once."""
+        for reason, n in steps.items():
+            if reason not in self.engine_skipped:
+                raise ValueError(f"unknown skip reason {reason!r}")
+            self.engine_skipped[reason] += n
+        self.engine_skipped_instants += instants
+
     @property
     def steps_seen(self) -> int:
-        return len(self._static)
+        """Steps this gate saw plus those the engine skipped (disjoint sets)."""
+        return len(self._static) + sum(self.engine_skipped.values())
 
     def counts(self) -> dict[str, int]:
-        """``trace_metadata`` args: steps seen/kept and dropped steps/events per reason."""
+        """``trace_metadata`` args: steps seen/kept and dropped steps/events per reason; of the
+        dropped steps, those the engine skipped (``engine_skipped_steps_<reason>``: their events
+        were never made, so ``dropped_events_<reason>`` does not count them), and the thread
+        instants not written meanwhile."""
         out: dict[str, int] = {
             CaptureArg.STEPS_SEEN.value: self.steps_seen,
             CaptureArg.STEPS_KEPT.value: len(self.admitted),
         }
         for reason in REASONS:
-            out[f"{CaptureArg.DROPPED_STEPS_PREFIX.value}{reason}"] = len(
-                self.dropped_steps[reason]
+            skipped = self.engine_skipped.get(reason, 0)
+            out[f"{CaptureArg.DROPPED_STEPS_PREFIX.value}{reason}"] = (
+                len(self.dropped_steps[reason]) + skipped
             )
             out[f"{CaptureArg.DROPPED_EVENTS_PREFIX.value}{reason}"] = self.dropped_events[reason]
+            if reason in self.engine_skipped:
+                out[f"{CaptureArg.ENGINE_SKIPPED_STEPS_PREFIX.value}{reason}"] = skipped
+        out[CaptureArg.ENGINE_SKIPPED_INSTANTS.value] = self.engine_skipped_instants
         return out

@@ -53,6 +53,9 @@ _INSTANT, _COUNTER = pe.field_varint(9, pe.TYPE_INSTANT), pe.field_varint(9, pe.
 
 
 _REQUEST_TRACK_PREFIX = request_track_name("")
+# Closing counts written only when non-zero (absent = 0).
+_ZERO_OMITTED = ("dropped_", CaptureArg.ENGINE_SKIPPED_STEPS_PREFIX.value,
+                 CaptureArg.ENGINE_SKIPPED_INSTANTS.value)  # fmt: skip
 
 
 def _is_request_slice(event: RawEvent) -> bool:
@@ -361,14 +364,24 @@ class PerfettoWriter:
             if not self._closed:
                 self._out.write(self._encode_sticky(ts_ns, Instant.TRACE_METADATA.value, args))
 
-    def finish(self, dropped: dict[str, int], ts_ns: int) -> None:
+    def finish(
+        self,
+        dropped: dict[str, int],
+        ts_ns: int,
+        skipped_steps: dict[str, int] | None = None,
+        skipped_instants: int = 0,
+    ) -> None:
         """End of trace: the closing ``trace_metadata`` (the tracer's own ``dropped`` counts, the
-        gate's and the ring's; zero drop counts left out), a small "closed" instant, close."""
+        gate's, with the steps the engine skipped (``skipped_steps`` per reason, and the thread
+        instants not written meanwhile: ``CaptureGate.skipped``), and the ring's; zero drop and
+        skip counts left out), a small "closed" instant, close."""
         counts: dict[str, object] = {f"dropped_{k}": v for k, v in dropped.items()}
+        if skipped_steps or skipped_instants:
+            self.gate.skipped(skipped_steps or {}, skipped_instants)
         counts.update(self.gate.counts())
         counts.update(self.ring_counts())
         self.write_metadata(
-            {k: v for k, v in counts.items() if v or not k.startswith("dropped_")}, ts_ns
+            {k: v for k, v in counts.items() if v or not k.startswith(_ZERO_OMITTED)}, ts_ns
         )
         self.close({"closed": True}, ts_ns)
 

@@ -290,6 +290,14 @@ class CaptureArg(str, Enum):
     KERNEL_CLOCK_ERROR_NS = "kernel_clock_error_ns"
     # --trace-every N keeps runs of this many consecutive steps (one run in N); 0 = not sampled.
     RUN_LENGTH = "capture_run_length"
+    # Of ``dropped_steps_<reason>`` (warmup, range, sampled): the steps the engine thread skipped
+    # whole (rules 1-3 applied once per step as it schedules it; the tracer paused around the
+    # step's phases). Their events were never made: ``dropped_events_<reason>`` does not count
+    # them. Zero counts omitted (absent = 0).
+    ENGINE_SKIPPED_STEPS_PREFIX = "engine_skipped_steps_"
+    # Thread-scoped instants (``sync`` hits of --detect-syncs) raised while the tracer was paused
+    # for a skipped step: counted here, not written.
+    ENGINE_SKIPPED_INSTANTS = "engine_skipped_instants"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, Literal, TypeVar
 
 from instrument import nvtx as _nvtx
-from instrument.capture import CaptureConfig
+from instrument.capture import STEP_REASONS, CaptureConfig, StepRule
 from instrument.events import (
     EV_COUNTER,
     EV_COUNTERS,
@@ -195,10 +195,18 @@ class Tracer:
         self._close_lock = threading.Lock()
         self._flush_interval_s = flush_interval_s
         self.dropped: dict[str, int] = {}
+        # Rules 1-3 of the capture config on the engine thread (``trace_step``); None: they keep
+        # every step. ``paused``: recording is off only for a step they drop (``pause``).
+        self.step_rule: StepRule | None = None
+        self.paused = False
+        self.skipped_steps: dict[str, int] = dict.fromkeys(STEP_REASONS, 0)
+        self.skipped_instants = 0
         if not enabled:
             return
         assert self.path is not None
         self.capture = capture or CaptureConfig()
+        rule = StepRule(self.capture)
+        self.step_rule = rule if rule.drops_any else None
         if writer == "process":
             self._writer = ProcessWriter(self.path, capture=self.capture)
         else:
@@ -233,9 +241,16 @@ class Tracer:
         return span
 
     def instant(self, name: str, *, scope: str = "thread", **args: object) -> None:
-        """An instant event on the current thread's track, or the process track."""
+        """An instant event on the current thread's track, or the process track.
+
+        While paused for a skipped step (:meth:`pause`), a thread instant (a ``sync`` hit) is
+        counted (``skipped_instants``), not written; a process instant belongs to no step."""
         if not self.enabled:
-            return
+            if not self.paused:
+                return
+            if scope == "thread":
+                self.skipped_instants += 1
+                return
         track = _thread_key() if scope == "thread" else None
         self._append((EV_INSTANT, track, name, now_ns(), args or None))
 
@@ -284,8 +299,10 @@ class Tracer:
         num_output_tokens: int,
     ) -> None:
         """A finished request's ``queued`` / ``prefill`` / ``decode`` slices on its track, as one
-        buffered tuple (expanded by the writer: ``instrument.events.expand_request``)."""
-        if not self.enabled:
+        buffered tuple (expanded by the writer: ``instrument.events.expand_request``). Written
+        while paused (:meth:`pause`) too: a request spans many steps (capture rules 1-3 never
+        drop its track)."""
+        if not (self.enabled or self.paused):
             return
         if not arrival_ns <= scheduled_ns <= finished_ns or (
             first_token_ns is not None and not scheduled_ns <= first_token_ns <= finished_ns
@@ -317,6 +334,44 @@ class Tracer:
         if end_ns < start_ns:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
         self._append((EV_SLICE_AT, _thread_key(), name, start_ns, end_ns, args))
+
+    # ---- steps dropped on the engine thread -------------------------------------------------
+    @property
+    def can_skip_steps(self) -> bool:
+        """True when capture rules 1-3 (warm-up, step range, sampling) drop some step: an engine
+        may then ask :meth:`trace_step` once per step and skip the steps they drop."""
+        return self.step_rule is not None
+
+    def trace_step(self, step: int) -> bool:
+        """Whether to trace ``step``: capture rules 1-3 (``instrument.capture.StepRule``),
+        evaluated once per step on the engine thread, in step order, as it is about to be
+        scheduled. False: the step is dropped; it is counted here (``skipped_steps``, written at
+        close as ``engine_skipped_steps_<reason>`` and in ``dropped_steps_<reason>``) and the
+        engine pauses the tracer (:meth:`pause`) around each of the step's phases, so it records
+        none of its events. True while the tracer is off (nothing of the step would be traced)."""
+        rule = self.step_rule
+        if rule is None or not (self.enabled or self.paused):
+            return True
+        reason = rule.reason(step)
+        if reason is None:
+            return True
+        self.skipped_steps[reason] += 1
+        return False
+
+    def pause(self) -> None:
+        """Record nothing until :meth:`resume`: the engine thread, around a phase of a step
+        :meth:`trace_step` dropped. Every hot-path entry point is then the disabled tracer's
+        no-op, except request tracks and process instants (no step's) and the device timeline's
+        batches of stages recorded earlier (``append_slices``). No-op while off."""
+        if self.enabled:
+            self.enabled = False
+            self.paused = True
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` (no-op unless paused; a tracer closed meanwhile stays off)."""
+        if self.paused:
+            self.paused = False
+            self.enabled = not self._closed
 
     # ---- metadata -------------------------------------------------------------------------
     def metadata(self, **args: object) -> None:
@@ -383,14 +438,16 @@ class Tracer:
     def _close_locked(self) -> None:
         if self._closed or self._writer is None:
             self._closed = True
+            self.paused = False
             return
         self._closed = True
         self._stop.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join(timeout=5.0)
         self._flush_once()
-        self.enabled = False
-        self._writer.finish(dict(self.dropped), now_ns())
+        self.enabled = self.paused = False
+        skipped = {k: v for k, v in self.skipped_steps.items() if v}
+        self._writer.finish(dict(self.dropped), now_ns(), skipped, self.skipped_instants)
         atexit.unregister(self.close)
 
     def _install_signal_handlers(self) -> None:

@@ -13,7 +13,8 @@ Protocol on the child's stdin: frames of a 4-byte little-endian length and a pic
 ``(op, *args)``: ``("part", events)`` (the first events of a batch, buffered by the child),
 ``("write", events, thread_names)`` (the batch's last events: the child writes the parts and
 these as one batch), ``("sync",)`` (the child answers one byte on stdout once everything before
-it is written: :meth:`ProcessWriter.sync`), ``("finish", dropped, ts_ns)``. The child ignores
+it is written: :meth:`ProcessWriter.sync`), ``("finish", dropped, ts_ns, skipped_steps,
+skipped_instants)`` (``PerfettoWriter.finish``). The child ignores
 SIGINT/SIGTERM (the parent's handlers close the trace) and on end of input without ``finish``
 (the parent was killed) writes the parts it holds and closes what it has: a loadable prefix.
 """
@@ -119,12 +120,18 @@ class ProcessWriter:
             if self._stdout.read(1) != b"k":
                 raise RuntimeError(f"trace writer process exited ({self._proc.wait()})")
 
-    def finish(self, dropped: dict[str, int], ts_ns: int) -> None:
+    def finish(
+        self,
+        dropped: dict[str, int],
+        ts_ns: int,
+        skipped_steps: dict[str, int] | None = None,
+        skipped_instants: int = 0,
+    ) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._send(("finish", dropped, ts_ns))
+            self._send(("finish", dropped, ts_ns, skipped_steps, skipped_instants))
             self._stdin.close()
         code = self._proc.wait(timeout=120)
         if code != 0:

@@ -71,9 +71,15 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     # which are the runner's sync events; untraced, those 3 sync events only (docs/design.md §4.3).
     records = r["event_records"]
     assert records["traced"]["per_step"] == 8.0 and records["untraced"]["per_step"] == 3.0
-    # A sampled trace still records them all: the writer, not the engine, drops steps (§4.9).
-    sampled = result["interleaved"]["trace-every4"]["event_records"]
-    assert sampled["traced"]["per_step"] == 8.0 and sampled["untraced"]["per_step"] == 3.0
+    # A sampled trace: the engine skips the tracer's work on the steps it drops, so they record
+    # the untraced step's 3 sync events; kept steps record the full trace's 8 (§4.9).
+    every4 = result["interleaved"]["trace-every4"]
+    assert every4["event_records"]["untraced"]["per_step"] == 3.0
+    sampled = every4["sampled"]
+    assert sampled["kept"]["steady_steps"] > 0 and sampled["dropped"]["steady_steps"] > 0
+    assert sampled["kept"]["event_records"]["per_step"] == 8.0
+    assert sampled["dropped"]["event_records"]["per_step"] == 3.0
+    assert "sampled" not in r  # a full trace skips no step
     assert records["traced"]["us_per_record"] > 0 and records["untraced"]["us_per_record"] > 0
     assert r["steady_steps"]["traced"] > 0 and r["steady_steps"]["untraced"] > 0
     for q in ("host_us", "cpu_us", "wall_us"):

@@ -11,15 +11,16 @@ pytest.importorskip("xgrammar")
 from analysis import load_trace  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from instrument.capture import CaptureConfig  # noqa: E402
 from instrument.schema import CpuSlice, DeviceSlice, WaitKind  # noqa: E402
 from instrument.tracer import Tracer  # noqa: E402
 from tests.engine.test_structured_engine import ENGINE, SCHEMA, build_checkpoint  # noqa: E402
 
 
-def _trace(tmp_path, async_on: bool) -> pd.DataFrame:
+def _trace(tmp_path, async_on: bool, capture: CaptureConfig | None = None) -> pd.DataFrame:
     checkpoint = build_checkpoint(tmp_path / "ckpt")
-    path = str(tmp_path / f"structured_{async_on}.pftrace")
-    tracer = Tracer(path)
+    path = str(tmp_path / f"structured_{async_on}_{capture is not None}.pftrace")
+    tracer = Tracer(path, capture=capture)
     llm = LLM(model=checkpoint, tracer=tracer, async_scheduling=async_on, **ENGINE)
     params = SamplingParams(temperature=0.0, max_tokens=64)
     structured = [{"json_schema": SCHEMA}, {"choice": ["yes", "no"]}, None]
@@ -70,3 +71,22 @@ def test_sync_trace_masks_before_launch_and_never_waits_for_grammar(tmp_path) ->
     forwards = slices[slices["name"] == DeviceSlice.FORWARD.value].set_index("step")
     for _, mask in masks.iterrows():  # synchronous: the mask exists before its forward starts
         assert forwards.loc[int(mask["step"]), "ts_ns"] >= mask["end_ns"]
+
+
+def test_sampled_async_trace_keeps_deferred_steps_whole(tmp_path) -> None:
+    """A deferred sampling runs in the phase that retires the step before it; with a sampled
+    trace the engine pauses the tracer by the deferred step's own decision, so each kept step
+    has the full trace's slices (its grammar mask and second launch included), and no dropped
+    step has any (docs/design.md §4.9)."""
+    full = _trace(tmp_path, async_on=True)
+    sampled = _trace(tmp_path, async_on=True, capture=CaptureConfig(every=2, run_length=3))
+    steps = sorted(set(full.loc[full["step"] >= 0, "step"]))
+    kept = [s for s in steps if ((s - steps[0]) // 3) % 2 == 0]
+    assert sorted(set(sampled.loc[sampled["step"] >= 0, "step"])) == kept
+
+    def names(df: pd.DataFrame, step: int) -> list[str]:
+        return sorted(df.loc[df["step"] == step, "name"].astype(str))
+
+    assert any(CpuSlice.GRAMMAR_MASK.value in names(full, s) for s in kept)
+    for step in kept:
+        assert names(sampled, step) == names(full, step), step

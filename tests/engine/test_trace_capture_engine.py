@@ -3,7 +3,7 @@
 * every device stage slice carries ``host_end_ns``, recorded inside its step's ``launch`` slice,
   in enqueue order;
 * ``--trace-every`` keeps runs of consecutive steps, each kept step whole (CPU and device
-  slices), and the metadata counts every step;
+  slices), and the metadata counts every step (the dropped ones skipped on the engine thread);
 * tracing (full, sampled, with request tracks) changes no token.
 """
 
@@ -94,7 +94,7 @@ def _runs(steps: list[int]) -> list[list[int]]:
     return runs
 
 
-@pytest.mark.parametrize(("every", "run_length"), [(2, 4), (3, 5)])
+@pytest.mark.parametrize(("every", "run_length"), [(2, 4), (3, 5), (4, 4)])
 def test_sampled_trace_keeps_whole_runs_of_steps(
     tmp_path, tiny_model_config, full_trace, every: int, run_length: int
 ) -> None:
@@ -118,12 +118,22 @@ def test_sampled_trace_keeps_whole_runs_of_steps(
 
     for step in kept:
         assert names(frames, step) == names(full, step), step
+
+    # Request tracks span steps: each request keeps its track whatever step it finished in.
+    def tracks(df):  # noqa: ANN001, ANN202
+        return sorted(t for t in df.slices["track"].unique() if t.startswith("request "))
+
+    assert tracks(frames) == tracks(full) and len(tracks(full)) == len(PROMPTS)
     meta = frames.metadata
     assert meta["steps_kept"] == len(kept)
     assert meta["steps_seen"] == len(all_steps)
     assert meta["dropped_steps_warmup"] == 2
     assert meta["dropped_steps_sampled"] == len(all_steps) - 2 - len(kept)
-    assert meta["dropped_events_sampled"] > 0
+    # The engine thread skipped the dropped steps whole: none of their events was made, so no
+    # event was dropped by the writer, and the skipped steps are counted apart.
+    assert meta["engine_skipped_steps_sampled"] == meta["dropped_steps_sampled"] > 0
+    assert meta["engine_skipped_steps_warmup"] == 2
+    assert "dropped_events_sampled" not in meta and "dropped_events_warmup" not in meta
     assert meta["capture_run_length"] == run_length and meta["capture_every"] == every
 
 

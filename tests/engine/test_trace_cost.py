@@ -95,3 +95,73 @@ def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(tmp_path, tiny_mode
         f"tracing adds {added} bytecodes per steady decode step on the engine thread "
         f"(bound {MAX_ADDED_BYTECODES}): new per-step Python work on the traced hot path?"
     )
+
+
+# A step a sampled trace drops costs what an untraced step costs, but for asking the capture rule
+# (``Tracer.trace_step``, once per step: ~48) and pausing / resuming the tracer around the step's
+# two phases (~68), less the untraced iteration's own call of the rule (~19): measured 103 added
+# bytecodes per steady decode iteration on this tree, where a kept step adds ~1,400.
+MAX_DROPPED_EXTRA_BYTECODES = 120
+
+
+def test_a_dropped_step_costs_what_an_untraced_step_costs(tmp_path, tiny_model_config):
+    """``--trace-every``: the engine thread skips the tracer's work on the steps the trace drops
+    (docs/design.md §4.9). Tracing switched on and off every 8 iterations; in traced blocks runs
+    of 4 steps are kept, one run in 2. An iteration counts as dropped (kept) when both steps it
+    works on, the one it schedules and the one it retires, are dropped (kept)."""
+    from instrument.capture import CaptureConfig
+
+    tracer = Tracer(str(tmp_path / "t.pftrace"), capture=CaptureConfig(every=2, run_length=4))
+    llm = LLM(
+        tracer=tracer,
+        model_config=tiny_model_config,
+        random_weights=True,
+        num_kv_blocks=128,
+        max_num_seqs=4,
+    )
+    engine = llm.engine
+    run_step, schedule = engine.run_step, engine.scheduler.schedule
+    counts: dict[str, list[int]] = {"kept": [], "dropped": [], "untraced": []}
+    calls = 0
+    decode = [False, False]
+    skipped = [False, False]  # the step scheduled in this iteration / the one before: dropped
+
+    def counted_schedule() -> Any:
+        so = schedule()
+        decode[1] = 0 < so.num_reqs == so.total_num_scheduled_tokens
+        skipped[1] = tracer.paused  # the engine paused the tracer for this step's phase
+        return so
+
+    def counted_step() -> Any:
+        nonlocal calls
+        traced = (calls // 8) % 2 == 0
+        steady = calls % 8 >= 2 and decode[1]
+        calls += 1
+        tracer.enabled = traced
+        decode[0], decode[1] = decode[1], False
+        skipped[0], skipped[1] = skipped[1], False
+        if not steady:
+            return run_step()
+        out, n = _count_opcodes(run_step)
+        if decode[1]:
+            if not traced:
+                counts["untraced"].append(n)
+            elif skipped[0] == skipped[1]:  # retired and scheduled step: both dropped, or kept
+                counts["dropped" if skipped[1] else "kept"].append(n)
+        return out
+
+    engine.run_step, engine.scheduler.schedule = counted_step, counted_schedule
+    prompts = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
+    try:
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
+    finally:
+        engine.run_step, engine.scheduler.schedule = run_step, schedule
+        tracer.enabled = True
+        llm.close()
+        tracer.close()
+    assert all(len(v) >= 5 for v in counts.values()), {k: len(v) for k, v in counts.items()}
+    untraced = statistics.median(counts["untraced"])
+    dropped = statistics.median(counts["dropped"]) - untraced
+    kept = statistics.median(counts["kept"]) - untraced
+    assert 0 < dropped <= MAX_DROPPED_EXTRA_BYTECODES, (dropped, kept)
+    assert kept > 10 * MAX_DROPPED_EXTRA_BYTECODES, (dropped, kept)  # a kept step is traced

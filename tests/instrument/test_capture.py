@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import random
 import threading
 from pathlib import Path
 
 import pytest
 
 from analysis import load_trace
-from instrument.capture import CaptureConfig, parse_step_range
+from instrument.capture import CaptureConfig, CaptureGate, StepRule, parse_step_range
+from instrument.events import EV_SLICE_AT
 from instrument.schema import device_track_name, request_track_name
 from instrument.tracer import Tracer
 
@@ -191,3 +193,132 @@ def test_parse_step_range_rejects(text: str) -> None:
 def test_bad_capture_config_is_a_clear_error(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         CaptureConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def _emit_skipping(tracer: Tracer, steps: range) -> None:
+    """What the engine does (engine/core.py): rules 1-3 asked once per step, the step's phase run
+    with the tracer paused when they drop it. Each step: schedule, a sync instant, wait_output, a
+    counter and a finishing request; its device slice arrives later, as the device timeline's
+    batches do (``append_slices``: only stages recorded while traced)."""
+    threading.current_thread().name = "engine-core"
+    tracer.instant("engine_config", scope="process", model="tiny")
+    late: list[tuple[object, ...]] = []
+    for step in steps:
+        traced = tracer.trace_step(step)
+        if not traced:
+            tracer.pause()
+        try:
+            base = step * 1_000_000
+            tracer.thread_slice("schedule", base, base + 100_000, step=step, num_reqs=4)
+            tracer.instant("sync", op="item", hot=True)
+            tracer.thread_slice("wait_output", base + 100_000, base + 900_000, step=step, kind="x")
+            tracer.counter("kv_usage", step / 1000)
+            tracer.request_slices(f"r{step}", base, base + 1000, base + 2000, base + 3000, 2)
+            tracer.metadata(note=step)
+            if tracer.enabled:  # DeviceTimeline.stage records nothing while paused
+                late.append(("forward", base + 200_000, base + 950_000, {"step": step}))
+        finally:
+            if not traced:
+                tracer.resume()
+        tracer.append_slices([(EV_SLICE_AT, COMPUTE, n, a, b, args) for n, a, b, args in late])
+        late = []
+
+
+@pytest.mark.parametrize(
+    ("config", "writer"),
+    [(c, "thread") for c in CASES] + [(CASES[3], "process")],
+    ids=lambda v: (
+        v if isinstance(v, str) else f"{v.first_step}:{v.end_step}/{v.every}x{v.run_length}"
+    ),
+)
+def test_steps_skipped_on_the_engine_thread_are_counted_exactly(
+    tmp_path: Path, config: CaptureConfig, writer: str
+) -> None:
+    """A step rules 1-3 drop is never recorded (the engine asks ``trace_step`` once per step and
+    pauses the tracer): the file holds the same kept steps, each whole, as when the writer drops
+    them, and the metadata counts every step; the dropped ones as skipped on the engine."""
+    steps = range(0, 100)
+    path = tmp_path / "t.pftrace"
+    with Tracer(path, capture=config, flush_interval_s=0.01, writer=writer) as tracer:
+        _emit_skipping(tracer, steps)
+    frames = load_trace(path)
+    kept, dropped = _kept_reference(config, steps)
+    sl = frames.slices
+    step_slices = sl[sl["step"] >= 0]
+    got = step_slices.groupby("step")["name"].apply(lambda n: sorted(n.astype(str)))
+    assert got.index.tolist() == kept
+    assert all(names == ["forward", "schedule", "wait_output"] for names in got)
+    assert frames.config == {"model": "tiny"}
+    # Request tracks span steps: written whatever step they finish in (3 slices each).
+    assert sl["track"].str.startswith("request ").sum() == 3 * len(steps)
+    meta = frames.metadata
+    assert meta["steps_seen"] == len(steps) and meta["steps_kept"] == len(kept)
+    for reason, n in dropped.items():
+        assert meta.get(f"dropped_steps_{reason}", 0) == n
+        assert meta.get(f"engine_skipped_steps_{reason}", 0) == n
+        assert f"dropped_events_{reason}" not in meta  # never made: no event count exists
+    assert meta.get("engine_skipped_instants", 0) == sum(dropped.values())  # one sync each
+    assert len(frames.counters) == len(kept)
+    assert meta["note"] == 99  # process instants are written while paused too
+    assert not tracer.enabled and not tracer.paused
+
+
+def _reason_reference(c: CaptureConfig, steps: range) -> list[str | None]:
+    """Rules 1-3 step by step, as a plain loop (the reason each step is dropped for)."""
+    out: list[str | None] = []
+    first_kept = None
+    for s in steps:
+        if s < c.warmup_steps and not c.include_warmup:
+            out.append("warmup")
+        elif s < c.first_step or (c.end_step is not None and s >= c.end_step):
+            out.append("range")
+        else:
+            first_kept = s if first_kept is None else first_kept
+            out.append("sampled" if ((s - first_kept) // c.run_length) % c.every else None)
+    return out
+
+
+def test_step_rule_is_the_gates_arithmetic() -> None:
+    """The engine's rule (one remembered answer, no per-step cache) and the writer's gate agree
+    with a plain loop step by step, on the cases above and on random configurations."""
+    rng = random.Random(0)
+    configs = list(CASES)
+    for _ in range(500):
+        first = rng.randrange(0, 12)
+        configs.append(
+            CaptureConfig(
+                first_step=first,
+                end_step=rng.choice([None, first + rng.randrange(1, 50)]),
+                every=rng.randrange(1, 5),
+                run_length=rng.randrange(1, 7),
+                warmup_steps=rng.randrange(0, 6),
+                include_warmup=rng.random() < 0.3,
+            )
+        )
+    steps = range(120)
+    for config in configs:
+        rule, gate = StepRule(config), CaptureGate(config)
+        want = _reason_reference(config, steps)
+        assert [rule.reason(s) for s in steps] == want, config
+        assert [gate.static(s) for s in steps] == want, config
+        assert rule.drops_any == any(want), config
+
+
+def test_pause_outside_tracing_and_resume_after_close(tmp_path: Path) -> None:
+    """pause/resume only undo each other: a tracer switched off stays off (the interleaved bench
+    switches ``enabled`` between iterations), and one closed while paused stays closed."""
+    tracer = Tracer(tmp_path / "t.pftrace", capture=CaptureConfig(every=2, run_length=1))
+    tracer.enabled = False
+    assert tracer.trace_step(0) and tracer.trace_step(1)  # off: nothing counted, no s0 taken
+    tracer.pause()
+    assert not tracer.paused
+    tracer.resume()
+    assert not tracer.enabled
+    tracer.enabled = True
+    assert tracer.trace_step(5) and not tracer.trace_step(6) and tracer.trace_step(7)
+    assert tracer.skipped_steps == {"warmup": 0, "range": 0, "sampled": 1}
+    tracer.pause()
+    assert tracer.paused and not tracer.enabled
+    tracer.close()
+    tracer.resume()
+    assert not tracer.enabled and not tracer.paused
