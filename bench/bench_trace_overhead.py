@@ -519,10 +519,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "driver-held = the driver's, the poller's queries and conversions keeping the GIL: "
         "no driver-lock contention with the engine thread's records and launches)",
     )
-    p.add_argument("--poll", choices=("background", "inline"), default="background",
-                   help="--interleaved: where the device timeline's polls run: its poller thread "
-                   "(the engine's default) or the engine thread (an A/B of the GIL handoffs a "
-                   "host-bound engine pays for the poller)")  # fmt: skip
+    p.add_argument("--poll", choices=("auto", "background", "inline"), default="auto",
+                   help="--interleaved: where the device timeline's polls run: auto = the "
+                   "engine's policy (the poller thread while the engine waits, the engine thread "
+                   "when its outputs are ready: host-bound); background = always the poller "
+                   "thread (the earlier policy); inline = always the engine thread")  # fmt: skip
     p.add_argument(
         "--interleaved",
         action="store_true",
@@ -642,7 +643,9 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         mode = build_mode(name, args, trace_dir)
         assert mode.tracer is not None
         timeline = mode.llm.engine.runner.timeline
-        timeline.background = args.poll == "background"
+        if args.poll != "auto":  # auto: the engine's own policy
+            timeline.background = args.poll == "background"
+            timeline.inline_when_host_bound = False
         ops = timeline.ops
         print(f"{name}: device timeline event calls: {getattr(ops, 'api', type(ops).__name__)} "
               f"{getattr(ops, 'api_reason', '')}")  # fmt: skip

@@ -14,7 +14,10 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
   ``poll_batch`` stages are pending; :meth:`DeviceTimeline.poll_if_due`, the once-per-step hook on
   the hot path, acts only past ``max_deferred`` pending stages (an engine that never waits). With
   ``background`` both only wake the poller thread, which emits ``POLL_CHUNK`` stages per stretch
-  of holding the GIL;
+  of holding the GIL, while the engine blocks. When the engine's last wait found its output
+  already there (the host is the bottleneck: it never blocks), ``poll_if_due`` polls on the
+  engine thread instead: a poller would only take the GIL from it, and each handoff costs the
+  engine more than the poll (on the H200, a host-bound run paid +256 µs a step with the poller);
 * a poll queries each stream's pending stages newest first and by bisection (events on one stream
   complete in stream order, so one completed event vouches for every earlier one), converts the
   completed ones to host times in one pass and hands their slices to the tracer in one call.
@@ -168,6 +171,9 @@ class DeviceTimeline:
         max_deferred: pending stages at which :meth:`poll_if_due` polls.
         background: :meth:`poll_while_waiting` wakes a poller thread instead of polling on the
             calling (engine) thread; see :meth:`poll_while_waiting`.
+        inline_when_host_bound: with ``background``, :meth:`poll_if_due` polls on the calling
+            thread when the engine's last wait found its output ready (see :meth:`poll_if_due`);
+            False: it always wakes the poller (the earlier behaviour, kept for A/B benches).
     """
 
     def __init__(
@@ -179,6 +185,7 @@ class DeviceTimeline:
         poll_batch: int = POLL_BATCH,
         max_deferred: int = MAX_DEFERRED,
         background: bool = False,
+        inline_when_host_bound: bool = True,
     ) -> None:
         if not 1 <= poll_batch <= max_deferred <= max_pending:
             raise ValueError(
@@ -194,6 +201,8 @@ class DeviceTimeline:
         self.max_deferred = max_deferred
         # Background: the engine thread polls inline only this far behind (the poller is stuck).
         self._inline_limit = max(max_deferred, max_pending // 2)
+        self.inline_when_host_bound = inline_when_host_bound
+        self._output_was_ready = False  # the engine's last wait found its output ready
         self._queues: dict[int, _StreamQueue] = {}  # by id(stream); the stream is kept too
         self._unordered: list[Any] = []  # stages queued through add(): no stream order known
         # Pending = recorded - emitted - dropped. Each count has one writer at a time: recorded the
@@ -365,11 +374,20 @@ class DeviceTimeline:
         pending (the engine did not wait for the device meanwhile); then, with ``background``,
         wake the poller thread (one C-level lock release; inline only past ``max_pending // 2``,
         a poller that cannot keep up), else :meth:`poll`. Returns how many slices were emitted
-        on this thread."""
+        on this thread.
+
+        Inline too when the engine's last wait found its output ready (host-bound: the engine
+        thread never blocks, so a poller thread could run only by taking the GIL from it, and
+        every handoff costs the engine more than the poll itself; ``inline_when_host_bound``)."""
         pending = self.num_recorded - self.num_emitted - self.num_dropped
         if pending < self.max_deferred:
             return 0
-        if self.background and self.observer is None and pending < self._inline_limit:
+        if (
+            self.background
+            and self.observer is None
+            and pending < self._inline_limit
+            and not (self._output_was_ready and self.inline_when_host_bound)
+        ):
             self._wake()
             return 0
         return self.poll()
@@ -385,7 +403,11 @@ class DeviceTimeline:
         emits, ``POLL_CHUNK`` stages per stretch of holding the GIL. Inline still when an
         ``observer`` is set (a kernel window reads its stages on the engine thread).
         docs/design.md §4.3."""
-        if self.num_recorded - self.num_emitted - self.num_dropped < self.poll_batch or done():
+        pending = self.num_recorded - self.num_emitted - self.num_dropped
+        if not pending:  # untraced (or nothing left): no query
+            return 0
+        ready = self._output_was_ready = done()
+        if ready or pending < self.poll_batch:
             return 0
         if self.background and self.observer is None:
             self._wake()

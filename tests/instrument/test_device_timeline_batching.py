@@ -458,15 +458,23 @@ def test_given_back_ready_events_return_to_the_pool(tmp_path, background):
         assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
 
 
-def test_host_bound_engine_never_polls_on_its_own_thread(tmp_path):
+@pytest.mark.parametrize("inline_when_host_bound", [True, False])
+def test_host_bound_engine_polls_on_its_own_thread_only_when_asked(
+    tmp_path, inline_when_host_bound
+):
     """A host-bound engine: every step's output is ready when the engine reaches its wait, so
-    the wait never wakes the poller. The hot-path hook then wakes the poller thread at
-    ``max_deferred`` pending stages instead of polling inline (the H200 run's engine thread spent
-    39 us a step there); the poller emits in chunks of ``POLL_CHUNK``. Every stage is emitted
-    once with exact times; no query or conversion runs on the engine thread before drain."""
+    the wait never wakes the poller. By default the hot-path hook then polls on the engine thread
+    at ``max_deferred`` pending stages: a poller thread could only run by taking the GIL from an
+    engine that never blocks (on the H200 a host-bound run paid +256 us a step with it). With
+    ``inline_when_host_bound=False`` (the earlier behaviour) it wakes the poller thread instead,
+    which emits in chunks of ``POLL_CHUNK``, and no query runs on the engine thread before drain.
+    Either way every stage is emitted once with exact times."""
     path = str(tmp_path / "t.pftrace")
     tracer = Tracer(path)
-    loop = EngineLoop(tracer, wait_only=True, background=True, poll_batch=8, max_deferred=40)
+    loop = EngineLoop(
+        tracer, wait_only=True, background=True, poll_batch=8, max_deferred=40,
+        inline_when_host_bound=inline_when_host_bound,
+    )  # fmt: skip
     timeline = loop.timeline
     main = threading.get_ident()
     on_main = []
@@ -490,9 +498,13 @@ def test_host_bound_engine_never_polls_on_its_own_thread(tmp_path):
         for name, stream in loop.streams.items():
             stream.num_done = launched.get(name, 0)
             launched[name] = stream.num_recorded
-    assert chunks and all(limit == POLL_CHUNK and n <= POLL_CHUNK for limit, n in chunks)
-    assert max(n for _, n in chunks) == POLL_CHUNK  # a backlog is emitted chunk by chunk
-    assert not any(on_main)  # every poll ran on the poller thread
+    if inline_when_host_bound:
+        assert not chunks and timeline._poller is None  # the poller never started
+        assert on_main and all(on_main)  # every query ran on the engine thread
+    else:
+        assert chunks and all(limit == POLL_CHUNK and n <= POLL_CHUNK for limit, n in chunks)
+        assert max(n for _, n in chunks) == POLL_CHUNK  # a backlog is emitted chunk by chunk
+        assert not any(on_main)  # every poll ran on the poller thread
     assert timeline.num_emitted > 0
     for stream in loop.streams.values():
         stream.advance()
