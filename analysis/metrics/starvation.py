@@ -15,7 +15,9 @@ the kernels of the span it estimates):
    >= 0; with fewer than 3 distinct token counts, b = 0 and a = their median). Its busy estimate
    is max(that prediction, its tail after the host finished submitting), clipped to [0, slice];
    ``extrapolated`` when its token count lies outside the reference range. A stage name with no
-   reference gets no estimate (its slice counts as busy) and the report says so.
+   reference (every slice of it host-paced: a host-bound run) is busy for its tail
+   (``eager_submit``): the device ran its kernels as they arrived, and only what was still
+   queued when the host finished runs back to back; a lower bound on its busy time.
 3. A host-paced CUDA-graph replay (submitted at once, at about ``host_end_ns``): busy = its tail
    ``e - max(b, host_end)`` (``method`` ``graph_submit``); every replay then loses
    ``GRAPH_GAP_SHARE`` of its busy time to gaps between its kernels (``graph_gap_ns``;
@@ -107,8 +109,8 @@ def starved_busy(
     ``graph``: per row of ``stages``, whether it was a CUDA-graph replay
     (``analysis.metrics.submit.graph_replayed``; default none); ``correction_ns``: the clock
     correction ``stage_lead`` added to ``end_ns``. One row per host-paced or graph-replayed
-    compute stage. Columns: ``STARVED_COLUMNS``; ``estimated`` False where no reference existed
-    (then est_busy = slice).
+    compute stage. Columns: ``STARVED_COLUMNS``; every row is estimated since the no-reference
+    rule (``estimated`` and ``unestimated_stages`` stay in the tables' contract).
     """
     require_columns(
         stages, ["step", "stage", "role", "ts_ns", "end_ns", "host_end_ns", "starved"], "starved"
@@ -137,6 +139,8 @@ def starved_busy(
         fit = _fit(tokens[ref], dur[ref])
         sel = eager & (stage == name)
         if fit is None:
+            est[sel] = tail[sel]
+            method[sel] = "eager_submit"
             continue
         a, b, lo, hi = fit
         est[sel] = np.clip(np.maximum(a + b * tokens[sel], tail[sel]), 0.0, dur[sel])
@@ -210,7 +214,8 @@ def phase_starvation(
     spans), ``idle_ns`` (Σ|span \\ B|), ``bubble_ratio`` (idle / span: a lower bound where B came
     from stage slices), ``num_starved_stages`` (host-paced stages), ``hidden_idle_ns`` (the
     estimated idle stage slices hid: launch gaps and ``graph_gap_ns``, the intra-graph kernel gaps
-    among them), ``unestimated_stages`` (host-paced stages without a reference),
+    among them), ``unestimated_stages`` (host-paced stages left whole: none since the no-reference
+    rule of step 2),
     ``bubble_ratio_starvation_aware`` ((idle + hidden) / span), ``launch_ms_p50`` (host ``launch``
     time per step) and ``stage_ms_p50`` (device compute slices per step), over the phase's
     host-paced steps when it has any, else all its steps; ``blame`` (``launch (<phase>)``). Where ``busy``
