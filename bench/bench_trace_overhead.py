@@ -325,6 +325,8 @@ def _micro_steps(
     finished_per_step: int,
     clock: Callable[[], int] = time.thread_time_ns,
     wait_s: float = 1e-4,
+    output_ready: bool = False,
+    inline_when_host_bound: bool = True,
 ) -> tuple[float, float]:
     """The tracer calls of ``num_steps`` engine steps (five CPU spans with the engine's args,
     the runner's once-per-step device-timeline hook and five device stages on three streams as
@@ -336,14 +338,20 @@ def _micro_steps(
     the simulated device completes step N-1 while step N is launched (async scheduling). The
     engine's wait for the previous step's output is a ``wait_s`` sleep (it releases the GIL, as
     the engine's blocking wait does; the timeline's background poller runs there, as in the
-    runner), the same in every mode and not counted by ``clock``."""
+    runner), the same in every mode and not counted by ``clock``. ``output_ready`` (with
+    ``wait_s=0``: a host-bound engine): every step's output is ready when the engine reaches
+    its wait, so the wait never polls; ``inline_when_host_bound``: the timeline's policy then
+    (False: wake the poller thread, the earlier policy)."""
     from engine.request_timeline import RequestTimeline
     from instrument.device_events import StandInCudaEvent, StandInStream
     from instrument.device_timeline import DeviceTimeline
     from instrument.schema import Counter
 
     streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
-    timeline = DeviceTimeline(tracer, 0, StandInCudaEvent.clock(), background=True)
+    timeline = DeviceTimeline(
+        tracer, 0, StandInCudaEvent.clock(), background=True,
+        inline_when_host_bound=inline_when_host_bound,
+    )  # fmt: skip
     requests = RequestTimeline(tracer, write_tracks=True)
     counters = tuple(c.value for c in Counter)
     values = tuple(0.5 for _ in counters)
@@ -353,7 +361,7 @@ def _micro_steps(
     ready: deque[Any] = deque()  # the outputs' ready events, lent until their step is waited for
 
     def busy() -> bool:
-        return False
+        return output_ready
 
     start = clock()
     for step in range(num_steps):
