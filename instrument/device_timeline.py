@@ -17,7 +17,8 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
   of holding the GIL, while the engine blocks. When the engine's last wait found its output
   already there (the host is the bottleneck: it never blocks), ``poll_if_due`` polls on the
   engine thread instead: a poller would only take the GIL from it, and each handoff costs the
-  engine more than the poll (on the H200, a host-bound run paid +256 µs a step with the poller);
+  engine more than the poll (on the H200, tracing a host-bound run added a median +163 µs of
+  engine CPU a step with the poller, +19 µs without it; bench/README.md, session 9);
 * a poll queries each stream's pending stages newest first and by bisection (events on one stream
   complete in stream order, so one completed event vouches for every earlier one), converts the
   completed ones to host times in one pass and hands their slices to the tracer in one call.
