@@ -61,7 +61,7 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     result = main(
         ["--interleaved", "--modes", "off,trace,trace-every4", "--num-requests", "4",
          "--max-num-seqs", "4",
-         "--in-len", "8", "--out-len", "72", "--block-steps", "16", "--skip-steps", "2",
+         "--in-len", "8", "--out-len", "48", "--block-steps", "16", "--skip-steps", "2",
          "--min-run-s", "0", "--time-records", "--out", str(out)]
     )  # fmt: skip
     r = result["interleaved"]["trace"]

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,17 +167,39 @@ def browser() -> Iterator[object]:
         browser.close()
 
 
-@pytest.fixture
-def page(browser: object, dashboard: Server) -> Iterator[object]:
+@dataclass
+class _Tab:
+    page: object
+    errors: list[str]
+
+
+@pytest.fixture(scope="session")
+def _tab(browser: object) -> Iterator[_Tab]:
+    """One browser tab for every browser test: opening a tab costs about 5 s on 2 cores (a new
+    renderer), loading the app into an open one about 1 s. Each test gets it freshly navigated
+    to the app (a new document: no state of the previous test survives, ``dcc.Store`` keeps it
+    in memory)."""
     context = browser.new_context(viewport={"width": 1500, "height": 1000})  # type: ignore[attr-defined]
     context.set_default_timeout(60_000)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield _Tab(page, errors)
+    context.close()
+
+
+@pytest.fixture
+def page(_tab: _Tab, dashboard: Server) -> Iterator[object]:
+    page: Any = _tab.page
+    _tab.errors.clear()
     page.goto(dashboard.url + "/")
     page.wait_for_selector("#trace-picker")
     yield page
-    context.close()
+    errors = list(_tab.errors)
+    page.goto("about:blank")  # stop what the test left running
+    for other in page.context.pages:  # popups the test opened
+        if other is not page:
+            other.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
 
 

@@ -44,9 +44,10 @@ def _start(tmp_path: Path, ignore_sigint: bool = False) -> tuple[subprocess.Pope
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    def preexec() -> None:  # what `nohup` / `cmd &` do to SIGINT
-        if ignore_sigint:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    def preexec() -> None:
+        # SIG_IGN: what `nohup` / `cmd &` do to SIGINT. SIG_DFL: an interactive shell's Ctrl-C,
+        # also when pytest itself was started in the background (it would inherit SIG_IGN).
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.SIG_DFL)
 
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

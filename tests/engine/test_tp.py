@@ -17,17 +17,13 @@ import torch.multiprocessing as mp
 from analysis import load_trace
 from analysis.ranks.report import analyze_ranks
 from engine.config import ConfigError, EngineConfig
-from engine.distributed.parallel_state import destroy_tp_group, init_tp_group
 from engine.executor.tp_driver import TensorParallelError, TPDriver, TPOptions
 from engine.llm import LLM
 from engine.model.loader import load_model
-from engine.model.paged_batch import build_attention_metadata
 from engine.sampling_params import SamplingParams
 from instrument.tracer import Tracer
 from tests.engine.conftest import TINY_QWEN3
-
-TIMEOUT_S = 60.0
-BLOCK = 16
+from tests.engine.tp_logits import TIMEOUT_S, paged_logits, rank1_logits, tp_logits
 
 
 @pytest.fixture(scope="module")
@@ -38,46 +34,18 @@ def odd_vocab_config(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-# ---- logits ------------------------------------------------------------------------------------
-def _paged_logits(model: torch.nn.Module) -> torch.Tensor:
-    """Prefill of two prompts (one chunked), then a decode step; every position's logits."""
-    kv = model.allocate_kv_caches(8, BLOCK)
-    seqs = [list(range(3, 23)), list(range(40, 48))]
-    tables = [[0, 1], [2]]
-    out = []
-    for computed, new in (([0, 0], [12, 7]), ([12, 7], [8, 1])):
-        md, positions = build_attention_metadata(computed, new, tables, BLOCK, "cpu")
-        ids = [t for s, c, n in zip(seqs, computed, new, strict=True) for t in s[c : c + n]]
-        with torch.no_grad():
-            hidden = model(torch.tensor(ids), positions, md, kv)
-            out.append(model.compute_logits(hidden))  # [T, vocab]
-    return torch.cat(out)
-
-
-def _tp_logits(rank: int, init_method: str, checkpoint: str) -> torch.Tensor:
-    group = init_tp_group(rank, 2, init_method, None, TIMEOUT_S)
-    try:
-        model, _ = load_model(checkpoint, torch.float32, "cpu", tp=group)
-        return _paged_logits(model)
-    finally:
-        destroy_tp_group()
-
-
-def _rank1_logits(index: int, init_method: str, checkpoint: str) -> None:
-    _tp_logits(index + 1, init_method, checkpoint)
-
-
+# ---- logits (rank 1 runs tests/engine/tp_logits.py) -------------------------------------------
 def test_logits_tp2_equal_tp1(tiny_hf_checkpoint: str, tmp_path: Path) -> None:
     init = f"file://{tmp_path / 'store'}"
     procs = mp.start_processes(
-        _rank1_logits, args=(init, tiny_hf_checkpoint), nprocs=1, join=False,
+        rank1_logits, args=(init, tiny_hf_checkpoint), nprocs=1, join=False,
         start_method="spawn",
     )  # fmt: skip
-    tp_logits = _tp_logits(0, init, tiny_hf_checkpoint)
+    got = tp_logits(0, init, tiny_hf_checkpoint)
     assert procs.join(TIMEOUT_S)
-    reference = _paged_logits(load_model(tiny_hf_checkpoint, torch.float32, "cpu")[0])
-    assert tp_logits.shape == reference.shape == (19 + 9, TINY_QWEN3["vocab_size"])
-    rel = (tp_logits - reference).abs().max() / reference.abs().max()
+    reference = paged_logits(load_model(tiny_hf_checkpoint, torch.float32, "cpu")[0])
+    assert got.shape == reference.shape == (19 + 9, TINY_QWEN3["vocab_size"])
+    rel = (got - reference).abs().max() / reference.abs().max()
     print(f"TP=2 vs TP=1 logits: max rel diff {rel:.2e}")
     assert rel <= 1e-5, f"TP=2 logits differ from TP=1 by {rel:.2e} (relative)"
 

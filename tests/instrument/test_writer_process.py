@@ -95,13 +95,15 @@ CHILD = textwrap.dedent(
 def test_parent_killed_or_signalled_leaves_a_loadable_trace(tmp_path: Path, how: str) -> None:
     path = str(tmp_path / f"{how}.pftrace")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    # Own process group: a Ctrl-C reaches the writer child too, which must ignore it.
+    # Own process group: a Ctrl-C reaches the writer child too, which must ignore it. SIGINT at
+    # its default (a shell's Ctrl-C), also when pytest was started in the background (SIG_IGN).
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, path],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     time.sleep(0.2)
