@@ -58,10 +58,12 @@ def test_summarize_recovers_a_known_added_cost_under_drift() -> None:
 
 def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     out = tmp_path / "il.json"
+    # 72 output tokens: enough steps that the every-4 run's traced blocks hold both kept and
+    # dropped steady steps (48 left no kept one there).
     result = main(
         ["--interleaved", "--modes", "off,trace,trace-every4", "--num-requests", "4",
          "--max-num-seqs", "4",
-         "--in-len", "8", "--out-len", "48", "--block-steps", "16", "--skip-steps", "2",
+         "--in-len", "8", "--out-len", "72", "--block-steps", "16", "--skip-steps", "2",
          "--min-run-s", "0", "--time-records", "--out", str(out)]
     )  # fmt: skip
     r = result["interleaved"]["trace"]
