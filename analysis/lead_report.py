@@ -177,9 +177,14 @@ def _verdicts(
     else:
         p50, p10 = head["cpu_lead_us_p50"], head["cpu_lead_us_p10"]
         frac = head["starved_steps_frac"]
-        ahead = "ahead of" if p50 >= STARVED_LEAD_NS / 1e3 else "only just ahead of"
+        lead = (
+            f"{_ms_or_us(p50)} ahead of the device"
+            if p50 >= STARVED_LEAD_NS / 1e3
+            else f"only {_ms_or_us(p50)} ahead of the device (below the "
+            f"{STARVED_LEAD_NS / 1e3:.0f} µs starvation threshold)"
+        )
         out.append(
-            f"The CPU runs {_ms_or_us(p50)} {ahead} the device at p50 (p10 {_ms_or_us(p10)}); "
+            f"The CPU runs {lead} at p50 (p10 {_ms_or_us(p10)}); "
             f"the device waited for the host in {100 * frac:.0f}% of steps."
             + (
                 f" (Device times shifted {correction_ns / 1e3:.0f} µs later: some leads were "

@@ -229,6 +229,9 @@ def test_host_bound_trace_says_launch_bound_with_the_no_reference_rule() -> None
     assert row["bubble_ratio_starvation_aware"] == pytest.approx(0.896, abs=0.0015)
     assert report.headline["starved_steps_frac"] == 1.0
     assert any("launch-bound" in v for v in report.verdicts)
+    lead = [v for v in report.verdicts if v.startswith("The CPU runs only ")]
+    assert len(lead) == 1 and "(below the 50 µs starvation threshold)" in lead[0]
+    assert "waited for the host in 100% of steps" in lead[0]
 
 
 @pytest.mark.parametrize("seed", range(5))
