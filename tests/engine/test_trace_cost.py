@@ -46,15 +46,43 @@ def _count_opcodes(fn: Callable[[], Any]) -> tuple[Any, int]:
         sys.settrace(None)
 
 
-def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(tmp_path, tiny_model_config):
-    tracer = Tracer(str(tmp_path / "t.pftrace"))
-    llm = LLM(
+def _tiny_llm(tracer: Tracer, model_config: Any) -> LLM:
+    return LLM(
         tracer=tracer,
-        model_config=tiny_model_config,
+        model_config=model_config,
         random_weights=True,
         num_kv_blocks=128,
         max_num_seqs=4,
     )
+
+
+def _generate_counted(
+    llm: LLM,
+    tracer: Tracer,
+    step: Callable[[], Any],
+    schedule: Callable[[], Any],
+    max_tokens: int,
+) -> None:
+    """Four greedy requests with the engine's ``run_step`` and its scheduler's ``schedule``
+    replaced by the counting wrappers; both restored, the engine and tracer closed after."""
+    engine = llm.engine
+    run_step, original_schedule = engine.run_step, engine.scheduler.schedule
+    engine.run_step, engine.scheduler.schedule = step, schedule
+    prompts = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
+    try:
+        llm.generate(
+            prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        )
+    finally:
+        engine.run_step, engine.scheduler.schedule = run_step, original_schedule
+        tracer.enabled = True
+        llm.close()
+        tracer.close()
+
+
+def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(tmp_path, tiny_model_config):
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    llm = _tiny_llm(tracer, tiny_model_config)
     engine = llm.engine
     run_step, schedule = engine.run_step, engine.scheduler.schedule
     counts: dict[bool, list[int]] = {True: [], False: []}
@@ -80,15 +108,7 @@ def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(tmp_path, tiny_mode
             counts[traced].append(n)
         return out
 
-    engine.run_step, engine.scheduler.schedule = counted_step, counted_schedule
-    prompts = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
-    try:
-        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
-    finally:
-        engine.run_step, engine.scheduler.schedule = run_step, schedule
-        tracer.enabled = True
-        llm.close()
-        tracer.close()
+    _generate_counted(llm, tracer, counted_step, counted_schedule, max_tokens=60)
     assert len(counts[True]) >= 10 and len(counts[False]) >= 10, counts
     added = statistics.median(counts[True]) - statistics.median(counts[False])
     assert 0 < added <= MAX_ADDED_BYTECODES, (
@@ -112,13 +132,7 @@ def test_a_dropped_step_costs_what_an_untraced_step_costs(tmp_path, tiny_model_c
     from instrument.capture import CaptureConfig
 
     tracer = Tracer(str(tmp_path / "t.pftrace"), capture=CaptureConfig(every=2, run_length=4))
-    llm = LLM(
-        tracer=tracer,
-        model_config=tiny_model_config,
-        random_weights=True,
-        num_kv_blocks=128,
-        max_num_seqs=4,
-    )
+    llm = _tiny_llm(tracer, tiny_model_config)
     engine = llm.engine
     run_step, schedule = engine.run_step, engine.scheduler.schedule
     counts: dict[str, list[int]] = {"kept": [], "dropped": [], "untraced": []}
@@ -150,15 +164,7 @@ def test_a_dropped_step_costs_what_an_untraced_step_costs(tmp_path, tiny_model_c
                 counts["dropped" if skipped[1] else "kept"].append(n)
         return out
 
-    engine.run_step, engine.scheduler.schedule = counted_step, counted_schedule
-    prompts = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
-    try:
-        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
-    finally:
-        engine.run_step, engine.scheduler.schedule = run_step, schedule
-        tracer.enabled = True
-        llm.close()
-        tracer.close()
+    _generate_counted(llm, tracer, counted_step, counted_schedule, max_tokens=100)
     assert all(len(v) >= 5 for v in counts.values()), {k: len(v) for k, v in counts.items()}
     untraced = statistics.median(counts["untraced"])
     dropped = statistics.median(counts["dropped"]) - untraced
