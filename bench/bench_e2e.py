@@ -329,6 +329,9 @@ def variants_of(args: argparse.Namespace, w: Workload) -> list[Variant]:
         launch = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "head_major": True}
         out.append(Variant(f"default on dec{bn}/{warps}/{stages}", ("--async", "on"),
                            decode_launch=launch))  # fmt: skip
+    for spec in args.flags_ab:
+        name, flags = spec.split("=", 1)
+        out.append(Variant(f"default on {name}", ("--async", "on", *flags.split())))
     return out
 
 
@@ -429,6 +432,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also default flags, async on, with the decode attention kernel's launch "
                    "parameters replaced (engine.kernels.attention.DECODE_LAUNCH): an A/B of a "
                    "kernel launch against the engine's own; repeatable")  # fmt: skip
+    p.add_argument("--flags-ab", action="append", default=[], metavar="NAME=FLAGS",
+                   help="also default flags, async on, plus these `stepscope run` flags (one "
+                   "string, e.g. 'mbt8192=--max-num-batched-tokens 8192'), as variant "
+                   "'default on NAME': an A/B of a flag against the defaults; repeatable")  # fmt: skip
     p.add_argument("--min-run-s", type=float, default=10.0, help="each timed run lasts this long")
     p.add_argument("--keep-engines", action="store_true",
                    help="build each engine once and keep it between rounds (needs device memory "
@@ -450,6 +457,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parts = spec.split(":")
         if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
             p.error(f"--decode-launch-ab {spec!r}: expected BLOCK_N:WARPS:STAGES, e.g. 32:4:2")
+    for spec in args.flags_ab:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or not flags.split():
+            p.error(
+                f"--flags-ab {spec!r}: expected NAME=FLAGS, e.g. mbt8192=--max-num-batched-tokens 8192"
+            )
     return args
 
 
