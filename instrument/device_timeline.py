@@ -26,7 +26,7 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
   stamps the host time when its enqueue begins, and the poll places its begin at the latest of
   that time, the end of the slice before it on its stream and the end of the stage its stream was
   made to wait for (``after``): a lower bound of when the stream reached it, normally a few µs
-  early (the device's reaction latency). Three records fewer per decode step (issue 15).
+  early (the device's reaction latency). Three records fewer per plain decode step (issue 15).
 
 Events are made, recorded, queried and read through an :class:`~instrument.device_events.EventOps`
 (``CudaClock`` on CUDA; any factory of ``TimedEvent`` objects otherwise).
@@ -218,8 +218,9 @@ class DeviceTimeline:
             thread when the engine's last wait found its output ready (see :meth:`poll_if_due`);
             False: it always wakes the poller (the earlier behaviour, kept for A/B benches).
         begins: ``recorded`` (a begin event per stage that is not contiguous), ``derived`` (no
-            begin event: the lower bound of :meth:`stage`'s ``after``) or ``both`` (the recorded
-            begin, plus the derived one as the slice's ``derived_begin_ns`` arg; to validate).
+            begin event: the poll derives a lower bound, see :meth:`stage`'s ``after``) or
+            ``both`` (the recorded begin, plus the derived one as the slice's
+            ``derived_begin_ns`` arg; to measure the bound).
             Not ``recorded``: written into the trace's metadata as ``device_begins``.
     """
 
