@@ -45,7 +45,7 @@ from analysis.metrics.waits import (
 )
 from analysis.metrics.window import Window, device_busy, select_window
 from analysis.records import clean, records
-from instrument.schema import CaptureArg
+from instrument.schema import Arg, CaptureArg
 
 __all__ = ["Pass", "ANALYZERS", "TABLE_ORDER", "MAX_HEADLINE_BUBBLES", "PARALLEL_MIN_SLICES"]
 
@@ -295,6 +295,7 @@ def steps_and_lead(p: Pass) -> None:
         p.span_ns,
         p.frames.metadata.get("format", ""),
         p.frames.decisions,
+        str(p.frames.metadata.get(Arg.DEVICE_BEGINS.value, "")),
     )
     p.head |= lead.headline
     p.tables |= {

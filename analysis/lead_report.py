@@ -30,6 +30,7 @@ from analysis.metrics.starvation import (
     step_spans,
 )
 from analysis.metrics.submit import graph_replayed, paced_mask
+from instrument.schema import DeviceBegins
 
 __all__ = ["LeadSection", "lead_section", "LEAD_SECTION_KEYS", "BUSY_KERNELS", "BUSY_SLICES"]
 
@@ -81,11 +82,13 @@ def lead_section(
     measured_ns: int,
     format_: str = "perfetto",
     decisions: pd.DataFrame | None = None,
+    device_begins: str = "",
 ) -> LeadSection:
     """Lead, starvation and kernel fill over one window's ``slices`` (``steps``: its step table;
     ``runs``: ``analysis.metrics.runs.run_spans``; ``busy``/``windows``: ``busy_with_kernels``;
     ``idle_ns``/``measured_ns``: the report's idle and denominator; ``decisions``: the trace's
-    feature decisions, which say which stages replay CUDA graphs)."""
+    feature decisions, which say which stages replay CUDA graphs; ``device_begins``: the trace's
+    ``trace_metadata`` value (``schema.DeviceBegins``; "" when absent: recorded))."""
     stages = stage_lead(slices)
     per_step = step_lead(stages)
     steps = steps.merge(per_step, on="step", how="left")
@@ -140,6 +143,7 @@ def lead_section(
             measured_ns,
             reason,
             stages.attrs.get("clock_correction_ns", 0),
+            device_begins == DeviceBegins.DERIVED.value,
         ),  # fmt: skip
         {
             "lead_note": reason,
@@ -170,8 +174,18 @@ def _verdicts(
     measured_ns: int,
     reason: str,
     correction_ns: int = 0,
+    derived_begins: bool = False,
 ) -> list[str]:
     out: list[str] = []
+    # Said once, with the bubble numbers (docs/design.md §5.4): derived begins are early, if
+    # anything, so the stage slices are long and the idle between them short.
+    derived = (
+        "device stage begins in this trace were derived, not recorded (lower bounds: at most "
+        "the device's reaction latency early), so device-slice idle is, if anything, "
+        "under-counted"
+        if derived_begins
+        else ""
+    )
     if reason:
         out.append(f"CPU lead not measured: {reason}.")
     else:
@@ -210,7 +224,11 @@ def _verdicts(
                 f"; counting host-paced stages' launch gaps and CUDA-graph kernel gaps it is "
                 f"about {100 * aware:.0f}% (an estimate)"
             )
+        if derived:
+            text += f"; {derived}"
         out.append(text + ".")
+    elif derived:
+        out.append(derived[0].upper() + derived[1:] + ".")
     return out
 
 

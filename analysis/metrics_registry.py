@@ -142,7 +142,8 @@ METRICS: tuple[Metric, ...] = (
         "Σ device idle / window. Idle is the complement of device compute slices inside "
         "[first device slice start, last device slice end] of the measured steps; each "
         "maximal idle interval is a bubble. From stage slices it is a lower bound (a starved "
-        "stage's slice covers launch gaps); from CUPTI kernels (--trace-kernels, Kineto) it is "
+        "stage's slice covers launch gaps; derived stage begins, --trace-begins derived, are "
+        "early if anything); from CUPTI kernels (--trace-kernels, Kineto) it is "
         "measured. Sampled traces: measured inside runs of consecutive kept steps only.",
         "§5.4",
         "lower",
@@ -362,7 +363,7 @@ METRICS: tuple[Metric, ...] = (
         "bubble ratio is",
         "text",
         "measured when busy came from kernels; lower_bound when from stage slices (a starved "
-        "stage's slice covers launch gaps).",
+        "stage's slice covers launch gaps; derived stage begins are early if anything).",
         "§5.14.2",
     ),
     _M(

@@ -27,6 +27,12 @@ over stand-in events that count their calls). ``--modes`` can add ``trace-thread
 engine's process), and ``trace-every4`` (``--trace --trace-every 4``). The output digest of
 every run must match (tracing changes no tokens).
 
+``--trace-begins recorded|derived|both`` is passed to every traced mode's engine (and the micro
+benchmark's timeline): how device slices that do not begin at the previous slice's end get their
+begin (docs/design.md §4.3). An A/B of recorded vs derived begins is two runs of the bench, one
+with each (derived: 3 event records fewer per decode step); ``both`` writes the traces that
+``bench/bench_derived_begins.py`` measures the derived begins' error on.
+
 ``--interleaved`` replaces all of that with an A/B inside one engine run, which cancels the
 host's drift between runs: per traced mode, tracing is switched on and off every
 ``--block-steps`` engine iterations for ``--min-run-s``, and the traced and untraced steady decode
@@ -143,6 +149,8 @@ def _engine_argv(args: argparse.Namespace) -> list[str]:
 def build_mode(name: str, args: argparse.Namespace, trace_dir: str) -> Mode:
     """The engine (and tracer) of one mode, made as ``stepscope run`` makes them."""
     argv = _engine_argv(args) + [a.format(dir=trace_dir) for a in MODES[name]]
+    if MODES[name]:  # a traced mode
+        argv += ["--trace-begins", args.trace_begins]
     run_args = build_parser().parse_args(argv)
     config = config_from_args(run_args)
     tracer = None
@@ -327,6 +335,7 @@ def _micro_steps(
     wait_s: float = 1e-4,
     output_ready: bool = False,
     inline_when_host_bound: bool = True,
+    begins: str = "recorded",
 ) -> tuple[float, float]:
     """The tracer calls of ``num_steps`` engine steps (five CPU spans with the engine's args,
     the runner's once-per-step device-timeline hook and five device stages on three streams as
@@ -341,7 +350,8 @@ def _micro_steps(
     runner), the same in every mode and not counted by ``clock``. ``output_ready`` (with
     ``wait_s=0``: a host-bound engine): every step's output is ready when the engine reaches
     its wait, so the wait never polls; ``inline_when_host_bound``: the timeline's policy then
-    (False: wake the poller thread, the earlier policy)."""
+    (False: wake the poller thread, the earlier policy); ``begins``: the timeline's ``begins``
+    (the stages name what their stream waited for, as the runner's do)."""
     from engine.request_timeline import RequestTimeline
     from instrument.device_events import StandInCudaEvent, StandInStream
     from instrument.device_timeline import DeviceTimeline
@@ -350,7 +360,7 @@ def _micro_steps(
     streams = {name: StandInStream() for name in ("h2d", "compute", "d2h")}
     timeline = DeviceTimeline(
         tracer, 0, StandInCudaEvent.clock(), background=True,
-        inline_when_host_bound=inline_when_host_bound,
+        inline_when_host_bound=inline_when_host_bound, begins=begins,
     )  # fmt: skip
     requests = RequestTimeline(tracer, write_tracks=True)
     counters = tuple(c.value for c in Counter)
@@ -372,11 +382,18 @@ def _micro_steps(
         with tracer.span("prepare_inputs", step=step):
             pass
         with tracer.span("launch", step=step, flow_out=(1 << 32) + step):
+            waited = None  # the stage the next stage's stream waits for (its after=)
             for name, lane, stream, contiguous, sync in _STAGES:
                 with timeline.stage(
-                    name, step=step, lane=lane, stream=streams[stream], contiguous=contiguous
-                ):
+                    name,
+                    step=step,
+                    lane=lane,
+                    stream=streams[stream],
+                    contiguous=contiguous,
+                    after=waited,
+                ) as scope:
                     pass
+                waited = scope if sync else None
                 if sync:  # the runner's sync event after the stage (recorded when tracing is off)
                     event = timeline.event_after_stage(
                         streams[stream], StandInCudaEvent, wait_only=name != "d2h_output"
@@ -416,10 +433,12 @@ def _micro_steps(
     return took / num_steps, in_wait_ns / num_steps
 
 
-def event_calls_per_step(num_steps: int = 2000) -> dict[str, dict[str, float]]:
+def event_calls_per_step(
+    num_steps: int = 2000, begins: str = "recorded"
+) -> dict[str, dict[str, float]]:
     """CUDA event API calls per engine step (stand-in events: the same calls a real
     ``torch.cuda.Event`` gets) in the micro benchmark's step loop, tracing off (the runner's own
-    three sync events) and on."""
+    three sync events) and on (with the timeline's ``begins``)."""
     from instrument.device_events import StandInCudaEvent
 
     out = {}
@@ -429,13 +448,15 @@ def event_calls_per_step(num_steps: int = 2000) -> dict[str, dict[str, float]]:
             ("on", Tracer(os.path.join(tmp, "calls.pftrace"))),
         ):
             StandInCudaEvent.reset_calls()
-            _micro_steps(tracer, num_steps, 0)
+            _micro_steps(tracer, num_steps, 0, begins=begins)
             out[name] = {k: v / num_steps for k, v in StandInCudaEvent.calls.items()}
             tracer.close()
     return out
 
 
-def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> dict[str, Any]:
+def micro(
+    writers: list[str], num_steps: int, rounds: int, trace_dir: str, begins: str = "recorded"
+) -> dict[str, Any]:
     """CPU time per step the tracer adds, with no device and no model: the same step loop with
     tracing off and on (per writer, without and with two finished requests per step), alternated
     ``rounds`` times, minimum per configuration. ``engine_us``: CPU time of the looping (engine)
@@ -444,7 +465,7 @@ def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> di
     throughput); ``process_us``: CPU time of the whole process until the tracer has closed (the
     engine thread plus the flush thread: what competes for the GIL; a writer child process runs
     on another core). CPU time, not wall time: other processes on a shared machine do not count.
-    Also the CUDA event calls per step (``event_calls``)."""
+    Also the CUDA event calls per step (``event_calls``). ``begins``: the timeline's."""
     configs = [(f"off{'+requests' if fin else ''}", None, fin) for fin in (0, 2)] + [
         (f"{w}{'+requests' if fin else ''}", w, fin) for w in writers for fin in (0, 2)
     ]
@@ -456,7 +477,7 @@ def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> di
             else:
                 tracer = Tracer(os.path.join(trace_dir, f"micro_{name}_{r}.pftrace"), writer=writer)
             process0 = time.process_time_ns()
-            loop_ns, in_wait_ns = _micro_steps(tracer, num_steps, finished)
+            loop_ns, in_wait_ns = _micro_steps(tracer, num_steps, finished, begins=begins)
             tracer.close()
             process1 = time.process_time_ns()
             times[name].append((loop_ns, in_wait_ns, (process1 - process0) / num_steps))
@@ -470,7 +491,7 @@ def micro(writers: list[str], num_steps: int, rounds: int, trace_dir: str) -> di
             "in_wait_us_per_step": min(t[1] for t in mine) / 1e3,
             "added_process_us_per_step": (min(t[2] for t in mine) - min(b[2] for b in base)) / 1e3,
         }  # fmt: skip
-    calls = event_calls_per_step()
+    calls = event_calls_per_step(begins=begins)
     out["event_calls_per_step"] = calls
     print(f"tracer CPU cost per step (no device; {num_steps} steps, min of {rounds}; added "
           "engine-thread us (of which in the pre-wait poll) / whole-process us):")  # fmt: skip
@@ -553,6 +574,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(wall; records a step and us per record, traced vs untraced: how much of the added "
         "host time is the event calls; adds a frame and two clock reads per record)",
     )
+    p.add_argument(
+        "--trace-begins",
+        choices=("recorded", "derived", "both"),
+        default="recorded",
+        help="the traced modes' `stepscope run --trace-begins` (and the micro benchmark's "
+        "timeline): device slice begins recorded as events, derived (no begin event: a lower "
+        "bound) or both (to measure the bound with bench/bench_derived_begins.py)",
+    )
     p.add_argument("engine_args", nargs="*", help="more `stepscope run` flags, after --")
     args = p.parse_args(argv)
     if (args.model is None) == (args.model_config is None):
@@ -568,7 +597,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trace_dir = tempfile.mkdtemp(prefix="stepscope-overhead-")
     if args.interleaved:
         return interleaved(args, names[1:], trace_dir)
-    micro_result = micro(["thread", "process"], args.micro_steps, 3, trace_dir)
+    micro_result = micro(["thread", "process"], args.micro_steps, 3, trace_dir, args.trace_begins)
     event_costs: dict[str, Any] = {}
     if args.device.startswith("cuda"):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -56,6 +56,11 @@ for stage in $stages; do
     samplekernel) timeout ${SAMPLEK_TIMEOUT:-150} python3 bench/bench_sample_kernel.py --device cuda ${SAMPLEK_ARGS:-} --json "$OUT/sample_kernel.json" 2>&1 | tee "$OUT/sample_kernel.log" | tail -40 ;;
     decvar) timeout ${DECVAR_TIMEOUT:-300} python3 bench/bench_decode_variants.py --budget-s ${DECVAR_BUDGET_S:-240} ${DECVAR_ARGS:-} --json "$OUT/decode_variants.json" 2>&1 | tee "$OUT/decode_variants.log" | tail -60 ;;
     gemm) timeout ${GEMM_TIMEOUT:-330} python3 bench/bench_gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -20 ;;
+    begins) for kind in device host; do  # --trace-begins both: derived vs recorded device begins (docs/design.md §4.3)
+        if [ $kind = device ]; then m=(--model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --max-num-seqs 256 --workload "synthetic:n=1024,in=128-128,out=128-128,seed=0")
+        else m=(--model samples/models/pycoder-14m --max-num-seqs 64 --workload "synthetic:n=1024,in=32-32,out=128-128,seed=0"); fi
+        timeout ${BEGINS_TIMEOUT:-150} python3 -m stepscope.cli run --device cuda --dtype bfloat16 "${m[@]}" --no-progress --trace "$OUT/begins_both_$kind.pftrace" --trace-begins both > "$OUT/begins_run_$kind.log" 2>&1; head -4 "$OUT/begins_run_$kind.log"
+        timeout 120 python3 bench/bench_derived_begins.py "$OUT/begins_both_$kind.pftrace" --json "$OUT/derived_begins_$kind.json" 2>&1 | tee "$OUT/derived_begins_$kind.log" | tail -10; done ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -16,7 +16,7 @@ from engine.interrupt import Interrupt
 from engine.output_writer import OutputPathError, OutputWriter, check_output_path
 from engine.workload import WorkloadError, load_workload
 from instrument.capture import DEFAULT_RUN_LENGTH, CaptureConfig, parse_step_range
-from instrument.schema import Arg, rank_trace_path
+from instrument.schema import Arg, DeviceBegins, rank_trace_path
 from instrument.tracer import WRITERS, Tracer
 
 if TYPE_CHECKING:  # engine.llm imports torch: only once a run starts, never for --help
@@ -116,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
         "aligned to the host clock; needs --trace and a CUDA device (off by default)",
     )
     p.add_argument(
+        "--trace-begins",
+        choices=[b.value for b in DeviceBegins],
+        default="recorded",
+        help="how a device slice that does not begin at the previous slice's end gets its "
+        "begin: 'recorded' (default) records an event on the stream; 'derived' records none "
+        "and takes the latest of the host time its enqueue began, the previous slice's end on "
+        "its stream and the end of the stage the stream waited for (a lower bound, early by "
+        "the device's reaction latency; 3 event records fewer in a plain decode step); 'both' "
+        "records the event and writes the derived begin as the slice's derived_begin_ns arg "
+        "(to measure the bound: bench/bench_derived_begins.py)",
+    )
+    p.add_argument(
         "--detect-syncs",
         action="store_true",
         help="record every host<-device sync as a trace instant (slower)",
@@ -181,7 +193,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The ``EngineConfig`` of the parsed flags (every flagged field, by its ``dest``), parsed
     once into the tree of parts."""
     values = {f.name: getattr(args, f.name) for f in _config_flag_fields()}
-    return EngineConfig.from_flat(**values, trace_kernel_steps=_kernel_steps(args))
+    return EngineConfig.from_flat(
+        **values, trace_kernel_steps=_kernel_steps(args), trace_begins=args.trace_begins
+    )
 
 
 def _kernel_steps(args: argparse.Namespace) -> tuple[int, int] | None:

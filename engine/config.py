@@ -348,12 +348,21 @@ class TracingConfig:
     # --trace-kernels A:B: CUPTI kernel activity of steps [A, B) (instrument.kernel_window; the
     # flag is engine.cli's, which checks it against --trace).
     trace_kernel_steps: tuple[int, int] | None = None
+    # --trace-begins: how device slices that do not begin at the previous slice's end get their
+    # begin: a recorded event, derived from times already known (a lower bound, no event), or
+    # both (to measure the bound); instrument.device_timeline, docs/design.md §4.3. The flag is
+    # engine.cli's.
+    trace_begins: str = "recorded"
 
     def __post_init__(self) -> None:
         if self.trace_kernel_steps is not None:
             first, end = self.trace_kernel_steps
             if first < 0 or end <= first:
                 raise ConfigError(f"trace_kernel_steps [{first}, {end}) is empty or negative")
+        if self.trace_begins not in ("recorded", "derived", "both"):
+            raise ConfigError(
+                f"trace_begins must be recorded, derived or both, got {self.trace_begins!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,7 @@ def build_runner(
             mixed_graph_max_tokens(config) if features.mixed_cuda_graphs else 0
         ),
         spec_cuda_graphs=features.spec_cuda_graphs and features.cuda_graphs,
+        trace_begins=config.tracing.trace_begins,
     )
     graphs = runner.graphs
     fallen: list[tuple[str, str, str]] = []  # (feature, reason, what runs eagerly)

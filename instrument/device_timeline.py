@@ -22,6 +22,11 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
 * a poll queries each stream's pending stages newest first and by bisection (events on one stream
   complete in stream order, so one completed event vouches for every earlier one), converts the
   completed ones to host times in one pass and hands their slices to the tracer in one call.
+* with ``begins="derived"`` a stage that is not contiguous records no begin event at all: it
+  stamps the host time when its enqueue begins, and the poll places its begin at the latest of
+  that time, the end of the slice before it on its stream and the end of the stage its stream was
+  made to wait for (``after``): a lower bound of when the stream reached it, normally a few µs
+  early (the device's reaction latency). Three records fewer per plain decode step (issue 15).
 
 Events are made, recorded, queried and read through an :class:`~instrument.device_events.EventOps`
 (``CudaClock`` on CUDA; any factory of ``TimedEvent`` objects otherwise).
@@ -44,7 +49,13 @@ from instrument.device_events import (
     as_ops,
 )
 from instrument.events import EV_SLICE_AT, RawEvent
-from instrument.schema import DEVICE_COMPUTE, DEVICE_LANES, Arg, device_track_name
+from instrument.schema import (
+    DEVICE_COMPUTE,
+    DEVICE_LANES,
+    Arg,
+    DeviceBegins,
+    device_track_name,
+)
 from instrument.tracer import Tracer, now_ns
 
 __all__ = [
@@ -56,6 +67,7 @@ __all__ = [
     "POLL_BATCH",
     "MAX_DEFERRED",
     "POLL_CHUNK",
+    "BEGINS",
 ]
 
 POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
@@ -63,6 +75,10 @@ MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (back
 POLL_CHUNK = 16  # stages the poller thread emits per stretch of holding the GIL
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
+# How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event
+# (``recorded``), the lower bound of the times the timeline already has (``derived``), or both
+# (the recorded begin, the derived one as the ``derived_begin_ns`` arg: to measure the bound).
+BEGINS = tuple(b.value for b in DeviceBegins)
 
 
 @dataclass(slots=True)
@@ -84,6 +100,8 @@ class PendingStage:
 
 _STEP = Arg.STEP.value
 _HOST_END_NS = Arg.HOST_END_NS.value
+_DERIVED_BEGIN_NS = Arg.DERIVED_BEGIN_NS.value
+_NO_EVENT = object()  # no event is this: "no previous end" in a poll's pass over its stages
 
 
 class _NullScope:
@@ -103,22 +121,25 @@ _new_scope = object.__new__
 
 
 class _StreamQueue:
-    """One stream's pending stages, oldest first (they complete in this order)."""
+    """One stream's pending stages, oldest first (they complete in this order); ``end_ns``: the
+    end of the newest slice emitted on the stream (-1: none yet; kept only for derived begins)."""
 
-    __slots__ = ("stream", "stages")
+    __slots__ = ("stream", "stages", "end_ns")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.stages: deque[Any] = deque()
+        self.end_ns = -1
 
 
 class _StageScope:
     """One stage: :meth:`DeviceTimeline.stage` records its begin event; on exit it records the
     end event (and the host time) and queues itself as its stream's newest pending stage (it is
-    its own pending record)."""
+    its own pending record). ``with timeline.stage(...) as s`` binds it (None when not
+    traced), for a later stage's ``after``."""
 
     __slots__ = ("_timeline", "name", "step", "lane", "stream", "args", "begin", "end",
-                 "host_end_ns", "end_shared", "lent", "emitted")  # fmt: skip
+                 "host_end_ns", "end_shared", "lent", "emitted", "end_ns")  # fmt: skip
     _timeline: DeviceTimeline
     name: str
     step: int
@@ -131,9 +152,10 @@ class _StageScope:
     end_shared: bool  # a contiguous successor begins at this stage's end event
     lent: bool  # the end event was handed to the caller (event_after_stage)
     emitted: bool  # its slice was emitted (set by the poll)
+    end_ns: int  # unset until the poll emits it: its slice's end; -1: dropped (no slice)
 
-    def __enter__(self) -> None:
-        return None
+    def __enter__(self) -> _StageScope:
+        return self
 
     def __exit__(
         self, exc_type: object, exc: object, tb: object, _now: Callable[[], int] = now_ns
@@ -158,6 +180,26 @@ class _StageScope:
         return False
 
 
+class _DerivedScope(_StageScope):
+    """A stage that is not contiguous, of a timeline that derives begins: it records no begin
+    event (``begin`` None) unless ``both``; the poll derives its begin from ``host_begin_ns``,
+    the end of the slice before it on its stream and ``after``'s end (docs/design.md §4.3).
+    ``after`` is dropped once the stage is emitted (or dropped): no chain of earlier stages."""
+
+    __slots__ = ("host_begin_ns", "after", "__weakref__")
+    host_begin_ns: int  # host clock when the stage's enqueue began (stage() entry)
+    after: Any  # the stage whose end the stream was made to wait for just before; or None
+
+
+def _forget(stage: Any) -> None:
+    """A stage that will have no slice (dropped, or still pending at the end): a stage that
+    waited for it derives its begin from its other terms, and it keeps no earlier stage."""
+    if isinstance(stage, _StageScope):
+        stage.end_ns = -1
+        if isinstance(stage, _DerivedScope):
+            stage.after = None
+
+
 class DeviceTimeline:
     """Records event pairs around device stages and emits them as device-track slices.
 
@@ -175,6 +217,11 @@ class DeviceTimeline:
         inline_when_host_bound: with ``background``, :meth:`poll_if_due` polls on the calling
             thread when the engine's last wait found its output ready (see :meth:`poll_if_due`);
             False: it always wakes the poller (the earlier behaviour, kept for A/B benches).
+        begins: ``recorded`` (a begin event per stage that is not contiguous), ``derived`` (no
+            begin event: the poll derives a lower bound, see :meth:`stage`'s ``after``) or
+            ``both`` (the recorded begin, plus the derived one as the slice's
+            ``derived_begin_ns`` arg; to measure the bound).
+            Not ``recorded``: written into the trace's metadata as ``device_begins``.
     """
 
     def __init__(
@@ -187,7 +234,10 @@ class DeviceTimeline:
         max_deferred: int = MAX_DEFERRED,
         background: bool = False,
         inline_when_host_bound: bool = True,
+        begins: str = DeviceBegins.RECORDED.value,
     ) -> None:
+        if begins not in BEGINS:
+            raise ValueError(f"begins must be one of {BEGINS}, got {begins!r}")
         if not 1 <= poll_batch <= max_deferred <= max_pending:
             raise ValueError(
                 "need 1 <= poll_batch <= max_deferred <= max_pending, got "
@@ -233,6 +283,11 @@ class DeviceTimeline:
         self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
         # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
         self.observer: Callable[[str, str, int, int, int], None] | None = None
+        self.begins = begins
+        self._derive = begins != DeviceBegins.RECORDED.value  # stamp and derive begins
+        self._record_begins = begins != DeviceBegins.DERIVED.value  # record begin events
+        if self._derive:  # a recorded-begins trace stays as it was (absent: recorded)
+            tracer.metadata(**{Arg.DEVICE_BEGINS.value: begins})
 
     @property
     def enabled(self) -> bool:
@@ -251,16 +306,22 @@ class DeviceTimeline:
         lane: str = DEVICE_COMPUTE,
         stream: Any = None,
         contiguous: bool = False,
+        after: Any = None,
         **args: object,
     ) -> _StageScope | _NullScope:
         """Bracket the enqueue of one device stage with a begin and an end event: the begin is
         recorded here, the end when the returned context manager exits (use it as ``with
-        timeline.stage(...):`` around the enqueue; a shared no-op one when tracing is off).
-        ``stream``: where the stage's work is enqueued (required on CUDA).
+        timeline.stage(...) as s:`` around the enqueue; a shared no-op one, binding None, when
+        tracing is off). ``stream``: where the stage's work is enqueued (required on CUDA).
 
         ``contiguous``: the caller enqueued nothing on ``stream`` since the previous stage of this
         timeline ended on it, so this stage begins at that stage's end event (one event fewer);
         ignored when the previous stage ran on another stream.
+
+        ``after``: the stage (what ``with timeline.stage(...) as s`` bound; None: none) whose end
+        ``stream`` was last made to wait for (``event_after_stage``'s event, or one recorded
+        right after that stage on its stream) before this stage. Only read with derived begins:
+        the stream cannot begin this stage before that stage ended (docs/design.md §4.3).
         """
         if not self.tracer.enabled:
             # Untraced work is enqueued now: the next traced stage cannot begin at the last
@@ -269,19 +330,30 @@ class DeviceTimeline:
             return _NULL_SCOPE
         if stream is None:
             stream = self.ops.default_stream()
-        scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
-        scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
-        scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
-        scope.emitted = False
         last = self._last
         if contiguous and last is not None and last.stream is stream and not last.lent:
             # The stream reaches this stage's begin when it reaches the last stage's end.
+            scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
             scope.begin = last.end
             last.end_shared = True
+        elif self._derive:
+            scope = _new_scope(_DerivedScope)
+            scope.host_begin_ns = now_ns()  # before a begin record: never after the recorded one
+            scope.after = after
+            if self._record_begins:
+                free = self._free
+                begin = scope.begin = free.pop() if free else self._new()
+                self._record(begin, stream)
+            else:
+                scope.begin = None  # derived at emit
         else:
+            scope = _new_scope(_StageScope)
             free = self._free
             begin = scope.begin = free.pop() if free else self._new()
             self._record(begin, stream)
+        scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
+        scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
+        scope.emitted = False
         return scope
 
     def add(self, stage: PendingStage) -> None:
@@ -365,7 +437,7 @@ class DeviceTimeline:
         with self._lock:
             if not queue.stages:  # a poll emitted them meanwhile
                 return
-            queue.stages.popleft()
+            _forget(queue.stages.popleft())
             self.num_dropped += 1
             self.tracer.count_dropped("device_slices")
 
@@ -532,6 +604,8 @@ class DeviceTimeline:
             left = self.num_pending
             if left:
                 for queue in self._queues.values():
+                    for stage in queue.stages:
+                        _forget(stage)
                     queue.stages.clear()
                 self._unordered = []
                 self._end_ns.clear()
@@ -545,10 +619,11 @@ class DeviceTimeline:
         """Completed stages (each stream's in stream order) as slices: their distinct events
         converted in one pass, the slices handed to the tracer in one call."""
         events: list[Any] = []
-        prev_end: Any = None
+        prev_end: Any = _NO_EVENT
         for stage in stages:
-            if stage.begin is not prev_end:  # a contiguous stage's begin is read once
-                events.append(stage.begin)
+            begin = stage.begin
+            if begin is not prev_end and begin is not None:  # a contiguous begin is read once
+                events.append(begin)  # (None: a derived begin, no event)
             events.append(stage.end)
             prev_end = stage.end
         times = self.ops.host_ns_many(events)
@@ -557,11 +632,13 @@ class DeviceTimeline:
         shared_ns = self._end_ns
         out: list[RawEvent] = []
         i = 0
-        prev_end = None
+        prev_end = _NO_EVENT
         end_ns = 0
         for stage in stages:
             begin, end = stage.begin, stage.end
-            if begin is prev_end:
+            if begin is None:
+                start_ns = -1  # derived below, once every end of the batch is known
+            elif begin is prev_end:
                 start_ns = end_ns
                 shared_ns.pop(id(begin), None)  # stored just now, with its predecessor
             else:
@@ -576,7 +653,8 @@ class DeviceTimeline:
             # Read: free to record again; a shared end goes with the stage that shares it, a lent
             # one stays with the caller, and the newest stage's end waits for the next stage
             # (which may share it).
-            free.append(begin)
+            if begin is not None:
+                free.append(begin)
             if stage.end_shared:
                 shared_ns[id(end)] = end_ns
             elif stage is last:  # the next stage may still begin at its end
@@ -591,8 +669,55 @@ class DeviceTimeline:
             else:
                 args[_STEP] = stage.step
                 args[_HOST_END_NS] = stage.host_end_ns
+                stage.end_ns = end_ns  # a later stage that waited for it reads it here
             out.append((EV_SLICE_AT, tracks[stage.lane], stage.name, start_ns, end_ns, args))
-            if observer is not None:
-                observer(stage.lane, stage.name, stage.step, start_ns, end_ns)
+        if self._derive:
+            self._derive_begins(stages, out)
+        if observer is not None:
+            for stage, (_, _, name, start_ns, end_ns, _) in zip(stages, out, strict=True):
+                observer(stage.lane, name, stage.step, start_ns, end_ns)
         self.num_emitted += len(stages)
         self.tracer.append_slices(out)
+
+    def _derive_begins(self, stages: list[Any], out: list[RawEvent]) -> None:
+        """Derived begins of a batch (``out[j]`` is ``stages[j]``'s slice): the latest of the
+        host time the stage's enqueue began, the end of the slice before it on its stream and
+        the end of its ``after`` stage. The stream could not reach the stage earlier, so this is
+        a lower bound of its recorded begin (docs/design.md §4.3); it also keeps the slices of
+        one stream from overlapping. ``derived``: the slice's begin; ``both``: the
+        ``derived_begin_ns`` arg (the slice keeps its recorded begin)."""
+        queues = self._queues
+        replace = not self._record_begins
+        for j, stage in enumerate(stages):
+            if isinstance(stage, PendingStage):  # add(): no stream order known, begin recorded
+                continue
+            queue = queues.get(id(stage.stream))
+            _, track, name, start_ns, end_ns, args = out[j]
+            if isinstance(stage, _DerivedScope):
+                begin_ns = stage.host_begin_ns
+                if queue is not None and queue.end_ns > begin_ns:
+                    begin_ns = queue.end_ns
+                dep = stage.after
+                if dep is not None:
+                    stage.after = None  # resolved: keep no earlier stage
+                    dep_end = getattr(dep, "end_ns", None)
+                    if dep_end is None:  # not emitted yet (a poll's limit left it pending)
+                        dep_end = self._pending_end_ns(dep)
+                    if dep_end > begin_ns:
+                        begin_ns = dep_end
+                begin_ns = min(begin_ns, end_ns)
+                if replace:
+                    out[j] = (EV_SLICE_AT, track, name, begin_ns, end_ns, args)
+                else:
+                    args[_DERIVED_BEGIN_NS] = begin_ns  # type: ignore[index]
+            if queue is not None:
+                queue.end_ns = end_ns
+
+    def _pending_end_ns(self, stage: Any) -> int:
+        """The end time of an ``after`` stage no poll has emitted yet (its stream's queue was cut
+        by a poll's limit), read from its end event, which is still its own (events return to the
+        pool only once emitted); -1 when it has none or it has not completed."""
+        end = getattr(stage, "end", None)
+        if end is None or not self._query(end):
+            return -1
+        return self.ops.host_ns_many([end])[0]

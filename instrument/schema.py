@@ -38,6 +38,7 @@ __all__ = [
     "Counter",
     "Instant",
     "WaitKind",
+    "DeviceBegins",
     "Arg",
     "CaptureArg",
     "ConfigArg",
@@ -151,6 +152,19 @@ class WaitKind(str, Enum):
     GRAMMAR = "grammar"
 
 
+class DeviceBegins(str, Enum):
+    """Values of ``trace_metadata``'s ``device_begins``: how device slices that do not begin at
+    the previous slice's end got their begin (docs/design.md §4.3). Absent: ``recorded`` (every
+    trace before issue 15)."""
+
+    RECORDED = "recorded"  # a begin event recorded on the stream: when the stream reached it
+    # No begin event: the latest of the host time the stage's enqueue began, the end of the slice
+    # before it on its stream and the end of the stage its stream waited for. A lower bound of
+    # the recorded begin (early by the device's reaction latency: a few µs).
+    DERIVED = "derived"
+    BOTH = "both"  # recorded begins, each with its derived one as the ``derived_begin_ns`` arg
+
+
 class Arg(str, Enum):
     """Argument keys (debug annotation names)."""
 
@@ -208,6 +222,11 @@ class Arg(str, Enum):
     # trace_metadata of ``stepscope run``: Triton specializations first met inside the run (after
     # warm-up): JIT compiles the run paid (docs/design.md §2.14).
     TRITON_COMPILES_RUN = "triton_compiles_run"
+    # trace_metadata: a ``DeviceBegins`` value (written when not ``recorded``; absent: recorded).
+    DEVICE_BEGINS = "device_begins"
+    # On a device stage slice of a ``both`` trace (int, host-clock ns): the derived begin, a lower
+    # bound of the slice's recorded begin (docs/design.md §4.3).
+    DERIVED_BEGIN_NS = "derived_begin_ns"
 
 
 class ConfigArg(str, Enum):

@@ -88,6 +88,7 @@ class ModelRunner:
         cuda_graphs: bool = False,
         mixed_graph_max_tokens: int = 0,
         spec_cuda_graphs: bool = False,
+        trace_begins: str = "recorded",
     ) -> None:
         """``limits`` / ``cache``: the engine config's scheduler part (``max_model_len``
         resolved) and KV cache part, as they are; ``seed``: the engine seed (unseeded requests'
@@ -95,7 +96,9 @@ class ModelRunner:
         ``mixed_graph_max_tokens``: under the resolved ``mixed_cuda_graphs``, the largest token
         bucket of mixed-step graphs (0: mixed steps run eagerly; needs ``cuda_graphs``);
         ``spec_cuda_graphs``: the resolved ``spec_cuda_graphs`` (speculative steps replay
-        forward / verify / draft graphs, :mod:`engine.runner.spec_graphs`; needs both)."""
+        forward / verify / draft graphs, :mod:`engine.runner.spec_graphs`; needs both);
+        ``trace_begins``: the device timeline's ``begins`` (``--trace-begins``: how device
+        slices get their begins, docs/design.md §4.3)."""
         if not 0 <= mixed_graph_max_tokens <= max_num_tokens(limits):
             raise ValueError(
                 f"mixed_graph_max_tokens must be in [0, {max_num_tokens(limits)}], "
@@ -116,9 +119,14 @@ class ModelRunner:
         max_model_len = limits.resolved_max_model_len
         self.tracer = tracer if tracer is not None else get_tracer()
         # ``background``: the batched poll at the engine's wait runs on the timeline's poller
-        # thread, off the engine thread (docs/design.md §4.3).
+        # thread, off the engine thread (docs/design.md §4.3). Each stage that is not contiguous
+        # names the stage its stream last waited for (``after``): derived begins need it.
         self.timeline = DeviceTimeline(
-            self.tracer, device.index, device.timed_event_factory(), background=True
+            self.tracer,
+            device.index,
+            device.timed_event_factory(),
+            background=True,
+            begins=trace_begins,
         )
         self.vocab_size = int(model.config.vocab_size)
         self.states = RequestStates(
@@ -159,6 +167,9 @@ class ModelRunner:
         # Not after a failed decode capture (the engine turns both features off then).
         spec_graphs = spec_cuda_graphs and self.fwd.graphs.failure is None
         self.spec_graphs = SpecGraphs(spec_graphs, self.fwd, self.spec, self.states, device)
+        # The output copy stage of the last speculative graph step (None: untraced), after which
+        # ``spec_graphs.copied`` is recorded: the next step's ``verify`` waits for it.
+        self._copied_stage: Any = None
 
     @property
     def graphs(self) -> CudaGraphRunner:
@@ -269,7 +280,9 @@ class ModelRunner:
         ``run_forward``: what computes the hidden states (default ``ForwardPass.forward``)."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, h2d = dev.compute_stream, dev.h2d_stream
-        with tl.stage(CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d):
+        with tl.stage(
+            CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d
+        ) as copied_in:
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
         inputs_ready = tl.event_after_stage(h2d, dev.new_event, wait_only=True)
@@ -282,7 +295,7 @@ class ModelRunner:
         def logits() -> None:
             in_flight.logits = self.fwd.logits(batch, in_flight.require("hidden"))
 
-        with tl.stage(_DEV_INPUT_PREP, step=step, stream=compute):
+        with tl.stage(_DEV_INPUT_PREP, step=step, stream=compute, after=copied_in):
             self.states.apply(flushes)
             self.step_inputs.apply(step_flush)
             dev.submit(compute, lambda: self.fwd.prepare(batch))
@@ -317,27 +330,33 @@ class ModelRunner:
         enqueued right after the step's forward (the sample stage begins at its end event)."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, d2h = dev.compute_stream, dev.d2h_stream
-        mask = None if bitmask is None else self.bitmask.upload(step, bitmask)
+        mask = upload = None
+        if bitmask is not None:
+            mask, upload = self.bitmask.upload(step, bitmask), self.bitmask.stage
         if self.spec is None:
 
             def sample() -> None:
                 in_flight.sampled = self._sample(batch, in_flight, mask)
 
-            with tl.stage(_DEV_SAMPLE, step=step, stream=compute, contiguous=contiguous):
+            with tl.stage(
+                _DEV_SAMPLE, step=step, stream=compute, contiguous=contiguous, after=upload
+            ) as sampled:
                 dev.submit(compute, sample)
         else:
-            self._enqueue_verify(batch, in_flight, mask)
+            sampled = self._enqueue_verify(batch, in_flight, mask, upload)
         # A grammar needs the drafts of the next step on the host: copy them with the output.
         copy_drafts = self.spec is not None and mask is not None
         if copy_drafts:
-            self._enqueue_draft(batch, in_flight)
+            sampled = self._enqueue_draft(batch, in_flight)
         # Waited on at once (``wait_only``: the timeline may record the event again later).
         sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
         dev.wait_event(d2h, sampled_ready)
         if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
             self._enqueue_draft(batch, in_flight)
         host = self._host_buffers(batch, copy_drafts)
-        with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
+        with tl.stage(
+            CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h, after=sampled
+        ):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
         return AsyncOutput(
@@ -361,26 +380,41 @@ class ModelRunner:
             )
 
         replayed = dev.is_cuda
-        with tl.stage(_DEV_VERIFY, step=step, stream=compute, graph_replay=replayed):
+        with tl.stage(
+            _DEV_VERIFY,
+            step=step,
+            stream=compute,
+            after=self._copied_stage,
+            graph_replay=replayed,
+        ) as verified:
             dev.submit(compute, verify)
         sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
         dev.wait_event(d2h, sampled_ready)
         with tl.stage(_DEV_DRAFT, step=step, stream=compute, graph_replay=replayed):
             dev.submit(compute, lambda: graphs.draft(shape))
         host = self._host_buffers(batch, with_drafts=False)
-        with tl.stage(CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h):
+        with tl.stage(
+            CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h, after=verified
+        ) as copied_out:
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
         graphs.copied.record(d2h)
+        self._copied_stage = copied_out
         return AsyncOutput(
             batch, step, host, ready, release=tl.give_back, pool=self.sampled_buffers
         )
 
     # stepscope: hot
     def _enqueue_verify(
-        self, batch: InputBatch, in_flight: StepInFlight, mask: torch.Tensor | None
-    ) -> None:
-        """``verify`` (``sample`` when no request has drafts): tokens + accepted counts."""
+        self,
+        batch: InputBatch,
+        in_flight: StepInFlight,
+        mask: torch.Tensor | None,
+        upload: Any = None,
+    ) -> Any:
+        """``verify`` (``sample`` when no request has drafts): tokens + accepted counts.
+        ``upload``: the grammar mask's upload stage (the compute stream waits for it). Returns
+        the stage (None when not traced)."""
         assert self.spec is not None
         spec = self.spec
         name = DeviceSlice.VERIFY if batch.num_drafts else DeviceSlice.SAMPLE
@@ -391,12 +425,16 @@ class ModelRunner:
                 batch, self.fwd.step_tensors(batch), logits
             )
 
-        with self.timeline.stage(name.value, step=batch.step, stream=self.device.compute_stream):
+        with self.timeline.stage(
+            name.value, step=batch.step, stream=self.device.compute_stream, after=upload
+        ) as stage:
             self.device.submit(self.device.compute_stream, verify)
+        return stage
 
     # stepscope: hot
-    def _enqueue_draft(self, batch: InputBatch, in_flight: StepInFlight) -> None:
-        """``draft``: the proposer writes step N+1's drafts into the state table."""
+    def _enqueue_draft(self, batch: InputBatch, in_flight: StepInFlight) -> Any:
+        """``draft``: the proposer writes step N+1's drafts into the state table. Returns the
+        stage (None when not traced)."""
         assert self.spec is not None
         spec = self.spec
         md = self.fwd.attn_metadata(
@@ -411,8 +449,11 @@ class ModelRunner:
                 in_flight.require("num_accepted"),
             )  # fmt: skip
 
-        with self.timeline.stage(_DEV_DRAFT, step=batch.step, stream=self.device.compute_stream):
+        with self.timeline.stage(
+            _DEV_DRAFT, step=batch.step, stream=self.device.compute_stream
+        ) as stage:
             self.device.submit(self.device.compute_stream, draft)
+        return stage
 
     # stepscope: hot
     def _masked_logits(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.device import Device
@@ -28,11 +30,15 @@ class DeviceBitmask:
         self.max_rows = max_rows
         self.num_words = num_bitmask_words(vocab_size)
         self._gpu: torch.Tensor | None = None
+        # The last upload's device timeline stage (None when not traced): the compute stream
+        # waits for it, so the stage that applies the mask names it as its ``after``.
+        self.stage: Any = None
 
     # stepscope: hot
     def upload(self, step: int, bitmask: torch.Tensor) -> torch.Tensor:
         """Enqueue the h2d copy of ``bitmask`` ([N, words] int32, host) and make the compute
-        stream wait for it; returns the device rows ``[N, words]``."""
+        stream wait for it; returns the device rows ``[N, words]`` (the copy's timeline stage:
+        :attr:`stage`)."""
         dev, n = self.device, bitmask.shape[0]
         if self._gpu is None or self._gpu.shape[0] < n:
             # empty (no kernel): every use overwrites its rows first
@@ -47,8 +53,9 @@ class DeviceBitmask:
 
         with self.timeline.stage(
             CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=dev.h2d_stream
-        ):
+        ) as stage:
             dev.submit(dev.h2d_stream, copy)
+        self.stage = stage
         ready = self.timeline.event_after_stage(dev.h2d_stream, dev.new_event, wait_only=True)
         dev.wait_event(dev.compute_stream, ready)
         return dst

@@ -33,18 +33,20 @@ def _flags() -> set[str]:
 
 
 def test_every_flag_kept_and_every_flagged_field_has_one():
-    added_later = {"--mixed-graph-max-tokens", "--spec-cuda-graphs"}  # issues 17, 19
+    # issues 17, 19, 15 (derived device begins)
+    added_later = {"--mixed-graph-max-tokens", "--spec-cuda-graphs", "--trace-begins"}
     assert _flags() == FLAGS_BEFORE | FLAGS_ADDED | added_later
     parser = build_parser()
     dests = {a.dest for a in parser._actions}
     every = [f for part in EngineConfig.part_types().values() for f in dataclasses.fields(part)]
     flagged = {f.name for f in every if CLI in f.metadata}
     assert flagged <= dests
-    assert len(flagged) == 27  # every field of the parts but four with no flag
+    assert len(flagged) == 27  # every field of the parts but five with no flag
     assert {f.name for f in every} - flagged == {
         "deferred_sampling",
         "debug_invariants",
         "trace_kernel_steps",
+        "trace_begins",
         "long_prefill_token_threshold",
     }
 
@@ -71,6 +73,8 @@ def test_defaults_live_in_the_config():
         (["--dtype", "bfloat16"], "dtype", "bfloat16"),
         (["--spec-method", "ngram", "--num-spec-tokens", "3"], "num_spec_tokens", 3),
         (["--tensor-parallel-size", "2"], "tensor_parallel_size", 2),
+        (["--trace-begins", "derived"], "trace_begins", "derived"),
+        ([], "trace_begins", "recorded"),
     ],
 )
 def test_flags_set_their_field(argv, field, value):
@@ -83,6 +87,10 @@ def test_bad_values_are_refused():
         build_parser().parse_args(BASE + ["--async", "maybe"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(BASE + ["--dtype", "int8"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(BASE + ["--trace-begins", "guessed"])
+    with pytest.raises(ConfigError, match="trace_begins"):
+        EngineConfig.from_flat(model="m", trace_begins="guessed")
     with pytest.raises(SystemExit):  # --model and --model-config are exclusive
         build_parser().parse_args(BASE + ["--model", "m"])
     with pytest.raises(ConfigError, match="power of two"):

@@ -1,0 +1,251 @@
+"""``--trace-begins``: the engine's device slices with derived begins (docs/design.md §4.3), on
+the CPU device: records per traced step, the analysis of a derived trace next to a recorded one,
+and every cross-stream wait of the runner respected by the derived begins (plain, speculative,
+speculative-graph and structured paths)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import engine.core
+from analysis import analyze_trace, load_trace
+from engine.config import EngineConfig, FeatureDecision, ResolvedFeatures, resolve_features
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from instrument.tracer import Tracer
+
+PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+
+
+def _llm(path: str, model_config: str, begins: str, **engine_kw: Any) -> tuple[LLM, Tracer]:
+    tracer = Tracer(path)
+    llm = LLM(
+        tracer=tracer,
+        model_config=model_config,
+        random_weights=True,
+        num_kv_blocks=128,
+        max_num_seqs=4,
+        trace_begins=begins,
+        **engine_kw,
+    )
+    return llm, tracer
+
+
+def _device(path: str) -> pd.DataFrame:
+    frames = load_trace(path)
+    return frames.slices[frames.slices["track"].str.startswith("gpu:0")].copy()
+
+
+@pytest.mark.parametrize(("begins", "traced"), [("recorded", 8), ("derived", 5), ("both", 8)])
+def test_event_records_per_steady_decode_step(tmp_path, tiny_model_config, begins, traced):
+    """Every event the timeline records (the runner's sync events included), per steady decode
+    step, tracing switched on and off every 8 iterations: derived begins drop the begin events of
+    h2d_inputs, input_prep and d2h_output; untraced, the runner records its 3 sync events."""
+    llm, tracer = _llm(str(tmp_path / "t.pftrace"), tiny_model_config, begins)
+    engine = llm.engine
+    timeline = engine.runner.timeline
+    assert timeline.begins == begins
+    record, run_step, schedule = timeline._record, engine.run_step, engine.scheduler.schedule
+    records = 0
+
+    def counted_record(event: Any, stream: Any) -> None:
+        nonlocal records
+        records += 1
+        record(event, stream)
+
+    counts: dict[bool, list[int]] = {True: [], False: []}
+    calls = 0
+    decode = [False, False]  # this iteration's schedule and the previous one's: decode only
+
+    def counted_schedule() -> Any:
+        so = schedule()
+        decode[1] = 0 < so.num_reqs == so.total_num_scheduled_tokens
+        return so
+
+    def counted_step() -> Any:
+        nonlocal calls, records
+        traced_now = (calls // 8) % 2 == 0
+        steady = calls % 8 >= 2 and decode[1]  # past the switch, after a decode step
+        calls += 1
+        tracer.enabled = traced_now
+        decode[0], decode[1] = decode[1], False
+        records = 0
+        out = run_step()
+        if steady and decode[1]:
+            counts[traced_now].append(records)
+        return out
+
+    timeline._record = counted_record
+    engine.run_step, engine.scheduler.schedule = counted_step, counted_schedule
+    try:
+        llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    finally:
+        engine.run_step, engine.scheduler.schedule = run_step, schedule
+        tracer.enabled = True
+        llm.close()
+        tracer.close()
+    assert len(counts[True]) >= 10 and len(counts[False]) >= 10, counts
+    assert statistics.median(counts[True]) == traced, counts[True]
+    assert statistics.median(counts[False]) == 3, counts[False]
+
+
+def test_a_derived_trace_analyses_like_a_recorded_one(tmp_path, tiny_model_config):
+    """The same workload traced with recorded and with derived begins: both analyse, overlap and
+    bubble ratio agree within a few points, and the derived report says once that its begins
+    were derived; on the compute stream no two derived slices overlap."""
+    heads, verdicts = {}, {}
+    for begins in ("recorded", "derived"):
+        path = str(tmp_path / f"{begins}.pftrace")
+        llm, tracer = _llm(path, tiny_model_config, begins)
+        llm.generate(PROMPTS, GREEDY)
+        llm.close()
+        tracer.close()
+        report = analyze_trace(path)
+        heads[begins], verdicts[begins] = report.headline, report.verdicts
+        assert report.frames.metadata.get("device_begins") == (
+            None if begins == "recorded" else "derived"
+        )
+        assert "dropped_device_slices" not in report.frames.metadata
+    for key in ("overlap", "bubble_ratio"):
+        assert heads["recorded"][key] is not None and heads["derived"][key] is not None
+        assert abs(heads["recorded"][key] - heads["derived"][key]) <= 0.05, (key, heads)
+    said = [v for v in verdicts["derived"] if "begins in this trace were derived" in v]
+    assert len(said) == 1 and "under-counted" in said[0], verdicts["derived"]
+    assert not any("derived" in v for v in verdicts["recorded"]), verdicts["recorded"]
+    compute = _device(str(tmp_path / "derived.pftrace"))
+    compute = compute[compute["track"] == "gpu:0 compute"].sort_values("ts_ns")
+    assert len(compute) >= 3 * 40  # input_prep, forward, sample of each step
+    assert (compute["ts_ns"].to_numpy()[1:] >= compute["end_ns"].to_numpy()[:-1]).all()
+
+
+def _force_spec_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolve cuda_graphs and spec_cuda_graphs on (the CPU runs the graph bodies eagerly), as
+    tests/engine/test_spec_graphs.py does."""
+
+    def resolve(config: EngineConfig, cuda_available: bool | None = None) -> ResolvedFeatures:
+        features = resolve_features(config, cuda_available)
+        forced = {"cuda_graphs", "spec_cuda_graphs"}
+        features.decisions = tuple(
+            FeatureDecision(d.feature, None, True, "forced on for the test")
+            if d.feature in forced
+            else d
+            for d in features.decisions
+        )
+        return features
+
+    monkeypatch.setattr(engine.core, "resolve_features", resolve)
+
+
+def _check_waits(device: pd.DataFrame, waits: list[tuple[str, str, int]]) -> int:
+    """Every ``(first, then, step_delta)``: stage ``then`` of step N begins at or after stage
+    ``first`` of step N + step_delta ends (its stream waited for it). Returns the pairs seen."""
+    ends = device.groupby(["name", "step"])["end_ns"].max()
+    seen = 0
+    for _, row in device.iterrows():
+        for first, then, delta in waits:
+            key = (first, int(row["step"]) + delta)
+            if row["name"] == then and key in ends.index:
+                assert row["ts_ns"] >= ends[key], (first, then, int(row["step"]))
+                seen += 1
+    return seen
+
+
+@pytest.mark.parametrize("path_kind", ["plain", "spec", "spec_graphs"])
+def test_derived_begins_respect_every_cross_stream_wait(
+    tmp_path, tiny_model_config, monkeypatch, path_kind
+):
+    """Derived begins come after every stage the stream waited for (h2d -> input_prep, sample or
+    verify -> d2h_output, the last step's output copy -> a graph step's verify), and ``both``
+    writes them as lower bounds of the recorded begins."""
+    kw: dict[str, Any] = {}
+    waits = [("h2d_inputs", "input_prep", 0)]
+    if path_kind == "plain":
+        waits.append(("sample", "d2h_output", 0))
+    else:
+        kw = dict(spec_method="ngram", num_spec_tokens=2)
+        waits.append(("verify", "d2h_output", 0))
+    if path_kind == "spec_graphs":
+        _force_spec_graphs(monkeypatch)
+        waits.append(("d2h_output", "verify", -1))
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8], [11, 12, 13, 11, 12, 13], [3, 4, 3, 4, 3, 4, 3]]
+    for begins in ("derived", "both"):
+        path = str(tmp_path / f"{path_kind}-{begins}.pftrace")
+        llm, tracer = _llm(path, tiny_model_config, begins, **kw)
+        llm.generate(prompts, GREEDY)
+        if path_kind == "spec_graphs":
+            assert llm.engine.runner.spec_graphs.num_replays > 10
+        timeline = llm.engine.runner.timeline
+        llm.close()
+        tracer.close()
+        assert timeline.num_dropped == 0 and timeline.num_emitted == timeline.num_recorded
+        device = _device(path)
+        if begins == "derived":
+            assert _check_waits(device, waits) >= 20
+        else:
+            derived = device.dropna(subset=["derived_begin_ns"])
+            error = derived["ts_ns"] - derived["derived_begin_ns"].astype("int64")
+            assert (error >= 0).all(), derived[error < 0]
+            names = set(derived["name"])
+            assert {"h2d_inputs", "input_prep", "d2h_output"} <= names, names
+            if path_kind != "plain":
+                assert {"verify", "draft"} <= names, names
+
+
+class _SlowCopies:
+    """A device whose submitted work first sleeps ``delay_s`` on the stream's worker (the grammar
+    mask's upload made slow: then it, not the host or the forward, bounds the sample's begin)."""
+
+    def __init__(self, device: Any, delay_s: float) -> None:
+        self._device, self._delay_s = device, delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._device, name)
+
+    def submit(self, stream: Any, fn: Any) -> None:
+        def slow() -> None:
+            time.sleep(self._delay_s)
+            fn()
+
+        self._device.submit(stream, slow)
+
+
+def test_structured_steps_wait_for_the_mask_upload(tmp_path):
+    """Structured output, deferred sampling: the sample stage derives its begin after the grammar
+    mask's upload (an ``h2d_inputs`` slice of the same step, after the step's input copy), here
+    made slow (20 ms) so that its end is the latest term."""
+    pytest.importorskip("xgrammar")
+    from tests.engine.test_structured_engine import REQUESTS, build_checkpoint
+
+    checkpoint = build_checkpoint(tmp_path / "ckpt")
+    path = str(tmp_path / "structured.pftrace")
+    tracer = Tracer(path)
+    llm = LLM(
+        model=checkpoint,
+        tracer=tracer,
+        num_kv_blocks=64,
+        block_size=8,
+        max_num_seqs=4,
+        async_scheduling=True,
+        deferred_sampling=True,
+        trace_begins="derived",
+    )
+    bitmask = llm.engine.runner.bitmask
+    bitmask.device = _SlowCopies(bitmask.device, 0.02)  # type: ignore[assignment]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    llm.generate([p for p, _ in REQUESTS], params, structured=[s for _, s in REQUESTS])
+    llm.close()
+    tracer.close()
+    device = _device(path)
+    copies = device[device["name"] == "h2d_inputs"].sort_values("ts_ns")
+    uploads = copies[copies.duplicated("step", keep="first")]  # a step's second copy: its mask
+    assert len(uploads) >= 5
+    samples = device[device["name"] == "sample"].set_index("step")["ts_ns"]
+    for step, start, end in zip(uploads["step"], uploads["ts_ns"], uploads["end_ns"], strict=True):
+        assert end - start >= 20_000_000  # the slow upload
+        assert samples[step] >= end, step
