@@ -58,7 +58,7 @@ for stage in $stages; do
     gemm) timeout ${GEMM_TIMEOUT:-330} python3 bench/bench_gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -20 ;;
     begins) for kind in device host; do  # --trace-begins both: derived vs recorded device begins (docs/design.md §4.3)
         if [ $kind = device ]; then m=(--model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --max-num-seqs 256 --workload "synthetic:n=1024,in=128-128,out=128-128,seed=0")
-        else m=(--model samples/models/pycoder-14m --max-num-seqs 64 --workload "synthetic:n=1024,in=32-32,out=128-128,seed=0"); fi
+        else m=(--model samples/models/pycoder-14m --max-num-seqs 256 --workload "synthetic:n=2048,in=32-32,out=128-128,seed=0"); fi
         timeout ${BEGINS_TIMEOUT:-150} python3 -m stepscope.cli run --device cuda --dtype bfloat16 "${m[@]}" --no-progress --trace "$OUT/begins_both_$kind.pftrace" --trace-begins both > "$OUT/begins_run_$kind.log" 2>&1; head -4 "$OUT/begins_run_$kind.log"
         timeout 120 python3 bench/bench_derived_begins.py "$OUT/begins_both_$kind.pftrace" --json "$OUT/derived_begins_$kind.json" 2>&1 | tee "$OUT/derived_begins_$kind.log" | tail -10; done ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;

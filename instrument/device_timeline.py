@@ -27,6 +27,8 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
   that time, the end of the slice before it on its stream and the end of the stage its stream was
   made to wait for (``after``): a lower bound of when the stream reached it, normally a few µs
   early (the device's reaction latency). Three records fewer per plain decode step (issue 15).
+  The first stage on each stream, and the first after untraced work (which no slice covers),
+  still records its begin.
 
 Events are made, recorded, queried and read through an :class:`~instrument.device_events.EventOps`
 (``CudaClock`` on CUDA; any factory of ``TimedEvent`` objects otherwise).
@@ -286,6 +288,8 @@ class DeviceTimeline:
         self.begins = begins
         self._derive = begins != DeviceBegins.RECORDED.value  # stamp and derive begins
         self._record_begins = begins != DeviceBegins.DERIVED.value  # record begin events
+        # Streams whose work since the last untraced stretch is all in traced slices (_bounded).
+        self._known_streams: set[int] = set()
         if self._derive:  # a recorded-begins trace stays as it was (absent: recorded)
             tracer.metadata(**{Arg.DEVICE_BEGINS.value: begins})
 
@@ -336,7 +340,11 @@ class DeviceTimeline:
             scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
             scope.begin = last.end
             last.end_shared = True
-        elif self._derive:
+        elif self._derive and (
+            self._record_begins
+            or (last is not None and id(stream) in self._known_streams)  # the steady state
+            or self._bounded(stream, last)
+        ):
             scope = _new_scope(_DerivedScope)
             scope.host_begin_ns = now_ns()  # before a begin record: never after the recorded one
             scope.after = after
@@ -355,6 +363,20 @@ class DeviceTimeline:
         scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
         scope.emitted = False
         return scope
+
+    def _bounded(self, stream: Any, last: Any) -> bool:
+        """Derived begins: does the timeline know what ``stream`` runs before a stage enqueued
+        now? Not for the first stage on a stream, nor for the first one on each stream after
+        untraced work (warm-up, a sampled trace's dropped steps, a muted stretch: ``_last`` is
+        None then): the stream may still be busy with work no slice covers, so that stage records
+        its begin, and the ones after it on the stream derive theirs from its end."""
+        known = self._known_streams
+        if last is None:  # nothing traced yet, or untraced work since the last traced stage
+            known.clear()
+        if id(stream) in known:
+            return True
+        known.add(id(stream))
+        return False
 
     def add(self, stage: PendingStage) -> None:
         """Queue a recorded pair (for callers that record events themselves); such stages are

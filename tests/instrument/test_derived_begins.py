@@ -56,13 +56,23 @@ def _stage(timeline: DeviceTimeline, name: str, stream: Stream, step: int = 0, *
     return scope
 
 
+def _prime(timeline: DeviceTimeline, *streams: Stream) -> None:
+    """One stage per stream, done at t = 1 ns and emitted: the first stage on a stream records
+    its begin (nothing bounds it yet), so the stages a test makes after this derive theirs."""
+    for i, stream in enumerate(streams):
+        scope = _stage(timeline, "prime", stream, step=-1 - i)
+        assert scope.begin is not None  # recorded (in every mode)
+        scope.begin.t = scope.end.t = 1
+    timeline.poll()
+
+
 def _slices(timeline: DeviceTimeline, path: str) -> dict[tuple[str, int], tuple[int, int, dict]]:
     """(name, step) -> (start, end, args) of every device slice written."""
     timeline.drain()
     timeline.tracer.close()
     out = {}
     for track, name, start, end, args in read_trace(path).slices():
-        if track.startswith("gpu:0"):
+        if track.startswith("gpu:0") and name != "prime":
             assert (name, args["step"]) not in out, "a stage was written twice"
             out[(name, args["step"])] = (start, end, args)
     return out
@@ -71,6 +81,7 @@ def _slices(timeline: DeviceTimeline, path: str) -> dict[tuple[str, int], tuple[
 def test_derived_begin_is_the_latest_of_host_previous_end_and_waited_for_end(tmp_path):
     timeline, path = _timeline(tmp_path)
     copy, compute = Stream(), Stream()
+    _prime(timeline, copy, compute)
     # 1: the host is the latest term (the stream idle, waiting for the enqueue).
     a = _stage(timeline, "a", compute, step=1)
     a.end.t = a.host_begin_ns + 1  # done before the host enqueues b
@@ -81,7 +92,7 @@ def test_derived_begin_is_the_latest_of_host_previous_end_and_waited_for_end(tmp
     timeline.poll()
     # 2: the previous stage on the stream ends after the host enqueued this one.
     c = _stage(timeline, "c", compute, step=2)
-    c.end.t = c.host_begin_ns + 90_000
+    c.end.t = c.host_begin_ns + 10**9  # far past d's enqueue, however slow this machine is
     d = _stage(timeline, "d", compute, step=2)
     d.end.t = c.end.t + 20_000
     # 3: the stage the stream waited for (another stream) ends last.
@@ -93,13 +104,14 @@ def test_derived_begin_is_the_latest_of_host_previous_end_and_waited_for_end(tmp
     assert written[("b", 1)][:2] == (b.host_begin_ns, b.end.t)
     assert written[("d", 2)][:2] == (c.end.t, d.end.t)
     assert written[("e", 3)][:2] == (h.end.t, e.end.t)
-    # h2d's own begin: its host time (first stage on its stream, nothing waited for).
+    # h2d's own begin: its host time (nothing waited for, its stream idle).
     assert written[("h2d", 3)][0] == h.host_begin_ns
 
 
 def test_contiguous_stages_still_begin_at_the_previous_end(tmp_path):
     timeline, path = _timeline(tmp_path)
     compute = Stream()
+    _prime(timeline, compute)
     prep = _stage(timeline, "input_prep", compute)
     forward = _stage(timeline, "forward", compute, contiguous=True)
     assert forward.begin is prep.end and not hasattr(forward, "host_begin_ns")
@@ -116,6 +128,7 @@ def test_a_dependency_emitted_by_an_earlier_poll_and_its_event_recycled(tmp_path
     derived begin uses the time h2d_inputs' slice ended, not what the event reads now."""
     timeline, path = _timeline(tmp_path)
     copy, compute = Stream(), Stream()
+    _prime(timeline, copy, compute)
     h = _stage(timeline, "h2d_inputs", copy, step=0, lane="copy")
     prep = _stage(timeline, "input_prep", compute, step=0, after=h)
     h_end = h.end
@@ -137,7 +150,8 @@ def test_a_dependency_later_in_the_same_poll_or_left_pending_by_its_limit(tmp_pa
     that stage is still pending (a poll's limit): both read the dependency's end."""
     timeline, path = _timeline(tmp_path, poll_batch=1, max_deferred=1)
     copy, compute = Stream(), Stream()
-    first = _stage(timeline, "forward", compute, step=0)  # compute's queue comes first
+    _prime(timeline, compute, copy)  # compute's queue comes first
+    first = _stage(timeline, "forward", compute, step=0)
     first.end.t = first.host_begin_ns + 1_000
     timeline.poll()
     for step, limit in ((1, None), (2, 1)):
@@ -153,25 +167,37 @@ def test_a_dependency_later_in_the_same_poll_or_left_pending_by_its_limit(tmp_pa
         assert written[("input_prep", step)][0] == h_end
 
 
-def test_after_a_muted_gap_the_stream_order_still_bounds_the_begin(tmp_path):
-    """Tracing switched off and on (Tracer.muted): the stage asked to be contiguous cannot begin
-    at the last traced end (untraced work ran in between), so it derives its begin; nothing before
-    the gap is remembered but the end of the last slice on its stream, which still bounds it (the
-    stream runs in order) and keeps the slices from overlapping."""
+def test_the_first_stage_on_a_stream_and_after_untraced_work_records_its_begin(tmp_path):
+    """Tracing switched off and on (Tracer.muted, a sampled trace's dropped steps): work no slice
+    covers may still be queued on every stream, so no term bounds the next stage's begin. The
+    first stage on each stream after such a gap (and the first ever) records its begin event; the
+    next one on that stream derives its begin again, from that stage's end."""
     timeline, path = _timeline(tmp_path)
-    compute = Stream()
-    a = _stage(timeline, "forward", compute, step=0)
-    a.end.t = a.host_begin_ns + 10_000_000  # the device lags far behind the host
+    compute, copy = Stream(), Stream()
+    a = _stage(timeline, "forward", compute, step=0)  # first ever on compute
+    assert a.begin is not None
+    a.begin.t, a.end.t = 5, 10_000
     timeline.poll()
     timeline.tracer.enabled = False
     with timeline.stage("forward", step=1, stream=compute) as untraced:
         assert untraced is None
     timeline.tracer.enabled = True
+    # The untraced forward is still running on the device, far behind the host.
     b = _stage(timeline, "sample", compute, step=2, contiguous=True)
-    assert b.begin is None and b.host_begin_ns < a.end.t
-    b.end.t = a.end.t + 5_000
+    assert b.begin is not None  # recorded: nothing known bounds it
+    h = _stage(timeline, "h2d_inputs", copy, step=3, lane="copy")
+    assert h.begin is not None  # first on copy
+    c = _stage(timeline, "input_prep", compute, step=3, after=h)
+    assert c.begin is None  # derived: compute's work since the gap is all in b
+    host = c.host_begin_ns
+    b.begin.t = host + 3_000_000  # when the untraced forward finished
+    b.end.t = b.begin.t + 5_000
+    h.begin.t, h.end.t = host - 2_000, host - 1_000
+    c.end.t = b.end.t + 7_000
     written = _slices(timeline, path)
-    assert written[("sample", 2)][:2] == (a.end.t, b.end.t)
+    assert written[("sample", 2)][:2] == (b.begin.t, b.end.t)  # not the host time: the record
+    assert written[("h2d_inputs", 3)][:2] == (h.begin.t, h.end.t)
+    assert written[("input_prep", 3)][:2] == (b.end.t, c.end.t)  # b's end is the latest term
 
 
 def test_a_dropped_stage_is_not_a_term(tmp_path):
@@ -180,6 +206,7 @@ def test_a_dropped_stage_is_not_a_term(tmp_path):
     the host time; here the dropped stage also was the one waited for)."""
     timeline, path = _timeline(tmp_path, max_pending=2, poll_batch=1, max_deferred=1)
     copy, compute = Stream(), Stream()
+    _prime(timeline, copy, compute)
     a = _stage(timeline, "forward", compute, step=0)
     a.end.t = a.host_begin_ns + 1_000
     timeline.poll()
@@ -206,6 +233,7 @@ def test_slices_of_one_stream_never_overlap(tmp_path):
     rng = random.Random(3)
     timeline, path = _timeline(tmp_path, poll_batch=1, max_deferred=1)
     streams = {"copy": Stream(), "compute": Stream()}
+    _prime(timeline, *streams.values())
     device = {"copy": 0, "compute": 0}
     for step in range(300):
         h = _stage(timeline, "h2d_inputs", streams["copy"], step=step, lane="copy")
@@ -240,6 +268,7 @@ def test_emitted_stages_keep_no_chain_of_earlier_stages(tmp_path):
     are freed (weak references die) rather than held, step after step, by the newest."""
     timeline, _ = _timeline(tmp_path, poll_batch=1, max_deferred=1)
     compute, d2h = Stream(), Stream()
+    _prime(timeline, compute, d2h)
     refs = []
     copied: Any = None
     t = 0
@@ -281,6 +310,7 @@ def test_begin_records_and_metadata_per_mode(tmp_path, begins):
     contiguous, d2h_output), with the runner's three sync events: 8 records, 5 derived."""
     timeline, path = _timeline(tmp_path, begins=begins)
     copy, compute, d2h = Stream(), Stream(), Stream()
+    _prime(timeline, copy, compute, d2h)
     ScriptedEvent.recorded = 0
     for step in range(10):
         h = _stage(timeline, "h2d_inputs", copy, step=step, lane="copy")
