@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from analysis import analyze_frames, load_trace  # noqa: E402
+from analysis.errors import TraceError  # noqa: E402
 from analysis.frames import TraceFrames  # noqa: E402
 from instrument.schema import Arg, DeviceBegins  # noqa: E402
 
@@ -127,7 +128,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--window", default="steady", help="the report's window (steady, all, A:B)")
     p.add_argument("--json", default=None, help="also write the numbers as JSON here")
     args = p.parse_args(argv)
-    result = measure(args.trace, args.window)
+    try:
+        result = measure(args.trace, args.window)
+    except TraceError as exc:  # a missing or malformed trace: say so, no traceback
+        p.exit(2, f"bench_derived_begins: {exc}\n")
     print_result(result)
     if args.json:
         with open(args.json, "w") as f:

@@ -341,9 +341,8 @@ class DeviceTimeline:
             scope.begin = last.end
             last.end_shared = True
         elif self._derive and (
-            self._record_begins
-            or (last is not None and id(stream) in self._known_streams)  # the steady state
-            or self._bounded(stream, last)
+            (last is not None and id(stream) in self._known_streams)  # the steady state
+            or self._bounded(stream, last)  # else recorded, in ``both`` too (no derived arg)
         ):
             scope = _new_scope(_DerivedScope)
             scope.host_begin_ns = now_ns()  # before a begin record: never after the recorded one

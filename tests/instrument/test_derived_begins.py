@@ -289,19 +289,25 @@ def test_emitted_stages_keep_no_chain_of_earlier_stages(tmp_path):
 
 def test_both_keeps_the_recorded_begin_and_writes_the_derived_one(tmp_path):
     timeline, path = _timeline(tmp_path, begins="both")
-    copy, compute = Stream(), Stream()
+    copy, compute, d2h = Stream(), Stream(), Stream()
+    _prime(timeline, copy, compute)
     h = _stage(timeline, "h2d_inputs", copy, lane="copy")
     prep = _stage(timeline, "input_prep", compute, after=h)
     fwd = _stage(timeline, "forward", compute, contiguous=True)
+    out = _stage(timeline, "d2h_output", d2h, lane="copy", after=fwd)  # first on its stream
     h.begin.t, h.end.t = h.host_begin_ns + 2_000, prep.host_begin_ns + 9_000
     prep.begin.t, prep.end.t = h.end.t + 3_000, h.end.t + 20_000  # reaction latency: 3 µs
     fwd.end.t = prep.end.t + 50_000
+    out.begin.t, out.end.t = fwd.end.t + 4_000, fwd.end.t + 9_000
     written = _slices(timeline, path)
     start, end, args = written[("input_prep", 0)]
     assert (start, end) == (prep.begin.t, prep.end.t)  # the recorded begin
     assert args["derived_begin_ns"] == h.end.t == start - 3_000
     assert written[("h2d_inputs", 0)][2]["derived_begin_ns"] == h.host_begin_ns
     assert "derived_begin_ns" not in written[("forward", 0)][2]  # contiguous: exact
+    # The first stage on a stream records its begin in derived mode too: no derived arg.
+    assert written[("d2h_output", 0)][:2] == (out.begin.t, out.end.t)
+    assert "derived_begin_ns" not in written[("d2h_output", 0)][2]
 
 
 @pytest.mark.parametrize("begins", ["recorded", "derived", "both"])
@@ -350,5 +356,9 @@ def test_cpu_device_both_mode_derived_is_a_close_lower_bound(tmp_path):
     device.close()
     slices = [s for s in read_trace(path).slices() if s[0].startswith("gpu:0")]
     assert len(slices) == 80
-    errors = [start - args["derived_begin_ns"] for _, _, start, _, args in slices]
+    # every slice but the first on each stream (recorded in derived mode too) has a derived begin
+    errors = [
+        s - args["derived_begin_ns"] for _, _, s, _, args in slices if "derived_begin_ns" in args
+    ]
+    assert len(errors) == 78
     assert min(errors) >= 0 and sorted(errors)[len(errors) // 2] < 2_000_000, errors
