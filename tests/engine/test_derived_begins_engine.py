@@ -151,7 +151,11 @@ def _check_waits(device: pd.DataFrame, waits: list[tuple[str, str, int]]) -> int
         for first, then, delta in waits:
             key = (first, int(row["step"]) + delta)
             if row["name"] == then and key in ends.index:
-                assert row["ts_ns"] >= ends[key], (first, then, int(row["step"]))
+                assert row["ts_ns"] >= ends[key], (  # what a failure needs to be understood
+                    first, then, int(row["step"]), int(ends[key] - row["ts_ns"]),
+                    device[device["step"].isin([row["step"] - 1, row["step"]])]
+                    .drop(columns=["args"], errors="ignore").to_dict("records"),
+                )  # fmt: skip
                 seen += 1
     return seen
 
