@@ -283,6 +283,11 @@ class DeviceTimeline:
         self._lent: dict[int, Any] = {}
         self._returned: deque[Any] = deque()
         self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
+        # A track per (lane, stream): the copy lane's h2d and d2h streams run at once, and two
+        # slices that overlap on one track would pair their begin and end packets wrongly. The
+        # lane's first stream writes to ``gpu:<i> <lane>``, the n-th further one to a track of the
+        # same name (the writer's ``(name, n)``); docs/design.md §4.3.
+        self._stream_tracks: dict[tuple[str, int], Any] = {}
         # Told (lane, name, step, start_ns, end_ns) of every slice emitted (a kernel window).
         self.observer: Callable[[str, str, int, int, int], None] | None = None
         self.begins = begins
@@ -649,7 +654,8 @@ class DeviceTimeline:
             prev_end = stage.end
         times = self.ops.host_ns_many(events)
         self._resolve_held()
-        free, last, tracks, observer = self._free, self._last, self._lane_tracks, self.observer
+        free, last, observer = self._free, self._last, self.observer
+        stream_tracks = self._stream_tracks
         shared_ns = self._end_ns
         out: list[RawEvent] = []
         i = 0
@@ -691,7 +697,10 @@ class DeviceTimeline:
                 args[_STEP] = stage.step
                 args[_HOST_END_NS] = stage.host_end_ns
                 stage.end_ns = end_ns  # a later stage that waited for it reads it here
-            out.append((EV_SLICE_AT, tracks[stage.lane], stage.name, start_ns, end_ns, args))
+            track = stream_tracks.get((stage.lane, id(getattr(stage, "stream", None))))
+            if track is None:
+                track = self._track_of(stage)
+            out.append((EV_SLICE_AT, track, stage.name, start_ns, end_ns, args))
         if self._derive:
             self._derive_begins(stages, out)
         if observer is not None:
@@ -699,6 +708,18 @@ class DeviceTimeline:
                 observer(stage.lane, name, stage.step, start_ns, end_ns)
         self.num_emitted += len(stages)
         self.tracer.append_slices(out)
+
+    def _track_of(self, stage: Any) -> Any:
+        """The track of a stage's (lane, stream), made on first use (a stage queued through
+        :meth:`add` has no stream: the lane's own track)."""
+        name = self._lane_tracks[stage.lane]
+        stream = getattr(stage, "stream", None)
+        if stream is None:
+            return name
+        tracks = self._stream_tracks
+        others = sum(1 for lane, _ in tracks if lane == stage.lane)
+        track = tracks[(stage.lane, id(stream))] = name if others == 0 else (name, others)
+        return track
 
     def _derive_begins(self, stages: list[Any], out: list[RawEvent]) -> None:
         """Derived begins of a batch (``out[j]`` is ``stages[j]``'s slice): the latest of the

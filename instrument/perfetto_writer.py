@@ -158,7 +158,9 @@ class PerfettoWriter:
         self._tracks[key] = field
         return field
 
-    def _track(self, track: int | str | None, names: dict[int, tuple[str, int]]) -> bytes:
+    def _track(
+        self, track: int | str | tuple[str, int] | None, names: dict[int, tuple[str, int]]
+    ) -> bytes:
         if track is None:
             return self._process_field
         key: tuple[str, object] = ("thread", track) if isinstance(track, int) else ("named", track)
@@ -169,7 +171,10 @@ class PerfettoWriter:
             name, native_id = names.get(track, (f"thread-{track}", track))
             thread = pe.field_varint(1, self._pid) + pe.field_varint(2, native_id)
             return self._describe(key, pe.field_bytes(4, thread + pe.field_bytes(5, name.encode())))
-        return self._describe(key, pe.field_bytes(2, track.encode()))
+        # ``(name, n)``: the n-th further track of that name (one device lane's second stream,
+        # whose slices may overlap the first's in time: a track of their own, the lane's name).
+        name = track if isinstance(track, str) else track[0]
+        return self._describe(key, pe.field_bytes(2, name.encode()))
 
     def _counter_track(self, name: str) -> bytes:
         field = self._tracks.get(("counter", name))

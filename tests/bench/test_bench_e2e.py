@@ -36,8 +36,14 @@ def test_summary_ratios_medians_and_token_agreement() -> None:
 
 @pytest.mark.slow  # ~15 s of CPU: three model builds (HF, engine async on, off) and their runs
 def test_quick_smoke_run_writes_every_variant(tmp_path: Path) -> None:
+    import torch
+
     path = tmp_path / "e2e.json"
-    main(["--quick", "--rounds", "1", "--out", str(path)])
+    threads = torch.get_num_threads()
+    try:
+        main(["--quick", "--rounds", "1", "--out", str(path)])
+    finally:  # --quick runs torch on one thread: the tests after this one must not
+        torch.set_num_threads(threads)
     doc = json.loads(path.read_text())
     res = doc["results"][QUICK.name]
     assert set(res["variants"]) == {"hf generate", "default async on", "default async off"}

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import engine.core
-from analysis import analyze_trace, load_trace
+from analysis import analyze_frames, analyze_trace, load_trace
 from engine.config import EngineConfig, FeatureDecision, ResolvedFeatures, resolve_features
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
@@ -21,6 +21,9 @@ from instrument.tracer import Tracer
 
 PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+# How far the report's overlap / bubble ratio may move when one run's derived begins replace its
+# recorded ones on the CPU device (seen: up to 0.08 with torch on one thread).
+CPU_DEVICE_TOLERANCE = 0.15
 
 
 def _llm(path: str, model_config: str, begins: str, **engine_kw: Any) -> tuple[LLM, Tracer]:
@@ -96,10 +99,30 @@ def test_event_records_per_steady_decode_step(tmp_path, tiny_model_config, begin
 
 
 def test_a_derived_trace_analyses_like_a_recorded_one(tmp_path, tiny_model_config):
-    """The same workload traced with recorded and with derived begins: both analyse, overlap and
-    bubble ratio agree within a few points, and the derived report says once that its begins
-    were derived; on the compute stream no two derived slices overlap."""
-    heads, verdicts = {}, {}
+    """One run traced with ``both``: the report's overlap and bubble ratio with the recorded
+    begins and with the derived ones substituted agree within a few points (two separate runs
+    would not: on this CPU overlap moves by 0.2 between identical runs). A ``derived`` run's
+    report says once that its begins were derived; on each device stream no two slices overlap,
+    and every slice reads back with its own end (the copy lane's two streams write two tracks)."""
+    from bench.bench_derived_begins import with_derived_begins
+
+    path = str(tmp_path / "both.pftrace")
+    llm, tracer = _llm(path, tiny_model_config, "both")
+    llm.generate(PROMPTS, GREEDY)
+    llm.close()
+    tracer.close()
+    frames = load_trace(path)
+    recorded = analyze_frames(frames).headline
+    derived = analyze_frames(with_derived_begins(frames)).headline
+    for key in ("overlap", "bubble_ratio"):
+        assert recorded[key] is not None and derived[key] is not None
+        # CPU_DEVICE_TOLERANCE: the CPU device's copy workers wake late, so its derived begins
+        # are up to ms early (the H200's: µs, and ≤ 0.2 points apart; bench/README.md).
+        assert abs(recorded[key] - derived[key]) <= CPU_DEVICE_TOLERANCE, (key, recorded, derived)
+    # Earlier begins make slices longer: idle between them can only shrink.
+    assert derived["bubble_ratio"] <= recorded["bubble_ratio"]
+
+    verdicts = {}
     for begins in ("recorded", "derived"):
         path = str(tmp_path / f"{begins}.pftrace")
         llm, tracer = _llm(path, tiny_model_config, begins)
@@ -107,21 +130,26 @@ def test_a_derived_trace_analyses_like_a_recorded_one(tmp_path, tiny_model_confi
         llm.close()
         tracer.close()
         report = analyze_trace(path)
-        heads[begins], verdicts[begins] = report.headline, report.verdicts
+        verdicts[begins] = report.verdicts
         assert report.frames.metadata.get("device_begins") == (
             None if begins == "recorded" else "derived"
         )
         assert "dropped_device_slices" not in report.frames.metadata
-    for key in ("overlap", "bubble_ratio"):
-        assert heads["recorded"][key] is not None and heads["derived"][key] is not None
-        assert abs(heads["recorded"][key] - heads["derived"][key]) <= 0.05, (key, heads)
     said = [v for v in verdicts["derived"] if "begins in this trace were derived" in v]
     assert len(said) == 1 and "under-counted" in said[0], verdicts["derived"]
     assert not any("derived" in v for v in verdicts["recorded"]), verdicts["recorded"]
-    compute = _device(str(tmp_path / "derived.pftrace"))
-    compute = compute[compute["track"] == "gpu:0 compute"].sort_values("ts_ns")
+    device = _device(str(tmp_path / "derived.pftrace"))
+    compute = device[device["track"] == "gpu:0 compute"].sort_values("ts_ns")
     assert len(compute) >= 3 * 40  # input_prep, forward, sample of each step
     assert (compute["ts_ns"].to_numpy()[1:] >= compute["end_ns"].to_numpy()[:-1]).all()
+    # The copy lane: h2d and d2h each on a track of their own, both named gpu:0 copy.
+    copy = device[device["track"] == "gpu:0 copy"]
+    by_track = {name: set(g["track_id"]) for name, g in copy.groupby("name")}
+    assert len(by_track["h2d_inputs"]) == len(by_track["d2h_output"]) == 1, by_track
+    assert by_track["h2d_inputs"] != by_track["d2h_output"], by_track
+    for _, track in copy.groupby("track_id"):
+        track = track.sort_values("ts_ns")
+        assert (track["ts_ns"].to_numpy()[1:] >= track["end_ns"].to_numpy()[:-1]).all()
 
 
 def _force_spec_graphs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ class Event:
     flow_ids: list[int] = field(default_factory=list)
     terminating_flow_ids: list[int] = field(default_factory=list)
     counter: float | None = None
+    track_uuid: int = 0  # two tracks may share a name (one device lane's two streams)
 
 
 @dataclass
@@ -32,14 +33,15 @@ class ReadTrace:
     truncated_bytes: int
 
     def slices(self) -> list[tuple[str, str, int, int, dict[str, Any]]]:
-        """(track, name, start, end, args), paired per track by a stack, in time order."""
+        """(track, name, start, end, args), paired per track (by uuid, as Perfetto does) by a
+        stack, in time order."""
         out = []
-        stacks: dict[str, list[Event]] = {}
+        stacks: dict[int, list[Event]] = {}
         for ev in sorted(self.events, key=lambda e: e.ts):
             if ev.type == TE.TYPE_SLICE_BEGIN:
-                stacks.setdefault(ev.track, []).append(ev)
+                stacks.setdefault(ev.track_uuid, []).append(ev)
             elif ev.type == TE.TYPE_SLICE_END:
-                begin = stacks[ev.track].pop()
+                begin = stacks[ev.track_uuid].pop()
                 out.append((ev.track, begin.name, begin.ts, ev.ts, begin.args))
         return out
 
@@ -68,6 +70,7 @@ def read_trace(path: str) -> ReadTrace:
             events.append(
                 Event(
                     track=tracks[te.track_uuid],
+                    track_uuid=te.track_uuid,
                     type=te.type,
                     name=te.name,
                     ts=packet.timestamp,

@@ -362,3 +362,27 @@ def test_cpu_device_both_mode_derived_is_a_close_lower_bound(tmp_path):
     ]
     assert len(errors) == 78
     assert min(errors) >= 0 and sorted(errors)[len(errors) // 2] < 2_000_000, errors
+
+
+@pytest.mark.parametrize("begins", ["recorded", "derived"])
+def test_two_streams_of_one_lane_overlap_on_tracks_of_their_own(tmp_path, begins):
+    """The copy lane's h2d and d2h streams run at once: their slices may overlap in time. On one
+    track the reader would pair one slice's begin with the other's end; each stream writes its own
+    track (both named ``gpu:0 copy``), and every slice reads back whole."""
+    timeline, path = _timeline(tmp_path, begins=begins)
+    h2d, d2h = Stream(), Stream()
+    _prime(timeline, h2d, d2h)
+    out = _stage(timeline, "d2h_output", d2h, step=1, lane="copy")
+    into = _stage(timeline, "h2d_inputs", h2d, step=2, lane="copy")
+    t = into.host_begin_ns if hasattr(into, "host_begin_ns") else 10**6
+    # not nested: d2h ends while h2d runs (a reader of one track closes h2d at d2h's end)
+    for scope, (start, end) in ((out, (t - 5_000, t + 10_000)), (into, (t, t + 20_000))):
+        if scope.begin is not None:
+            scope.begin.t = start
+        scope.end.t = end
+    timeline.drain()
+    timeline.tracer.close()
+    copy = [s for s in read_trace(path).slices() if s[0] == "gpu:0 copy" and s[1] != "prime"]
+    got = {name: (start, end) for _, name, start, end, _ in copy}
+    assert got["d2h_output"][1] == t + 10_000 and got["h2d_inputs"][1] == t + 20_000, got
+    assert got["h2d_inputs"][0] < got["d2h_output"][1]  # they do overlap in time
