@@ -12,12 +12,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-import engine.core
 from analysis import analyze_frames, analyze_trace, load_trace
-from engine.config import EngineConfig, FeatureDecision, ResolvedFeatures, resolve_features
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from instrument.tracer import Tracer
+from tests.engine.test_spec_graphs import _force_spec_graphs
 
 PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
@@ -150,24 +149,6 @@ def test_a_derived_trace_analyses_like_a_recorded_one(tmp_path, tiny_model_confi
     for _, track in copy.groupby("track_id"):
         track = track.sort_values("ts_ns")
         assert (track["ts_ns"].to_numpy()[1:] >= track["end_ns"].to_numpy()[:-1]).all()
-
-
-def _force_spec_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Resolve cuda_graphs and spec_cuda_graphs on (the CPU runs the graph bodies eagerly), as
-    tests/engine/test_spec_graphs.py does."""
-
-    def resolve(config: EngineConfig, cuda_available: bool | None = None) -> ResolvedFeatures:
-        features = resolve_features(config, cuda_available)
-        forced = {"cuda_graphs", "spec_cuda_graphs"}
-        features.decisions = tuple(
-            FeatureDecision(d.feature, None, True, "forced on for the test")
-            if d.feature in forced
-            else d
-            for d in features.decisions
-        )
-        return features
-
-    monkeypatch.setattr(engine.core, "resolve_features", resolve)
 
 
 def _check_waits(device: pd.DataFrame, waits: list[tuple[str, str, int]]) -> int:
