@@ -226,10 +226,10 @@ def compare_main(argv: list[str]) -> int:
         print(f"* {note}")
     if cmp.outputs_agree is not None:
         print(f"* outputs {'agree' if cmp.outputs_agree else 'DIFFER'} (digests).")
-    if cmp.exposed_wait is not None:
-        from analysis.compare import exposed_wait_line
+    from analysis.compare import wait_and_idle_lines
 
-        print(f"* {exposed_wait_line(cmp.exposed_wait)}")
+    for line in wait_and_idle_lines(cmp):
+        print(f"* {line}")
     import pandas as pd
 
     rows = [{"metric": k, **v} for k, v in cmp.deltas.items()]

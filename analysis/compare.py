@@ -16,6 +16,9 @@ __all__ = [
     "exposed_wait_comparison",
     "compare_output_waits",
     "exposed_wait_line",
+    "device_idle_comparison",
+    "device_idle_line",
+    "wait_and_idle_lines",
     "DERIVED_KEYS",
     "VOLATILE_KEYS",
 ]
@@ -37,7 +40,8 @@ class Comparison:
     (A, B) for every differing config key; ``violations``: differing keys not declared;
     ``deltas``: name -> {a, b, delta}; ``outputs_agree``: True/False, None without digests;
     ``exposed_wait``: :func:`exposed_wait_comparison` when either trace is a speculative run
-    (None otherwise)."""
+    (None otherwise); ``device_idle``: :func:`device_idle_comparison` (None when a side
+    measured no steps)."""
 
     contract_ok: bool
     differences: dict[str, tuple[Any, Any]]
@@ -47,6 +51,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     checked: bool = True
     exposed_wait: dict[str, Any] | None = None
+    device_idle: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +63,7 @@ class Comparison:
             "outputs_agree": self.outputs_agree,
             "notes": self.notes,
             "exposed_wait": self.exposed_wait,
+            "device_idle": self.device_idle,
         }
 
 
@@ -100,7 +106,10 @@ def compare_reports(a: Report, b: Report, vary: tuple[str, ...] = ()) -> Compari
         notes.append(f"outputs not compared: '{OUTPUT_DIGEST_KEY}' missing from one or both traces")
     checked = bool(ca or cb)
     exposed = exposed_wait_comparison(a, b) if _is_spec(a) or _is_spec(b) else None
-    return Comparison(not violations, diffs, violations, deltas, agree, notes, checked, exposed)
+    idle = device_idle_comparison(a, b)
+    return Comparison(
+        not violations, diffs, violations, deltas, agree, notes, checked, exposed, idle
+    )
 
 
 def _is_spec(r: Report) -> bool:
@@ -199,6 +208,113 @@ def exposed_wait_line(cmp: dict[str, Any]) -> str:
             " wait began, so the waits hold host work (reading the output), not device time."
         )
     return line
+
+
+# Blamed CPU phases named per side in the device-idle line.
+IDLE_BLAME_TOP = 4
+# A side "serialises host work after its accepted-count wait" when the device idled at least this
+# many times longer per step than that wait itself left it idle.
+SERIAL_FACTOR = 5.0
+
+
+def _idle_side(r: Report) -> dict[str, Any] | None:
+    """One report's device idle per measured step: the bubbles of the window (idle between the
+    device slices, docs/design.md §5.3) per step and as a share of step time, the starvation-
+    aware estimate of that share (§5.14), and the CPU phases running during the idle (the blame
+    table, §5.4: ``label`` -> µs per step, largest first; with several threads at once each gets
+    the time, so they may sum past the idle). None when the window has no steps."""
+    steps = int((r.headline["window"] or {}).get("num_steps") or 0)
+    ratio = r.headline["bubble_ratio"]
+    if not steps or ratio is None:
+        return None
+    bubbles = r.tables.get("bubbles")
+    idle_ns = int(bubbles["dur_ns"].sum()) if bubbles is not None and len(bubbles) else 0
+    blame = r.tables.get("blame")
+    by_label: dict[str, float] = {}
+    if blame is not None:
+        for row in blame.head(IDLE_BLAME_TOP).itertuples():
+            by_label[str(row.label)] = int(row.idle_ns) / 1e3 / steps
+    return {
+        "num_steps": steps,
+        "idle_us_per_step": idle_ns / 1e3 / steps,
+        "idle_share": ratio,
+        "starvation_aware_share": r.headline["bubble_ratio_starvation_aware"],
+        "lower_bound": r.headline["bubble_ratio_bound"] == "lower_bound",
+        "blame_us_per_step": by_label,
+    }
+
+
+def device_idle_comparison(a: Report, b: Report) -> dict[str, Any] | None:
+    """Device idle per step on both sides and what the host ran meanwhile (:func:`_idle_side`),
+    with ``delta_us_per_step`` and ``delta_share`` (b − a). This is the cost a serial loop pays
+    that an exposed-wait figure does not show: a loop that waits for step N's accepted counts
+    (``--spec-sync-accepted``) while the device is busy exposes little of the wait itself, then
+    leaves the device idle while it updates, schedules, prepares and launches step N+1 (docs/
+    design.md §5.12). None when either side measured no steps."""
+    sa, sb = _idle_side(a), _idle_side(b)
+    if sa is None or sb is None:
+        return None
+    return {
+        "a": sa,
+        "b": sb,
+        "delta_us_per_step": sb["idle_us_per_step"] - sa["idle_us_per_step"],
+        "delta_share": sb["idle_share"] - sa["idle_share"],
+    }
+
+
+def device_idle_line(idle: dict[str, Any], exposed: dict[str, Any] | None = None) -> str:
+    """One sentence: each side's device idle per step (share of step time, the starvation-aware
+    estimate where it is higher) with the CPU phases running meanwhile, and B − A. With
+    ``exposed`` (:func:`exposed_wait_comparison`), a side that waited for accepted counts and
+    idled at least ``SERIAL_FACTOR`` times longer than that wait exposed is named: its cost is
+    the host work serialised after the wait, not the wait."""
+
+    def side(name: str) -> str:
+        v = idle[name]
+        share = _pct(v["idle_share"])
+        est = v["starvation_aware_share"]
+        if est is not None and est > v["idle_share"] + 0.005:
+            share += f", about {_pct(est)} counting starved stages"
+        blamed = ", ".join(f"{k} {_us(us)}" for k, us in v["blame_us_per_step"].items())
+        during = f"; meanwhile the host ran {blamed} per step" if blamed else ""
+        return f"{name.upper()} {_us(v['idle_us_per_step'])}/step ({share} of step time{during})"
+
+    bound = any(idle[n]["lower_bound"] for n in ("a", "b"))
+    line = (
+        "device idle per step (bubbles between device slices"
+        + ("; a lower bound where slices span launch gaps" if bound else "")
+        + f"): {side('a')}; {side('b')}; "
+        f"B − A {idle['delta_us_per_step']:+,.1f} µs/step "
+        f"({100 * idle['delta_share']:+.2f} points of step time)."
+    )
+    if exposed is None:
+        return line
+    for name in ("a", "b"):
+        acc = exposed[name]["by_kind"].get(WaitKind.ACCEPTED_COUNT.value)
+        if acc is None or acc["exposed_us_per_step"] is None:
+            continue
+        waited = acc["exposed_us_per_step"]
+        idle_us = idle[name]["idle_us_per_step"]
+        if idle_us >= SERIAL_FACTOR * max(waited, 1.0):
+            other = "b" if name == "a" else "a"
+            line += (
+                f" {name.upper()} waits for accepted counts: the wait itself left the device idle"
+                f" {_us(waited)}/step, the host work after it (reading the output, update,"
+                f" schedule, prepare and launch of the next step) {_us(idle_us - waited)}/step;"
+                f" {other.upper()} idles {_us(idle[other]['idle_us_per_step'])}/step."
+            )
+    return line
+
+
+def wait_and_idle_lines(cmp: Comparison) -> list[str]:
+    """The sentences ``stepscope compare`` and the dashboard's compare view print after the
+    contract: the exposed output waits (speculative runs) and the device idle per step."""
+    lines = []
+    if cmp.exposed_wait is not None:
+        lines.append(exposed_wait_line(cmp.exposed_wait))
+    if cmp.device_idle is not None:
+        lines.append(device_idle_line(cmp.device_idle, cmp.exposed_wait))
+    return lines
 
 
 def _us(v: float | None) -> str:

@@ -15,6 +15,7 @@ import pandas as pd
 from dash import dash_table, dcc, html
 
 from analysis import Comparison, Report
+from analysis.compare import wait_and_idle_lines
 from analysis.metrics_registry import COMPARED, METRICS, STARVED_LEAD_US, fmt_num, fmt_pct, metric
 from dashboard.config import DashboardConfig
 from dashboard.figures import blame_figure, compare_steps_figure
@@ -355,6 +356,11 @@ def compare_body(a: LoadedTrace, b: LoadedTrace, cmp: Comparison) -> list[Any]:
     return [
         status,
         html.Ul([html.Li(a) for a in agree] + [html.Li(n) for n in cmp.notes], className="notes"),
+        html.Ul(
+            [html.Li(line) for line in wait_and_idle_lines(cmp)],
+            className="notes",
+            id="compare-waits",
+        ),
         html.Div(
             className="split",
             children=[

@@ -13,7 +13,7 @@ import pytest
 
 from analysis import Report, analyze_trace, compare_reports
 from analysis.cli import compare_main
-from analysis.compare import exposed_wait_line
+from analysis.compare import SERIAL_FACTOR, device_idle_line, exposed_wait_line
 from engine.llm import LLM
 from engine.workload import load_workload
 from instrument.tracer import Tracer
@@ -250,3 +250,83 @@ def test_output_waits_table_splits_wait_and_read_by_hand() -> None:
     assert summary["exposed_us_per_step"] == pytest.approx((50 + 60) / 1e3 / 2)
     assert summary["by_kind"]["sampled"]["read_us_per_step"] == pytest.approx(30 / 1e3 / 2)
     assert summary["read_split"] is True
+
+
+def test_compare_gives_each_side_device_idle_per_step_and_its_blame(
+    traces: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The idle a serial loop pays is more than its exposed wait: compare reports each side's
+    bubbles per window step, their share of step time and the CPU phases blamed for them."""
+    sync, asyn = (analyze_trace(p, window="all") for p in traces)
+    cmp = compare_reports(sync, asyn)
+    assert cmp.device_idle is not None
+    for name, report in (("a", sync), ("b", asyn)):
+        side = cmp.device_idle[name]
+        steps = report.headline["window"]["num_steps"]
+        assert side["num_steps"] == steps > 0
+        bubbles = report.tables["bubbles"]
+        assert side["idle_us_per_step"] == pytest.approx(bubbles["dur_ns"].sum() / 1e3 / steps)
+        assert side["idle_share"] == report.headline["bubble_ratio"]
+        blame = report.tables["blame"].head(4)
+        assert list(side["blame_us_per_step"]) == list(blame["label"])
+        for row in blame.itertuples():
+            assert side["blame_us_per_step"][row.label] == pytest.approx(row.idle_ns / 1e3 / steps)
+    assert cmp.device_idle["delta_us_per_step"] == pytest.approx(
+        cmp.device_idle["b"]["idle_us_per_step"] - cmp.device_idle["a"]["idle_us_per_step"]
+    )
+    assert cmp.to_dict()["device_idle"] == cmp.device_idle
+    assert compare_main([str(traces[0]), str(traces[1]), "--window", "all"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("* device idle")]
+    assert f"A {cmp.device_idle['a']['idle_us_per_step']:,.1f} µs/step" in line
+    assert "B − A" in line
+
+
+def _idle_side(us: float, share: float, blame: dict[str, float]) -> dict:
+    return {
+        "num_steps": 100,
+        "idle_us_per_step": us,
+        "idle_share": share,
+        "starvation_aware_share": share,
+        "lower_bound": True,
+        "blame_us_per_step": blame,
+    }
+
+
+def _waits(kind_a: str, us_a: float) -> dict:
+    def side(kind: str, us: float) -> dict:
+        v = {"exposed_us_per_step": us, "exposed_share": us / 1e4, "device_wait_us_per_step": us}
+        return {"exposed_us_per_step": us, "exposed_share": us / 1e4, "by_kind": {kind: v}}
+
+    return {"a": side(kind_a, us_a), "b": side("sampled", 0.7)}
+
+
+def test_idle_line_names_the_host_work_serialised_after_an_accepted_count_wait() -> None:
+    """As on the H200 (Qwen3-0.6B shape, batch 256, n-gram k=3): the sync side exposed 2.7 µs of
+    wait a step but left the device idle 2.6 ms a step while it updated, scheduled, prepared
+    and launched the next step."""
+    idle = {
+        "a": _idle_side(
+            2598.1, 0.26, {"update_from_output": 1020.0, "schedule": 610.0, "launch": 480.0}
+        ),
+        "b": _idle_side(132.0, 0.019, {"schedule": 100.0}),
+        "delta_us_per_step": 132.0 - 2598.1,
+        "delta_share": 0.019 - 0.26,
+    }
+    line = device_idle_line(idle, _waits("accepted_count", 2.7))
+    assert (
+        "A 2,598.1 µs/step (26.0% of step time; meanwhile the host ran update_from_output" in line
+    )
+    assert "B − A -2,466.1 µs/step (-24.10 points of step time)" in line
+    assert "a lower bound where slices span launch gaps" in line
+    assert (
+        "A waits for accepted counts: the wait itself left the device idle 2.7 µs/step, the host"
+        " work after it (reading the output, update, schedule, prepare and launch of the next"
+        " step) 2,595.4 µs/step; B idles 132.0 µs/step." in line
+    )
+    # Idle no larger than SERIAL_FACTOR times the wait: the wait is the cost, nothing more said.
+    idle["a"]["idle_us_per_step"] = SERIAL_FACTOR * 2.7 * 0.9
+    assert "waits for accepted counts" not in device_idle_line(idle, _waits("accepted_count", 2.7))
+    # No accepted-count wait on either side (an async on/off comparison): no such sentence.
+    idle["a"]["idle_us_per_step"] = 2598.1
+    assert "waits for accepted counts" not in device_idle_line(idle, _waits("sampled", 2.7))
+    assert "waits for accepted counts" not in device_idle_line(idle)

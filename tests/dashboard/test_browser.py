@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from analysis import analyze_trace, compare_reports
+from analysis.compare import wait_and_idle_lines
 from dashboard.views import fmt_pct
 from tests.dashboard.conftest import UPLOAD_CAP_MB, Server, TraceSet, screenshot
 
@@ -270,6 +271,9 @@ def test_compare_view_checks_the_contract(page: Any, traces: TraceSet) -> None:
         "data-value"
     )
     assert float(card_a) == a.headline["overlap"] and float(card_b) == b.headline["overlap"]
+    # The sentences `stepscope compare` prints after the contract: here the device idle per step.
+    shown = page.locator("#compare-waits li").all_inner_texts()
+    assert shown == wait_and_idle_lines(cmp) and shown[-1].startswith("device idle per step")
     page.wait_for_selector("#compare-body .js-plotly-plot")
     screenshot(page, "compare_ok")
     page.click("#compare-b")
