@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -61,6 +61,14 @@ for stage in $stages; do
         else m=(--model samples/models/pycoder-14m --max-num-seqs 256 --workload "synthetic:n=2048,in=32-32,out=128-128,seed=0"); fi
         timeout ${BEGINS_TIMEOUT:-150} python3 -m stepscope.cli run --device cuda --dtype bfloat16 "${m[@]}" --no-progress --trace "$OUT/begins_both_$kind.pftrace" --trace-begins both > "$OUT/begins_run_$kind.log" 2>&1; head -4 "$OUT/begins_run_$kind.log"
         timeout 120 python3 bench/bench_derived_begins.py "$OUT/begins_both_$kind.pftrace" --json "$OUT/derived_begins_$kind.json" 2>&1 | tee "$OUT/derived_begins_$kind.log" | tail -10; done ;;
+    specdev) ng=(--spec-method ngram --num-spec-tokens ${SPECDEV_K:-3})  # async vs --spec-sync-accepted where the device is the bottleneck (issue 19)
+        if [ "${SPECDEV_E2E:-1}" = 1 ]; then timeout ${SPECDEV_TIMEOUT:-330} python3 bench/bench_e2e.py --device cuda --workloads ${SPECDEV_WL:-256x128-128} --no-hf --no-async-off --rounds 3 --flags-ab "ngram=${ng[*]}" --flags-ab "ngram_sync=${ng[*]} --spec-sync-accepted" --out "$OUT/e2e_spec_devbound.json" 2>&1 | tee "$OUT/e2e_spec_devbound.log" | tail -8; fi
+        run=(python3 -m stepscope.cli run --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --max-num-seqs 256 --workload "synthetic:n=${SPECDEV_N:-512},in=128-128,out=256-256,seed=0" --no-progress "${ng[@]}")
+        timeout 100 "${run[@]}" --trace "$OUT/specdev_async.pftrace" 2>&1 | head -6
+        timeout 100 "${run[@]}" --spec-sync-accepted --trace "$OUT/specdev_sync.pftrace" 2>&1 | head -6
+        timeout 100 python3 -m stepscope.cli compare "$OUT/specdev_sync.pftrace" "$OUT/specdev_async.pftrace" > "$OUT/specdev_compare.txt" 2>&1; echo "compare rc=$?"; head -30 "$OUT/specdev_compare.txt"
+        timeout 100 python3 -m stepscope.cli analyze "$OUT/specdev_sync.pftrace" > "$OUT/specdev_sync_analyze.txt" 2>&1; head -12 "$OUT/specdev_sync_analyze.txt"
+        gzip -f "$OUT/specdev_async.pftrace" "$OUT/specdev_sync.pftrace"; ls -la "$OUT"/specdev_* ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
