@@ -80,6 +80,7 @@ def build(
         device=args.device,
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
+        batch_invariant=args.batch_invariant,
     )
     # untraced like the rounds it sizes (--traced extra)
     warm = e.run("warm", copies(base, args.warm_repeat, "warm"), traced=args.traced == "every")
@@ -448,6 +449,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="exit 1 unless every variant emits none's tokens, or differs only where the run "
         "without speculation chose at a near-tie (on by default in float32)",
+    )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="every engine with --batch-invariant (a token's logits independent of its batch: "
+        "with --strict-tokens, greedy speculation must emit none's tokens exactly)",
     )
     p.add_argument(
         "--strict-tokens",

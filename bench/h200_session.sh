@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -69,6 +69,8 @@ for stage in $stages; do
         timeout 100 python3 -m stepscope.cli compare "$OUT/specdev_sync.pftrace" "$OUT/specdev_async.pftrace" > "$OUT/specdev_compare.txt" 2>&1; echo "compare rc=$?"; head -30 "$OUT/specdev_compare.txt"
         timeout 100 python3 -m stepscope.cli analyze "$OUT/specdev_sync.pftrace" > "$OUT/specdev_sync_analyze.txt" 2>&1; head -12 "$OUT/specdev_sync_analyze.txt"
         gzip -f "$OUT/specdev_async.pftrace" "$OUT/specdev_sync.pftrace"; ls -la "$OUT"/specdev_* ;;
+    specexact) timeout ${SPECEXACT_TIMEOUT:-300} python3 bench/bench_spec.py --device cuda --dtype float32 --rounds 1 --repeat 1 --warm-repeat 1 --batch-invariant --strict-tokens ${SPEC_ARGS:---variants none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync} --json "$OUT/spec_float32_invariant.json" 2>&1 | tee "$OUT/spec_float32_invariant.log" | tail -16; echo "strict token check rc=${PIPESTATUS[0]}"
+        timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_batch_invariant_gpu.py 2>&1 | tee "$OUT/batch_invariant_gpu.log" | tail -4 ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -138,6 +138,13 @@ class ModelSource:
     )
     seed: int = _flag(0, help="the seed of random weights and of sampling")
     dtype: str = _flag("float32", choices=DTYPES, help="model dtype")
+    batch_invariant: bool = _flag(
+        False,
+        kind="store_true",
+        help="batch-invariant kernels: a token's logits do not depend on the batch it runs in "
+        "(GEMMs in fixed 256-row chunks, decode attention on the verify kernel), so speculative "
+        "greedy runs emit exactly the tokens of plain decoding; slower (exactness checks)",
+    )
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.model_config is None):
@@ -380,6 +387,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         """What spans parts (each part checked its own fields)."""
+        if self.source.batch_invariant and self.parallel.tensor_parallel_size > 1:
+            raise ConfigError(
+                "batch_invariant needs tensor_parallel_size=1 (a row-parallel GEMM's all-reduce "
+                "sums partial products in an order of its own)"
+            )
         top = self.requested.mixed_graph_max_tokens
         if top is not None and not 0 <= top <= self.scheduler.max_num_batched_tokens:
             raise ConfigError(

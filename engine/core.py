@@ -122,7 +122,9 @@ class EngineCore:
         # The thread that drives the engine is the trace's ``engine-core`` CPU track.
         threading.current_thread().name = ENGINE_THREAD
         self.features: ResolvedFeatures = resolve_features(config)
-        self.kernels = build_kernels(self.features)  # chosen once, for every part below
+        self.kernels = build_kernels(
+            self.features, config.source.batch_invariant
+        )  # chosen once, for every part below
         # Triton specializations compiled: at start-up (graphs, warm-up) and, after, in the run.
         self.compiles = CompileCounter()
         if self.features.triton_kernels:

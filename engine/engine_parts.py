@@ -91,9 +91,10 @@ def load_model_config(source: str) -> ModelConfig:
     return ModelConfig.from_hf_config(AutoConfig.for_model(model_type, **data))
 
 
-def build_kernels(features: ResolvedFeatures) -> KernelBackend:
-    """The engine's one kernel backend, from the resolved ``triton_kernels`` feature."""
-    return create_kernel_backend("triton" if features.triton_kernels else "torch")
+def build_kernels(features: ResolvedFeatures, invariant: bool = False) -> KernelBackend:
+    """The engine's one kernel backend, from the resolved ``triton_kernels`` feature;
+    ``invariant``: batch-invariant (``--batch-invariant``, docs/design.md §2.16)."""
+    return create_kernel_backend("triton" if features.triton_kernels else "torch", invariant)
 
 
 def build_model(

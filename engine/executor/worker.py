@@ -162,7 +162,7 @@ def _run_rank(
 
     threading.current_thread().name = ENGINE_THREAD  # this rank's CPU slices: its engine track
     features = resolve_features(config)
-    kernels = build_kernels(features)
+    kernels = build_kernels(features, config.source.batch_invariant)
     try:
         device = ctx.build_device(config)
         try:

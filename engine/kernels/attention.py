@@ -402,6 +402,57 @@ def paged_decode_attention_triton(
     return out
 
 
+# Batch-invariant mode (docs/design.md §2.16): one fixed launch, whatever the grid's size.
+INVARIANT_LAUNCH: dict[str, Any] = {
+    "BLOCK_N": 64,
+    "num_warps": 4,
+    "num_stages": 2,
+    "head_major": True,
+}
+
+
+# stepscope: hot
+def paged_attention_per_token_triton(
+    q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Any batch, every query token attended on its own: token ``t`` of request ``r`` becomes a
+    one-token "request" of the decode kernel, with context ``seq_lens[r] - q_len[r] + local + 1``
+    (its causal prefix) and ``r``'s block-table row; padding tokens get context 0 (zeros). One
+    program per (token, KV head), one fixed launch (``INVARIANT_LAUNCH``): a token's output is
+    computed by the same instructions in the same order whatever batch it is in, so a verify's
+    row equals the plain decode's to the bit (batch-invariant mode). Every tensor here is built on
+    the device (CUDA-graph safe). It reads each token's whole prefix: O(context) per token, made
+    for exactness checks, not speed."""
+    q, num_reqs, _ = _launch_inputs(q, kv_cache, attn_metadata)
+    num_tokens = q.shape[0]
+    if num_tokens == 0 or num_reqs == 0:
+        return torch.zeros_like(q)
+    device = q.device
+    qsl = attn_metadata.query_start_loc.long()
+    t = torch.arange(num_tokens, device=device)
+    req = torch.searchsorted(qsl[1:], t, right=True)  # [T]; num_reqs for padding tokens
+    real = req < num_reqs
+    req = req.clamp(max=num_reqs - 1)
+    local = t - qsl[req]
+    q_len = qsl[req + 1] - qsl[req]
+    ctx = attn_metadata.seq_lens.long()[req] - q_len + local + 1
+    per_token = AttentionMetadata(
+        query_start_loc=torch.arange(num_tokens + 1, device=device, dtype=torch.int32),
+        seq_lens=torch.where(real, ctx, 0).to(torch.int32),
+        block_table=attn_metadata.block_table[req],
+        slot_mapping=attn_metadata.slot_mapping,
+        num_reqs=num_tokens,
+        num_tokens=num_tokens,
+        max_query_len=1,
+        max_seq_len=attn_metadata.max_seq_len,
+    )
+    launch = INVARIANT_LAUNCH
+    return paged_decode_attention_triton(
+        q, kv_cache, per_token, scale, block_n=launch["BLOCK_N"], num_warps=launch["num_warps"],
+        num_stages=launch["num_stages"], head_major=launch["head_major"],
+    )  # fmt: skip
+
+
 @functools.cache
 def _paged_attention_kernel() -> Any:
     """JIT-compile on first use, so ``TRITON_INTERPRET`` is read at the first call, not import.

@@ -16,12 +16,15 @@ the engine's ground floor: it imports nothing of the engine above it (docs/desig
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from engine.kernels import (
     activation,
     attention,
+    batch_invariant,
     bitmask,
     input_prep,
     kv_write,
@@ -46,9 +49,21 @@ __all__ = [
 
 
 class KernelBackend(abc.ABC):
-    """The kernel operations of one implementation. Stateless; one instance per engine."""
+    """The kernel operations of one implementation. Stateless; one instance per engine.
+
+    ``invariant`` (``batch_invariant``, ``--batch-invariant``, docs/design.md §2.16): every
+    operation gives a row the same bits whatever batch it runs in. ``linear`` then runs
+    :func:`engine.kernels.batch_invariant.linear`, and the Triton backend's attention runs each
+    token alone (``attention.paged_attention_per_token_triton``). Off, ``linear`` is
+    ``F.linear``."""
 
     name: str
+    # ``x @ weight.T + bias`` (``F.linear``'s signature): bound once, no branch per call.
+    linear: Callable[..., torch.Tensor]
+
+    def __init__(self, invariant: bool = False) -> None:
+        self.batch_invariant = invariant
+        self.linear = batch_invariant.linear if invariant else F.linear
 
     # ---- model layers ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -284,7 +299,10 @@ class TritonKernels(KernelBackend):
 
     name = "triton"
 
-    def __init__(self, split_chunk: int = sampling_split.SPLIT_CHUNK) -> None:
+    def __init__(
+        self, invariant: bool = False, split_chunk: int = sampling_split.SPLIT_CHUNK
+    ) -> None:
+        super().__init__(invariant)
         if not input_prep.HAS_TRITON:
             raise RuntimeError("the triton kernel backend needs triton, which is not installed")
         sampling_split.check_split_launch(split_chunk, sampling_split.SPLIT_BLOCK)
@@ -338,6 +356,8 @@ class TritonKernels(KernelBackend):
         attn_metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        if self.batch_invariant:  # every token on its own, one fixed launch
+            return attention.paged_attention_per_token_triton(q, kv_cache, attn_metadata, scale)
         return attention.paged_attention_triton(q, kv_cache, attn_metadata, scale)
 
     # stepscope: hot
@@ -416,8 +436,9 @@ KERNEL_BACKENDS: dict[str, type[KernelBackend]] = {
 }
 
 
-def create_kernel_backend(name: str) -> KernelBackend:
-    """The backend registered as ``name`` (``"torch"`` or ``"triton"``).
+def create_kernel_backend(name: str, invariant: bool = False) -> KernelBackend:
+    """The backend registered as ``name`` (``"torch"`` or ``"triton"``); ``invariant``: its
+    batch-invariant mode (:class:`KernelBackend`).
 
     Raises ``ValueError`` for an unknown name and ``RuntimeError`` for ``"triton"`` without
     triton installed."""
@@ -427,4 +448,4 @@ def create_kernel_backend(name: str) -> KernelBackend:
         raise ValueError(
             f"unknown kernel backend {name!r}; choose one of {sorted(KERNEL_BACKENDS)}"
         ) from None
-    return cls()
+    return cls(invariant)

@@ -16,7 +16,6 @@ attention, o_proj GEMM, a fused residual-add + RMSNorm, gate_up GEMM, SiLU-and-m
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel_linear import column_linear, row_linear
@@ -98,6 +97,7 @@ class MLP(nn.Module):
         self.gate_proj = column_linear(hidden, inter, False, tp, dtype, device)
         self.up_proj = column_linear(hidden, inter, False, tp, dtype, device)
         self.down_proj = row_linear(inter, hidden, False, tp, dtype, device)
+        self.local = tp is None  # down_proj is a plain GEMM (kernels.linear), no all-reduce
         self.gate_up_weight: torch.Tensor  # [2 * inter, hidden]
         self.merge_weights()
 
@@ -113,8 +113,11 @@ class MLP(nn.Module):
     # stepscope: hot
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: [T, hidden] -> [T, hidden]``."""
-        gate_up = F.linear(x, self.gate_up_weight)  # [T, 2 * inter]
-        return self.down_proj(self.kernels.silu_and_mul(gate_up))
+        gate_up = self.kernels.linear(x, self.gate_up_weight)  # [T, 2 * inter]
+        act = self.kernels.silu_and_mul(gate_up)
+        if self.local:
+            return self.kernels.linear(act, self.down_proj.weight)
+        return self.down_proj(act)
 
 
 class Attention(nn.Module):
@@ -145,6 +148,7 @@ class Attention(nn.Module):
         self.k_proj = column_linear(hidden, config.kv_size, bias, tp, dtype, device)
         self.v_proj = column_linear(hidden, config.kv_size, bias, tp, dtype, device)
         self.o_proj = row_linear(config.q_size, hidden, False, tp, dtype, device)
+        self.local = tp is None  # o_proj is a plain GEMM (kernels.linear), no all-reduce
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
@@ -175,7 +179,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``hidden_states: [T, hidden]`` -> ``[T, hidden]``; ``rope_cos_sin``: ``[T, 1, D]`` each."""
         num_tokens = hidden_states.shape[0]
-        qkv = F.linear(hidden_states, self.qkv_weight, self.qkv_bias)  # [T, (Hq + 2 Hkv) * D]
+        qkv = self.kernels.linear(
+            hidden_states, self.qkv_weight, self.qkv_bias
+        )  # [T, (Hq + 2 Hkv) * D]
         q_norm_weight = None if self.q_norm is None else self.q_norm.weight
         k_norm_weight = None if self.k_norm is None else self.k_norm.weight
         cos, sin = rope_cos_sin
@@ -185,7 +191,10 @@ class Attention(nn.Module):
             kv_cache, attn_metadata.slot_mapping, self.num_heads,
         )  # fmt: skip
         out = self.kernels.paged_attention(q, kv_cache, attn_metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        out = out.reshape(num_tokens, self.num_heads * self.head_dim)
+        if self.local:
+            return self.kernels.linear(out, self.o_proj.weight)
+        return self.o_proj(out)
 
 
 def merge_weights(model: nn.Module) -> None:

@@ -173,7 +173,10 @@ class LlamaForCausalLM(nn.Module):
         (one kernel, no half-precision logits written, read and widened)."""
         weight = self.lm_head.weight  # [vocab, hidden] ([ceil(vocab / tp), hidden] under tp)
         narrow = hidden_states.dtype != torch.float32 and hidden_states.dim() == 2
-        if narrow and _mm_fp32_out(hidden_states.device, hidden_states.dtype):
+        kernels = self.ctx.kernels
+        if kernels.batch_invariant:  # docs/design.md §2.16
+            logits = kernels.linear(hidden_states, weight).float()
+        elif narrow and _mm_fp32_out(hidden_states.device, hidden_states.dtype):
             logits = torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
         else:
             logits = F.linear(hidden_states, weight).float()

@@ -34,14 +34,19 @@ def _flags() -> set[str]:
 
 def test_every_flag_kept_and_every_flagged_field_has_one():
     # issues 17, 19, 15 (derived device begins)
-    added_later = {"--mixed-graph-max-tokens", "--spec-cuda-graphs", "--trace-begins"}
+    added_later = {
+        "--mixed-graph-max-tokens",
+        "--spec-cuda-graphs",
+        "--trace-begins",
+        "--batch-invariant",  # issue 19
+    }
     assert _flags() == FLAGS_BEFORE | FLAGS_ADDED | added_later
     parser = build_parser()
     dests = {a.dest for a in parser._actions}
     every = [f for part in EngineConfig.part_types().values() for f in dataclasses.fields(part)]
     flagged = {f.name for f in every if CLI in f.metadata}
     assert flagged <= dests
-    assert len(flagged) == 27  # every field of the parts but five with no flag
+    assert len(flagged) == 28  # every field of the parts but five with no flag
     assert {f.name for f in every} - flagged == {
         "deferred_sampling",
         "debug_invariants",
