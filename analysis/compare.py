@@ -271,13 +271,13 @@ def device_idle_line(idle: dict[str, Any], exposed: dict[str, Any] | None = None
 
     def side(name: str) -> str:
         v = idle[name]
-        share = _pct(v["idle_share"])
+        share = f"{_pct(v['idle_share'])} of step time"
         est = v["starvation_aware_share"]
         if est is not None and est > v["idle_share"] + 0.005:
             share += f", about {_pct(est)} counting starved stages"
         blamed = ", ".join(f"{k} {_us(us)}" for k, us in v["blame_us_per_step"].items())
         during = f"; meanwhile the host ran {blamed} per step" if blamed else ""
-        return f"{name.upper()} {_us(v['idle_us_per_step'])}/step ({share} of step time{during})"
+        return f"{name.upper()} {_us(v['idle_us_per_step'])}/step ({share}{during})"
 
     bound = any(idle[n]["lower_bound"] for n in ("a", "b"))
     line = (

@@ -330,3 +330,43 @@ def test_idle_line_names_the_host_work_serialised_after_an_accepted_count_wait()
     idle["a"]["idle_us_per_step"] = 2598.1
     assert "waits for accepted counts" not in device_idle_line(idle, _waits("sampled", 2.7))
     assert "waits for accepted counts" not in device_idle_line(idle)
+
+
+H200 = ROOT / "tests" / "data" / "real" / "stepscope_h200"
+
+
+def test_h200_sync_loop_idles_the_device_through_the_host_work_after_its_wait() -> None:
+    """Real H200 traces (tests/data/real/README.md): n-gram k=3 on the Qwen3-0.6B shape at batch
+    256, where the device is the bottleneck. The sync side exposes ~3 µs of wait a step but idles
+    the device ~2.7 ms a step while the host updates, schedules, prepares and launches the next
+    step; compare says so, and its numbers add up to the reports' bubble ratios."""
+    sync = analyze_trace(H200 / "spec_ngram_sync_b256.pftrace.gz")
+    asyn = analyze_trace(H200 / "spec_ngram_async_b256.pftrace.gz")
+    cmp = compare_reports(sync, asyn)
+    assert cmp.contract_ok and list(cmp.differences) == ["spec_sync_accepted"]
+    idle, waits = cmp.device_idle, cmp.exposed_wait
+    assert idle is not None and waits is not None
+    exposed = waits["a"]["by_kind"]["accepted_count"]["exposed_us_per_step"]
+    assert exposed < 10.0  # the wait itself: almost nothing
+    assert idle["a"]["idle_us_per_step"] > 100 * exposed  # the serial host work: ~2.7 ms/step
+    assert idle["a"]["idle_share"] > 5 * idle["b"]["idle_share"]
+    for name, report in (("a", sync), ("b", asyn)):
+        # Brute force on the raw slices: the window minus the union of compute slices in it.
+        window = report.headline["window"]
+        t0, t1 = window["start_ns"], window["end_ns"]
+        sl = report.frames.slices
+        compute = sl[sl["track"] == "gpu:0 compute"]
+        busy = _merged(
+            [(max(s, t0), min(e, t1)) for s, e in zip(compute["ts_ns"], compute["end_ns"], strict=True)
+             if e > t0 and s < t1]
+        )  # fmt: skip
+        idle_ns = (t1 - t0) - sum(e - s for s, e in busy)
+        assert idle[name]["idle_us_per_step"] == pytest.approx(
+            idle_ns / 1e3 / window["num_steps"], rel=1e-6
+        )
+        assert idle[name]["idle_share"] == pytest.approx(idle_ns / (t1 - t0), rel=1e-6)
+    # The host phases blamed for A's idle are the serial loop's own.
+    assert set(idle["a"]["blame_us_per_step"]) >= {"update_from_output", "schedule", "launch"}
+    line = device_idle_line(idle, waits)
+    assert "A waits for accepted counts: the wait itself left the device idle" in line
+    assert f"A {idle['a']['idle_us_per_step']:,.1f} µs/step (26.1% of step time" in line
