@@ -24,6 +24,7 @@ from analysis.metrics.lead import (
     step_lead,
 )
 from analysis.metrics.starvation import (
+    BETWEEN_STEPS_FRAC,
     LAUNCH_BOUND_FRAC,
     phase_starvation,
     starved_busy,
@@ -240,11 +241,22 @@ def _launch_bound(steps: pd.DataFrame, starvation: pd.DataFrame) -> list[str]:
         if frac < LAUNCH_BOUND_FRAC or by_phase is None or phase not in by_phase.index:
             continue
         row = by_phase.loc[phase]
+        name = str(phase).replace("_", "-").capitalize()
+        launch_ms, stage_ms = row["launch_ms_p50"], row["stage_ms_p50"]
+        if launch_ms < BETWEEN_STEPS_FRAC * stage_ms:
+            out.append(
+                f"{name} steps are host-bound between steps, not launch-bound: the device waited "
+                f"for the host in {100 * frac:.0f}% of them, yet launching one took "
+                f"{launch_ms:.2f} ms against {stage_ms:.2f} ms of device slices (p50), so the "
+                "device idled before each launch, through the host's work between steps (a "
+                "synchronous loop, or a wait for each step's output before the next is "
+                "scheduled; the blame table names the phases)."
+            )
+            continue
         text = (
-            f"{str(phase).replace('_', '-').capitalize()} steps are launch-bound: the device "
-            "waited for the "
-            f"host in {100 * frac:.0f}% of them (host launch {row['launch_ms_p50']:.2f} ms vs "
-            f"device slices {row['stage_ms_p50']:.2f} ms per step, p50)"
+            f"{name} steps are launch-bound: the device waited for the "
+            f"host in {100 * frac:.0f}% of them (host launch {launch_ms:.2f} ms vs "
+            f"device slices {stage_ms:.2f} ms per step, p50)"
         )
         launch_gaps = row["hidden_idle_ns"] - row["graph_gap_ns"]
         if launch_gaps > 0:

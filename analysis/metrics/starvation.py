@@ -30,7 +30,10 @@ the kernels of the span it estimates):
 Everything but step 1's slices is an estimate (the rest of each slice, ``hidden_idle_ns``, is
 idle the stage slices hid). The hidden idle of host-paced stages is blamed on the CPU slice that
 was launching: ``launch``, named by phase (``launch (mixed)``); graph gaps are device-side. A
-phase is *launch-bound* when most of its steps are starved.
+phase is *launch-bound* when most of its steps are starved and launching one of its steps takes
+at least ``BETWEEN_STEPS_FRAC`` of its device slices; starved with a launch far shorter than the
+slices, the device waits *before* each launch, for host work between steps (a synchronous loop,
+a wait for each step's output before the next is scheduled): *host-bound between steps*.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from instrument.schema import Arg
 __all__ = [
     "MIN_REFERENCE_POINTS",
     "LAUNCH_BOUND_FRAC",
+    "BETWEEN_STEPS_FRAC",
     "STARVED_COLUMNS",
     "SPAN_COLUMNS",
     "starved_busy",
@@ -56,6 +60,10 @@ __all__ = [
 
 MIN_REFERENCE_POINTS = 3
 LAUNCH_BOUND_FRAC = 0.5
+# A starved phase whose host launch p50 is below this share of its device slices' p50 is
+# host-bound between steps, not launch-bound (on the H200: the sync spec loop, 1.26 ms of launch
+# against 7.26 ms of slices; the host-bound sample model, 1.02 ms against 0.72 ms).
+BETWEEN_STEPS_FRAC = 0.5
 STARVED_COLUMNS = {
     "step": "int64",
     "stage": "object",
