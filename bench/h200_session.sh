@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -71,6 +71,13 @@ for stage in $stages; do
         gzip -f "$OUT/specdev_async.pftrace" "$OUT/specdev_sync.pftrace"; ls -la "$OUT"/specdev_* ;;
     specexact) timeout ${SPECEXACT_TIMEOUT:-300} python3 bench/bench_spec.py --device cuda --dtype float32 --rounds 1 --repeat 1 --warm-repeat 1 --batch-invariant --strict-tokens ${SPEC_ARGS:---variants none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync} --json "$OUT/spec_float32_invariant.json" 2>&1 | tee "$OUT/spec_float32_invariant.log" | tail -16; echo "strict token check rc=${PIPESTATUS[0]}"
         timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_batch_invariant_gpu.py 2>&1 | tee "$OUT/batch_invariant_gpu.log" | tail -4 ;;
+    overhead-ab) # tracer cost before/after a change, alternated in one call: ab_before/ holds the earlier tree's packages (scripts/ab_tree.sh), carried untracked
+        [ -d ab_before/instrument ] || { echo "no ab_before/ tree (scripts/ab_tree.sh REV)"; continue; }
+        for r in $(seq ${AB_ROUNDS:-2}); do for tree in before after; do
+          if [ $tree = before ]; then pp=/tmp/site:$PWD/ab_before:$PWD; b=ab_before/bench; else pp=/tmp/site:$PWD; b=bench; fi
+          echo "--- round $r, $tree"
+          PYTHONPATH=$pp timeout ${AB_TIMEOUT:-140} python3 $b/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes off,trace --rounds 1 --min-run-s ${AB_RUN_S:-10} ${AB_ARGS:-} --out "$OUT/overhead_ab_${tree}_$r.json" 2>&1 | tee "$OUT/overhead_ab_${tree}_$r.log" | grep -A4 -E "^tracer CPU cost|^measured directly|^end to end"
+        done; done ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
