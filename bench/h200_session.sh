@@ -70,7 +70,7 @@ for stage in $stages; do
         timeout 100 python3 -m stepscope.cli analyze "$OUT/specdev_sync.pftrace" > "$OUT/specdev_sync_analyze.txt" 2>&1; head -12 "$OUT/specdev_sync_analyze.txt"
         gzip -f "$OUT/specdev_async.pftrace" "$OUT/specdev_sync.pftrace"; ls -la "$OUT"/specdev_* ;;
     specexact) dt=${SPECEXACT_DTYPE:-float32}  # every method's greedy tokens against none's under --batch-invariant (issue 19)
-        timeout ${SPECEXACT_TIMEOUT:-300} python3 bench/bench_spec.py --device cuda --dtype $dt --rounds 1 --repeat 1 --warm-repeat 1 --batch-invariant --strict-tokens ${SPEC_ARGS:---variants none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync} --json "$OUT/spec_${dt}_invariant.json" 2>&1 | tee "$OUT/spec_${dt}_invariant.log" | tail -16; echo "strict token check rc=${PIPESTATUS[0]}"
+        timeout ${SPECEXACT_TIMEOUT:-300} python3 bench/bench_spec.py --device cuda --dtype $dt --rounds 1 --repeat 1 --warm-repeat 1 --batch-invariant --check-tokens --strict-tokens ${SPEC_ARGS:---variants none,ngram:1,draft:2,eagle:3,mtp:3,eagle:3:sync} --json "$OUT/spec_${dt}_invariant.json" 2>&1 | tee "$OUT/spec_${dt}_invariant.log" | tail -16; echo "strict token check rc=${PIPESTATUS[0]}"
         if [ "${SPECEXACT_TESTS:-1}" = 1 ]; then timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_batch_invariant_gpu.py 2>&1 | tee "$OUT/batch_invariant_gpu.log" | tail -4; fi ;;
     overhead-ab) # tracer cost before/after a change, alternated in one call: ab_before/ holds the earlier tree's packages (scripts/ab_tree.sh), carried untracked
         [ -d ab_before/instrument ] || { echo "no ab_before/ tree (scripts/ab_tree.sh REV)"; continue; }
