@@ -41,7 +41,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Literal
 
 from instrument.device_events import (
@@ -120,6 +119,7 @@ class _NullScope:
 
 
 _NULL_SCOPE = _NullScope()
+_new_scope = object.__new__
 
 
 class _StreamQueue:
@@ -175,19 +175,22 @@ class StageSite:
         if contiguous and last is not None and last.site.stream is self.stream and not last.lent:
             # The stream reaches this stage's begin when it reaches the last stage's end.
             last.end_shared = True
-            return _StageScope(site=self, step=step, args=args, begin=last.end)
-        scope: _StageScope
+            scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
+            scope.site, scope.step, scope.args, scope.begin = self, step, args, last.end
+            return scope
         if timeline._derive and (
             (last is not None and self.queue.known)  # the steady state
             or timeline._bounded(self.queue, last)  # else recorded, in ``both`` too (no arg)
         ):
-            # The host time before a begin record: never after the recorded begin.
-            scope = _DerivedScope(site=self, step=step, args=args, host_begin_ns=now_ns())
-            scope.after = after
+            scope = _new_scope(_DerivedScope)
+            scope.host_begin_ns = now_ns()  # before a begin record: never after the recorded one
+            scope.site, scope.step, scope.args, scope.after = self, step, args, after
             if not timeline._record_begins:
-                return scope  # no begin event: derived at emit
+                scope.begin = None  # derived at emit
+                return scope
         else:
-            scope = _StageScope(site=self, step=step, args=args)
+            scope = _new_scope(_StageScope)
+            scope.site, scope.step, scope.args = self, step, args
         try:
             begin = timeline._pop_free()
         except IndexError:  # the pool is empty
@@ -197,30 +200,24 @@ class StageSite:
         return scope
 
 
-class _StageScope(SimpleNamespace):
+class _StageScope:
     """One stage: :meth:`StageSite.stage` records its begin event; on exit it records the end
     event (and the host time) and queues itself as its stream's newest pending stage (it is its
     own pending record). ``with timeline.stage(...) as s`` binds it (None when not traced), for a
-    later stage's ``after``.
+    later stage's ``after``."""
 
-    A ``SimpleNamespace``: its fields are set by one C call (keywords), not one attribute store
-    each, five stages a step on the engine thread. The flags are class attributes until a stage
-    sets its own; a stage compares and hashes by identity."""
-
+    __slots__ = ("site", "step", "args", "begin", "end", "host_end_ns", "end_ns", "__dict__")
     site: StageSite
     step: int
     args: dict[str, object] | None  # besides the site's
-    begin: Any = None  # None: derived at emit (set on the stage otherwise)
+    begin: Any  # None: derived at emit
     end: Any
     host_end_ns: int
     end_ns: int  # unset until the poll emits it: its slice's end; -1: dropped (no slice)
+    # Class defaults until a stage sets its own (in its ``__dict__``): two stores per stage
+    # fewer on the engine thread, for flags most stages never set.
     end_shared = False  # a contiguous successor begins at this stage's end event
     lent = False  # the end event was handed to the caller (event_after_stage)
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"<stage {self.site.name} step {self.step}>"
 
     @property
     def emitted(self) -> bool:
@@ -271,6 +268,7 @@ class _DerivedScope(_StageScope):
     the end of the slice before it on its stream and ``after``'s end (docs/design.md §4.3).
     ``after`` is dropped once the stage is emitted (or dropped): no chain of earlier stages."""
 
+    __slots__ = ("host_begin_ns", "after", "__weakref__")
     host_begin_ns: int  # host clock when the stage's enqueue began (stage() entry)
     after: Any  # the stage whose end the stream was made to wait for just before; or None
 
