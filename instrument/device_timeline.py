@@ -6,6 +6,9 @@ later, non-blocking queries find the stages that have completed and turn them in
 
 What the engine thread pays per stage is kept small (docs/design.md §4.3):
 
+* a call site that opens a stage every step makes a :class:`StageSite` once (name, lane, stream,
+  the stream's queue, constant args): a stage stores its step, begin and own args only, and its
+  exit appends it to the site's queue without a lookup; the poll builds each slice's args;
 * events are pooled (an emitted stage's events are recorded again by later stages) and a
   ``contiguous`` stage begins at the previous stage's end event (one record fewer);
 * polls are batched and placed where they cost nothing: :meth:`DeviceTimeline.poll_while_waiting`
@@ -63,6 +66,7 @@ from instrument.tracer import Tracer, now_ns
 __all__ = [
     "TimedEvent",
     "DeviceTimeline",
+    "StageSite",
     "CudaClock",
     "CudaTimedEvent",
     "PendingStage",
