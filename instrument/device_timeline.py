@@ -146,7 +146,7 @@ class StageSite:
     its name, lane, stream (with the stream's queue) and constant args. A stage then stores only
     what differs per call (docs/design.md §4.3): the runner opens five per decode step."""
 
-    __slots__ = ("timeline", "name", "lane", "stream", "args", "queue", "stages")
+    __slots__ = ("timeline", "name", "lane", "stream", "args", "queue", "stages", "track")
 
     def __init__(
         self, timeline: DeviceTimeline, name: str, lane: str, stream: Any, args: dict[str, object]
@@ -158,6 +158,7 @@ class StageSite:
         self.args = args  # shared by its stages: never mutated (a slice's args are a new dict)
         self.queue = timeline._queue_of(stream)
         self.stages = self.queue.stages  # the stream's pending stages (the exit appends here)
+        self.track: Any = None  # its slices' track, set by the first poll that emits one
 
     # stepscope: hot
     def stage(
@@ -735,7 +736,6 @@ class DeviceTimeline:
         times = self.ops.host_ns_many(events)
         self._resolve_held()
         free, last, observer = self._free, self._last, self.observer
-        stream_tracks = self._stream_tracks
         shared_ns = self._end_ns
         out: list[RawEvent] = []
         i = 0
@@ -771,19 +771,23 @@ class DeviceTimeline:
                 free.append(end)
             if isinstance(stage, PendingStage):
                 stage.emitted = True
-                name, lane, stream = stage.name, stage.lane, None
+                name, track = stage.name, self._track_of(stage.lane, None)
                 args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **stage.args}
             else:
                 site = stage.site
-                name, lane, stream = site.name, site.lane, site.stream
-                # A new dict (a site's args are shared), in the order a stage() call gives.
-                args = {**site.args, **(stage.args or {})}
-                args[_STEP] = stage.step
-                args[_HOST_END_NS] = stage.host_end_ns
+                name, track, args = site.name, site.track, stage.args
+                if track is None:  # the site's first slice
+                    track = site.track = self._track_of(site.lane, site.stream)
+                # In the order a stage() call gives them: the site's args (shared: copied), the
+                # stage's own (its dict), step, host_end_ns.
+                if args is None:
+                    args = {**site.args, _STEP: stage.step, _HOST_END_NS: stage.host_end_ns}
+                else:
+                    if site.args:
+                        args = {**site.args, **args}
+                    args[_STEP] = stage.step
+                    args[_HOST_END_NS] = stage.host_end_ns
                 stage.end_ns = end_ns  # a later stage that waited for it reads it here
-            track = stream_tracks.get((lane, id(stream)))
-            if track is None:
-                track = self._track_of(lane, stream)
             out.append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
         if self._derive:
             self._derive_begins(stages, out)
@@ -801,6 +805,9 @@ class DeviceTimeline:
         if stream is None:
             return name
         tracks = self._stream_tracks
+        track = tracks.get((lane, id(stream)))
+        if track is not None:
+            return track
         others = sum(1 for other, _ in tracks if other == lane)
         track = tracks[(lane, id(stream))] = name if others == 0 else (name, others)
         return track
