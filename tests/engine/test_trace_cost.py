@@ -24,13 +24,13 @@ from instrument.tracer import Tracer
 # Added bytecodes per steady decode iteration, traced minus untraced (medians), measured on this
 # tree: 1,121 (1,392 before stage sites, docs/design.md §4.3; 1,383 before the stages named the
 # stage their stream waits for, ``after=``; 1,503 before CpuEvent.record and the graph_replay
-# lookup were trimmed). The shares: the five device stages' entries and exits (~430, ~86 each),
+# lookup were trimmed). The shares: the five device stages' entries and exits (~465, ~93 each),
 # the six CPU spans (~250), the five CpuEvent.record calls the stages add (240: the CPU device's
 # Python; one driver call each on CUDA), the span args and counters (~140), the stages' sync
 # events (~30).
 MAX_ADDED_BYTECODES = 1180
 # The same with derived device begins (--trace-begins derived, docs/design.md §4.3): 986
-# measured (1,230 before stage sites); three begin records fewer, a host clock read and a store
+# measured (1,260 before stage sites); three begin records fewer, a host clock read and a store
 # more per such stage.
 MAX_ADDED_BYTECODES_DERIVED = 1040
 
