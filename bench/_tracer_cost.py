@@ -152,6 +152,9 @@ def metered(engine: Any, meter: CostMeter) -> Iterator[None]:
         for name in _TIMELINE_METHODS:
             fn = getattr(timeline, name)
             stack.enter_context(_patched(timeline, name, meter.wrap(f"timeline.{name}", fn)))
+        # The runner opens its stages through stage sites (the same work as timeline.stage).
+        fn = vars(_dt.StageSite)["stage"]
+        stack.enter_context(_patched(_dt.StageSite, "stage", meter.wrap("timeline.stage", fn)))
         fn = timeline.poll_while_waiting
         stack.enter_context(_patched(timeline, "poll_while_waiting", meter.wrap(_IN_WAIT, fn)))
         for scope in (_dt._StageScope, _dt._NullScope):

@@ -6,6 +6,9 @@ later, non-blocking queries find the stages that have completed and turn them in
 
 What the engine thread pays per stage is kept small (docs/design.md §4.3):
 
+* a call site that opens a stage every step makes a :class:`StageSite` once (name, lane, stream,
+  the stream's queue, constant args): a stage stores its step, begin and own args only, and its
+  exit appends it to the site's queue without a lookup; the poll builds each slice's args;
 * events are pooled (an emitted stage's events are recorded again by later stages) and a
   ``contiguous`` stage begins at the previous stage's end event (one record fewer);
 * polls are batched and placed where they cost nothing: :meth:`DeviceTimeline.poll_while_waiting`
@@ -63,6 +66,7 @@ from instrument.tracer import Tracer, now_ns
 __all__ = [
     "TimedEvent",
     "DeviceTimeline",
+    "StageSite",
     "CudaClock",
     "CudaTimedEvent",
     "PendingStage",
@@ -124,37 +128,118 @@ _new_scope = object.__new__
 
 class _StreamQueue:
     """One stream's pending stages, oldest first (they complete in this order); ``end_ns``: the
-    end of the newest slice emitted on the stream (-1: none yet; kept only for derived begins)."""
+    end of the newest slice emitted on the stream (-1: none yet; kept only for derived begins);
+    ``known``: derived begins, every stage on the stream since the last untraced work is traced
+    (:meth:`DeviceTimeline._bounded`)."""
 
-    __slots__ = ("stream", "stages", "end_ns")
+    __slots__ = ("stream", "stages", "end_ns", "known")
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.stages: deque[Any] = deque()
         self.end_ns = -1
+        self.known = False
+
+
+class StageSite:
+    """What every stage of one call site shares, decided once (:meth:`DeviceTimeline.site`):
+    its name, lane, stream (with the stream's queue) and constant args. A stage then stores only
+    what differs per call (docs/design.md §4.3): the runner opens five per decode step."""
+
+    __slots__ = ("timeline", "name", "lane", "stream", "args", "queue", "stages", "track")
+
+    def __init__(
+        self, timeline: DeviceTimeline, name: str, lane: str, stream: Any, args: dict[str, object]
+    ) -> None:
+        self.timeline = timeline
+        self.name = name
+        self.lane = lane
+        self.stream = stream
+        self.args = args  # shared by its stages: never mutated (a slice's args are a new dict)
+        self.queue = timeline._queue_of(stream)
+        self.stages = self.queue.stages  # the stream's pending stages (the exit appends here)
+        self.track: Any = None  # its slices' track, set by the first poll that emits one
+
+    # stepscope: hot
+    def stage(
+        self,
+        step: int,
+        after: Any = None,
+        contiguous: bool = False,
+        args: dict[str, object] | None = None,
+    ) -> _StageScope | _NullScope:
+        """:meth:`DeviceTimeline.stage` for this site: ``args`` (None: none) are this stage's
+        args besides the site's (a dict the timeline keeps)."""
+        timeline = self.timeline
+        if not timeline.tracer.enabled:
+            # Untraced work is enqueued now: the next traced stage cannot begin at the last
+            # traced stage's end (tracing switched off and on again mid-run: Tracer.muted).
+            timeline._last = None
+            return _NULL_SCOPE
+        last = timeline._last
+        if contiguous and last is not None and last.site.stream is self.stream and not last.lent:
+            # The stream reaches this stage's begin when it reaches the last stage's end.
+            last.end_shared = True
+            scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
+            scope.site, scope.step, scope.args, scope.begin = self, step, args, last.end
+            return scope
+        if timeline._derive and (
+            (last is not None and self.queue.known)  # the steady state
+            or timeline._bounded(self.queue, last)  # else recorded, in ``both`` too (no arg)
+        ):
+            scope = _new_scope(_DerivedScope)
+            scope.host_begin_ns = now_ns()  # before a begin record: never after the recorded one
+            scope.site, scope.step, scope.args, scope.after = self, step, args, after
+            if not timeline._record_begins:
+                scope.begin = None  # derived at emit
+                return scope
+        else:
+            scope = _new_scope(_StageScope)
+            scope.site, scope.step, scope.args = self, step, args
+        try:
+            begin = timeline._pop_free()
+        except IndexError:  # the pool is empty
+            begin = timeline._new()
+        scope.begin = begin
+        timeline._record(begin, self.stream)
+        return scope
 
 
 class _StageScope:
-    """One stage: :meth:`DeviceTimeline.stage` records its begin event; on exit it records the
-    end event (and the host time) and queues itself as its stream's newest pending stage (it is
-    its own pending record). ``with timeline.stage(...) as s`` binds it (None when not
-    traced), for a later stage's ``after``."""
+    """One stage: :meth:`StageSite.stage` records its begin event; on exit it records the end
+    event (and the host time) and queues itself as its stream's newest pending stage (it is its
+    own pending record). ``with timeline.stage(...) as s`` binds it (None when not traced), for a
+    later stage's ``after``."""
 
-    __slots__ = ("_timeline", "name", "step", "lane", "stream", "args", "begin", "end",
-                 "host_end_ns", "end_shared", "lent", "emitted", "end_ns")  # fmt: skip
-    _timeline: DeviceTimeline
-    name: str
+    __slots__ = ("site", "step", "args", "begin", "end", "host_end_ns", "end_ns", "__dict__")
+    site: StageSite
     step: int
-    lane: str
-    stream: Any
-    args: dict[str, object]
-    begin: Any
+    args: dict[str, object] | None  # besides the site's
+    begin: Any  # None: derived at emit
     end: Any
     host_end_ns: int
-    end_shared: bool  # a contiguous successor begins at this stage's end event
-    lent: bool  # the end event was handed to the caller (event_after_stage)
-    emitted: bool  # its slice was emitted (set by the poll)
     end_ns: int  # unset until the poll emits it: its slice's end; -1: dropped (no slice)
+    # Class defaults until a stage sets its own (in its ``__dict__``): two stores per stage
+    # fewer on the engine thread, for flags most stages never set.
+    end_shared = False  # a contiguous successor begins at this stage's end event
+    lent = False  # the end event was handed to the caller (event_after_stage)
+
+    @property
+    def emitted(self) -> bool:
+        """Its slice was emitted (the poll set ``end_ns``; a dropped stage's is -1)."""
+        return getattr(self, "end_ns", -1) >= 0
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    @property
+    def lane(self) -> str:
+        return self.site.lane
+
+    @property
+    def stream(self) -> Any:
+        return self.site.stream
 
     def __enter__(self) -> _StageScope:
         return self
@@ -164,21 +249,21 @@ class _StageScope:
     ) -> Literal[False]:
         if exc_type is not None:  # the stage was not enqueued whole: no slice
             return False
-        timeline = self._timeline
-        free = timeline._free
-        end = self.end = free.pop() if free else timeline._new()
-        stream = self.stream
-        timeline._record(end, stream)
+        site = self.site
+        timeline = site.timeline
+        try:
+            end = timeline._pop_free()
+        except IndexError:  # the pool is empty
+            end = timeline._new()
+        self.end = end
+        timeline._record(end, site.stream)
         # CPU lead = (when the stream reached ``end``) - (when the host recorded it): docs/design.md.
         self.host_end_ns = _now()
         timeline._last = self
-        queue = timeline._queues.get(id(stream))
-        if queue is None or queue.stream is not stream:
-            queue = timeline._new_queue(stream)
-        queue.stages.append(self)
+        site.stages.append(self)
         recorded = timeline.num_recorded = timeline.num_recorded + 1
-        if recorded - timeline.num_emitted - timeline.num_dropped > timeline._max_pending:
-            timeline._drop_oldest(queue)
+        if recorded > timeline._drop_above:  # more than ``max_pending`` pending
+            timeline._drop_oldest(site.queue)
         return False
 
 
@@ -264,6 +349,9 @@ class DeviceTimeline:
         self.num_recorded = 0  # stages queued (recorded whole, or through add())
         self.num_emitted = 0
         self.num_dropped = 0
+        # A stage's exit drops the oldest pending one once ``num_recorded`` passes this
+        # (= emitted + dropped + max_pending; kept by whoever changes those two counts).
+        self._drop_above = max_pending
         self._lock = threading.Lock()  # one poll at a time; a drop or add() waits for it
         self.background = background
         self._poller: threading.Thread | None = None
@@ -272,6 +360,7 @@ class DeviceTimeline:
         self.poller_error: BaseException | None = None  # raised on the engine thread at drain
         # Events of emitted stages, recorded again by later stages (no create/destroy per stage).
         self._free: list[Any] = []
+        self._pop_free = self._free.pop  # the stages' one call per event (IndexError: empty)
         self._last: Any = None  # the stage recorded last (for ``contiguous``)
         self._held: Any = None  # an emitted stage whose end the next stage may still share
         # Emitted ends a later stage begins (or may begin) at, by id(event): that stage starts at
@@ -293,8 +382,6 @@ class DeviceTimeline:
         self.begins = begins
         self._derive = begins != DeviceBegins.RECORDED.value  # stamp and derive begins
         self._record_begins = begins != DeviceBegins.DERIVED.value  # record begin events
-        # Streams whose work since the last untraced stretch is all in traced slices (_bounded).
-        self._known_streams: set[int] = set()
         if self._derive:  # a recorded-begins trace stays as it was (absent: recorded)
             tracer.metadata(**{Arg.DEVICE_BEGINS.value: begins})
 
@@ -306,6 +393,17 @@ class DeviceTimeline:
     def num_pending(self) -> int:
         """Stages recorded and neither emitted nor dropped yet."""
         return self.num_recorded - self.num_emitted - self.num_dropped
+
+    def site(
+        self, name: str, *, lane: str = DEVICE_COMPUTE, stream: Any = None, **args: object
+    ) -> StageSite:
+        """The shared part of the stages one call site opens (the runner makes one per site at
+        start-up): ``site.stage(step, after, contiguous, args)`` is :meth:`stage` with this
+        ``name``, ``lane``, ``stream`` (None: the ops' default stream, taken now) and constant
+        ``args``, decided once instead of at every stage."""
+        if stream is None:
+            stream = self.ops.default_stream()
+        return StageSite(self, name, lane, stream, args)
 
     def stage(
         self,
@@ -331,55 +429,35 @@ class DeviceTimeline:
         ``stream`` was last made to wait for (``event_after_stage``'s event, or one recorded
         right after that stage on its stream) before this stage. Only read with derived begins:
         the stream cannot begin this stage before that stage ended (docs/design.md §4.3).
+
+        A call site that opens a stage per step uses a :meth:`site` instead (the same stages,
+        less work per call).
         """
         if not self.tracer.enabled:
-            # Untraced work is enqueued now: the next traced stage cannot begin at the last
-            # traced stage's end (tracing switched off and on again mid-run: Tracer.muted).
-            self._last = None
+            self._last = None  # as StageSite.stage: untraced work is enqueued now
             return _NULL_SCOPE
-        if stream is None:
-            stream = self.ops.default_stream()
-        last = self._last
-        if contiguous and last is not None and last.stream is stream and not last.lent:
-            # The stream reaches this stage's begin when it reaches the last stage's end.
-            scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
-            scope.begin = last.end
-            last.end_shared = True
-        elif self._derive and (
-            (last is not None and id(stream) in self._known_streams)  # the steady state
-            or self._bounded(stream, last)  # else recorded, in ``both`` too (no derived arg)
-        ):
-            scope = _new_scope(_DerivedScope)
-            scope.host_begin_ns = now_ns()  # before a begin record: never after the recorded one
-            scope.after = after
-            if self._record_begins:
-                free = self._free
-                begin = scope.begin = free.pop() if free else self._new()
-                self._record(begin, stream)
-            else:
-                scope.begin = None  # derived at emit
-        else:
-            scope = _new_scope(_StageScope)
-            free = self._free
-            begin = scope.begin = free.pop() if free else self._new()
-            self._record(begin, stream)
-        scope._timeline, scope.name, scope.step, scope.lane = self, name, step, lane
-        scope.stream, scope.args, scope.end_shared, scope.lent = stream, args, False, False
-        scope.emitted = False
-        return scope
+        site = self.site(name, lane=lane, stream=stream)
+        return site.stage(step, after, contiguous, args)
 
-    def _bounded(self, stream: Any, last: Any) -> bool:
-        """Derived begins: does the timeline know what ``stream`` runs before a stage enqueued
-        now? Not for the first stage on a stream, nor for the first one on each stream after
-        untraced work (warm-up, a sampled trace's dropped steps, a muted stretch: ``_last`` is
-        None then): the stream may still be busy with work no slice covers, so that stage records
-        its begin, and the ones after it on the stream derive theirs from its end."""
-        known = self._known_streams
+    def _queue_of(self, stream: Any) -> _StreamQueue:
+        """The pending queue of ``stream`` (made on first use)."""
+        queue = self._queues.get(id(stream))
+        if queue is None or queue.stream is not stream:  # an id reused after a stream died
+            queue = self._queues[id(stream)] = _StreamQueue(stream)
+        return queue
+
+    def _bounded(self, queue: _StreamQueue, last: Any) -> bool:
+        """Derived begins: does the timeline know what ``queue``'s stream runs before a stage
+        enqueued now? Not for the first stage on a stream, nor for the first one on each stream
+        after untraced work (warm-up, a sampled trace's dropped steps, a muted stretch: ``_last``
+        is None then): the stream may still be busy with work no slice covers, so that stage
+        records its begin, and the ones after it on the stream derive theirs from its end."""
         if last is None:  # nothing traced yet, or untraced work since the last traced stage
-            known.clear()
-        if id(stream) in known:
+            for other in list(self._queues.values()):
+                other.known = False
+        if queue.known:
             return True
-        known.add(id(stream))
+        queue.known = True
         return False
 
     def add(self, stage: PendingStage) -> None:
@@ -406,7 +484,12 @@ class DeviceTimeline:
         if stream is None:
             stream = self.ops.default_stream()
         last = self._last
-        if last is not None and last.stream is stream and not last.lent and self.tracer.enabled:
+        if (
+            last is not None
+            and last.site.stream is stream
+            and not last.lent
+            and self.tracer.enabled
+        ):
             if not wait_only:
                 last.lent = True
                 self._lent[id(last.end)] = last
@@ -454,10 +537,6 @@ class DeviceTimeline:
         """A fresh timing event on the timeline's host clock (for markers outside stages)."""
         return self.ops()
 
-    def _new_queue(self, stream: Any) -> _StreamQueue:
-        queue = self._queues[id(stream)] = _StreamQueue(stream)
-        return queue
-
     def _drop_oldest(self, queue: _StreamQueue) -> None:
         """Over ``max_pending``: drop the stream's oldest stage (its events are not reused)."""
         with self._lock:
@@ -465,6 +544,7 @@ class DeviceTimeline:
                 return
             _forget(queue.stages.popleft())
             self.num_dropped += 1
+            self._drop_above += 1
             self.tracer.count_dropped("device_slices")
 
     # stepscope: hot
@@ -638,6 +718,7 @@ class DeviceTimeline:
                 self._lent.clear()
                 self._returned.clear()
                 self.num_dropped += left
+                self._drop_above += left
                 self.tracer.count_dropped("device_slices", left)
         return emitted
 
@@ -655,7 +736,6 @@ class DeviceTimeline:
         times = self.ops.host_ns_many(events)
         self._resolve_held()
         free, last, observer = self._free, self._last, self.observer
-        stream_tracks = self._stream_tracks
         shared_ns = self._end_ns
         out: list[RawEvent] = []
         i = 0
@@ -676,7 +756,6 @@ class DeviceTimeline:
             end_ns = max(times[i], start_ns)
             i += 1
             prev_end = end
-            stage.emitted = True
             # Read: free to record again; a shared end goes with the stage that shares it, a lent
             # one stays with the caller, and the newest stage's end waits for the next stage
             # (which may share it).
@@ -690,35 +769,47 @@ class DeviceTimeline:
                     self._held = stage
             elif not stage.lent:
                 free.append(end)
-            args = stage.args
             if isinstance(stage, PendingStage):
-                args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **args}
+                stage.emitted = True
+                name, track = stage.name, self._track_of(stage.lane, None)
+                args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **stage.args}
             else:
-                args[_STEP] = stage.step
-                args[_HOST_END_NS] = stage.host_end_ns
+                site = stage.site
+                name, track, args = site.name, site.track, stage.args
+                if track is None:  # the site's first slice
+                    track = site.track = self._track_of(site.lane, site.stream)
+                # In the order a stage() call gives them: the site's args (shared: copied), the
+                # stage's own (its dict), step, host_end_ns.
+                if args is None:
+                    args = {**site.args, _STEP: stage.step, _HOST_END_NS: stage.host_end_ns}
+                else:
+                    if site.args:
+                        args = {**site.args, **args}
+                    args[_STEP] = stage.step
+                    args[_HOST_END_NS] = stage.host_end_ns
                 stage.end_ns = end_ns  # a later stage that waited for it reads it here
-            track = stream_tracks.get((stage.lane, id(getattr(stage, "stream", None))))
-            if track is None:
-                track = self._track_of(stage)
-            out.append((EV_SLICE_AT, track, stage.name, start_ns, end_ns, args))
+            out.append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
         if self._derive:
             self._derive_begins(stages, out)
         if observer is not None:
             for stage, (_, _, name, start_ns, end_ns, _) in zip(stages, out, strict=True):
                 observer(stage.lane, name, stage.step, start_ns, end_ns)
         self.num_emitted += len(stages)
+        self._drop_above += len(stages)
         self.tracer.append_slices(out)
 
-    def _track_of(self, stage: Any) -> Any:
-        """The track of a stage's (lane, stream), made on first use (a stage queued through
-        :meth:`add` has no stream: the lane's own track)."""
-        name = self._lane_tracks[stage.lane]
-        stream = getattr(stage, "stream", None)
+    def _track_of(self, lane: str, stream: Any) -> Any:
+        """The track of a (lane, stream), made on first use (a stage queued through :meth:`add`
+        has no stream: the lane's own track)."""
+        name = self._lane_tracks[lane]
         if stream is None:
             return name
         tracks = self._stream_tracks
-        others = sum(1 for lane, _ in tracks if lane == stage.lane)
-        track = tracks[(stage.lane, id(stream))] = name if others == 0 else (name, others)
+        track = tracks.get((lane, id(stream)))
+        if track is not None:
+            return track
+        others = sum(1 for other, _ in tracks if other == lane)
+        track = tracks[(lane, id(stream))] = name if others == 0 else (name, others)
         return track
 
     def _derive_begins(self, stages: list[Any], out: list[RawEvent]) -> None:
@@ -728,16 +819,15 @@ class DeviceTimeline:
         a lower bound of its recorded begin (docs/design.md §4.3); it also keeps the slices of
         one stream from overlapping. ``derived``: the slice's begin; ``both``: the
         ``derived_begin_ns`` arg (the slice keeps its recorded begin)."""
-        queues = self._queues
         replace = not self._record_begins
         for j, stage in enumerate(stages):
             if isinstance(stage, PendingStage):  # add(): no stream order known, begin recorded
                 continue
-            queue = queues.get(id(stage.stream))
+            queue = stage.site.queue
             _, track, name, start_ns, end_ns, args = out[j]
             if isinstance(stage, _DerivedScope):
                 begin_ns = stage.host_begin_ns
-                if queue is not None and queue.end_ns > begin_ns:
+                if queue.end_ns > begin_ns:
                     begin_ns = queue.end_ns
                 dep = stage.after
                 if dep is not None:
@@ -752,8 +842,7 @@ class DeviceTimeline:
                     out[j] = (EV_SLICE_AT, track, name, begin_ns, end_ns, args)
                 else:
                     args[_DERIVED_BEGIN_NS] = begin_ns  # type: ignore[index]
-            if queue is not None:
-                queue.end_ns = end_ns
+            queue.end_ns = end_ns
 
     def _pending_end_ns(self, stage: Any) -> int:
         """The end time of an ``after`` stage no poll has emitted yet (its stream's queue was cut

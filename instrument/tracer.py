@@ -116,12 +116,12 @@ class _Span:
         _now: Callable[[], int] = time.monotonic_ns,
         _local: threading.local = _tls,
     ) -> Literal[False]:
-        end_ns = _now()
+        # The slice built inline, no locals: this runs for every span, six per engine step.
         try:
-            key = _local.key
-        except AttributeError:
-            key = _register_thread()
-        self._append((EV_SLICE_AT, key, self._name, self._start_ns, end_ns, self._args))
+            self._append((EV_SLICE_AT, _local.key, self._name, self._start_ns, _now(), self._args))
+        except AttributeError:  # the thread's first event: give it its key, then append
+            _register_thread()
+            self.__exit__(exc_type, exc, tb)
         return False
 
 

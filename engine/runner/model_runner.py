@@ -55,7 +55,8 @@ from engine.spec.decoder import SpecDecoder
 from engine.spec.proposer import Proposer
 from engine.structured.device_bitmask import DeviceBitmask
 from instrument.device_timeline import DeviceTimeline
-from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, CopySlice, CpuSlice, DeviceSlice
+from instrument.events import FLOW_IN
+from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, Arg, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
 
 # Trace names as plain strings, looked up once: an Enum member's ``.value`` runs Python frames
@@ -69,6 +70,32 @@ _DEV_SAMPLE = DeviceSlice.SAMPLE.value
 _DEV_VERIFY = DeviceSlice.VERIFY.value
 
 __all__ = ["ModelRunner"]
+
+_ARG_GRAPH = Arg.GRAPH_REPLAY.value
+
+
+class _StageSites:
+    """The device timeline's stage sites of the runner's stage calls (one per call: name, lane,
+    stream and constant args decided once, docs/design.md §4.3). Made in stream order (h2d,
+    compute, d2h): the timeline's polls go through its streams in the order it first saw them."""
+
+    def __init__(self, timeline: DeviceTimeline, device: Device) -> None:
+        site = timeline.site
+        compute = device.compute_stream
+        self.h2d_inputs = site(
+            CopySlice.H2D_INPUTS.value, lane=DEVICE_COPY, stream=device.h2d_stream
+        )
+        self.input_prep = site(_DEV_INPUT_PREP, stream=compute)
+        self.forward = site(_DEV_FORWARD, stream=compute)  # its args vary: given per stage
+        self.sample = site(_DEV_SAMPLE, stream=compute)
+        self.verify = site(_DEV_VERIFY, stream=compute)
+        self.draft = site(_DEV_DRAFT, stream=compute)
+        # The speculative graphs' stages: one replay each on CUDA (eager on the CPU).
+        self.verify_graph = site(_DEV_VERIFY, stream=compute, graph_replay=device.is_cuda)
+        self.draft_graph = site(_DEV_DRAFT, stream=compute, graph_replay=device.is_cuda)
+        self.d2h_output = site(
+            CopySlice.D2H_OUTPUT.value, lane=DEVICE_COPY, stream=device.d2h_stream
+        )
 
 
 class ModelRunner:
@@ -128,6 +155,7 @@ class ModelRunner:
             background=True,
             begins=trace_begins,
         )
+        self._sites = _StageSites(self.timeline, device)
         self.vocab_size = int(model.config.vocab_size)
         self.states = RequestStates(
             device,
@@ -280,9 +308,8 @@ class ModelRunner:
         ``run_forward``: what computes the hidden states (default ``ForwardPass.forward``)."""
         dev, tl, step = self.device, self.timeline, batch.step
         compute, h2d = dev.compute_stream, dev.h2d_stream
-        with tl.stage(
-            CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=h2d
-        ) as copied_in:
+        sites = self._sites
+        with sites.h2d_inputs.stage(step) as copied_in:
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
         inputs_ready = tl.event_after_stage(h2d, dev.new_event, wait_only=True)
@@ -295,7 +322,7 @@ class ModelRunner:
         def logits() -> None:
             in_flight.logits = self.fwd.logits(batch, in_flight.require("hidden"))
 
-        with tl.stage(_DEV_INPUT_PREP, step=step, stream=compute, after=copied_in):
+        with sites.input_prep.stage(step, after=copied_in):
             self.states.apply(flushes)
             self.step_inputs.apply(step_flush)
             dev.submit(compute, lambda: self.fwd.prepare(batch))
@@ -305,13 +332,8 @@ class ModelRunner:
             graph = not with_logits and tl.enabled and self.fwd.replays_graph(batch)
         else:
             graph = not with_logits and dev.is_cuda  # the speculative forward graph
-        with tl.stage(
-            _DEV_FORWARD,
-            step=step,
-            stream=compute,
-            contiguous=True,
-            flow_in=FLOW_ID_BASE + step,
-            graph_replay=graph,
+        with sites.forward.stage(
+            step, contiguous=True, args={FLOW_IN: FLOW_ID_BASE + step, _ARG_GRAPH: graph}
         ):
             dev.submit(compute, forward)
             if with_logits:
@@ -338,9 +360,7 @@ class ModelRunner:
             def sample() -> None:
                 in_flight.sampled = self._sample(batch, in_flight, mask)
 
-            with tl.stage(
-                _DEV_SAMPLE, step=step, stream=compute, contiguous=contiguous, after=upload
-            ) as sampled:
+            with self._sites.sample.stage(step, after=upload, contiguous=contiguous) as sampled:
                 dev.submit(compute, sample)
         else:
             sampled = self._enqueue_verify(batch, in_flight, mask, upload)
@@ -354,9 +374,7 @@ class ModelRunner:
         if self.spec is not None and not copy_drafts:  # the output copy overlaps the draft chain
             self._enqueue_draft(batch, in_flight)
         host = self._host_buffers(batch, copy_drafts)
-        with tl.stage(
-            CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h, after=sampled
-        ):
+        with self._sites.d2h_output.stage(step, after=sampled):
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
         return AsyncOutput(
@@ -379,23 +397,15 @@ class ModelRunner:
                 shape, batch.num_logits, batch.num_reqs, batch.max_num_logprobs
             )
 
-        replayed = dev.is_cuda
-        with tl.stage(
-            _DEV_VERIFY,
-            step=step,
-            stream=compute,
-            after=self._copied_stage,
-            graph_replay=replayed,
-        ) as verified:
+        sites = self._sites
+        with sites.verify_graph.stage(step, after=self._copied_stage) as verified:
             dev.submit(compute, verify)
         sampled_ready = tl.event_after_stage(compute, dev.new_event, wait_only=True)
         dev.wait_event(d2h, sampled_ready)
-        with tl.stage(_DEV_DRAFT, step=step, stream=compute, graph_replay=replayed):
+        with sites.draft_graph.stage(step):
             dev.submit(compute, lambda: graphs.draft(shape))
         host = self._host_buffers(batch, with_drafts=False)
-        with tl.stage(
-            CopySlice.D2H_OUTPUT.value, step=step, lane=DEVICE_COPY, stream=d2h, after=verified
-        ) as copied_out:
+        with sites.d2h_output.stage(step, after=verified) as copied_out:
             dev.submit(d2h, lambda: self._copy_out(in_flight, host))
         ready = tl.event_after_stage(d2h, dev.new_event)
         graphs.copied.record(d2h)
@@ -417,7 +427,7 @@ class ModelRunner:
         the stage (None when not traced)."""
         assert self.spec is not None
         spec = self.spec
-        name = DeviceSlice.VERIFY if batch.num_drafts else DeviceSlice.SAMPLE
+        site = self._sites.verify if batch.num_drafts else self._sites.sample
 
         def verify() -> None:
             logits = self._masked_logits(batch, in_flight, mask)  # [N, V] f32
@@ -425,9 +435,7 @@ class ModelRunner:
                 batch, self.fwd.step_tensors(batch), logits
             )
 
-        with self.timeline.stage(
-            name.value, step=batch.step, stream=self.device.compute_stream, after=upload
-        ) as stage:
+        with site.stage(batch.step, after=upload) as stage:
             self.device.submit(self.device.compute_stream, verify)
         return stage
 
@@ -449,9 +457,7 @@ class ModelRunner:
                 in_flight.require("num_accepted"),
             )  # fmt: skip
 
-        with self.timeline.stage(
-            _DEV_DRAFT, step=batch.step, stream=self.device.compute_stream
-        ) as stage:
+        with self._sites.draft.stage(batch.step) as stage:
             self.device.submit(self.device.compute_stream, draft)
         return stage
 

@@ -33,6 +33,9 @@ class DeviceBitmask:
         # The last upload's device timeline stage (None when not traced): the compute stream
         # waits for it, so the stage that applies the mask names it as its ``after``.
         self.stage: Any = None
+        self._site = timeline.site(
+            CopySlice.H2D_INPUTS.value, lane=DEVICE_COPY, stream=device.h2d_stream
+        )
 
     # stepscope: hot
     def upload(self, step: int, bitmask: torch.Tensor) -> torch.Tensor:
@@ -51,9 +54,7 @@ class DeviceBitmask:
         def copy() -> None:
             dst.copy_(bitmask, non_blocking=True)
 
-        with self.timeline.stage(
-            CopySlice.H2D_INPUTS.value, step=step, lane=DEVICE_COPY, stream=dev.h2d_stream
-        ) as stage:
+        with self._site.stage(step) as stage:
             dev.submit(dev.h2d_stream, copy)
         self.stage = stage
         ready = self.timeline.event_after_stage(dev.h2d_stream, dev.new_event, wait_only=True)

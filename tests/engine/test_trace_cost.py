@@ -22,14 +22,17 @@ from engine.sampling_params import SamplingParams
 from instrument.tracer import Tracer
 
 # Added bytecodes per steady decode iteration, traced minus untraced (medians), measured on this
-# tree: 1,392 (1,383 before the stages named the stage their stream waits for, ``after=``; 1,503
-# before CpuEvent.record and the graph_replay lookup were trimmed). The largest shares: the five
-# device stages' entries and exits (~700), the six CPU spans (~280), the five CpuEvent records
-# the stages add (~160), the span args and counters (~100).
-MAX_ADDED_BYTECODES = 1450
-# The same with derived device begins (--trace-begins derived, docs/design.md §4.3): 1,230
-# measured; three begin records fewer, a host clock read and two stores more per such stage.
-MAX_ADDED_BYTECODES_DERIVED = 1300
+# tree: 1,121 (1,392 before stage sites, docs/design.md §4.3; 1,383 before the stages named the
+# stage their stream waits for, ``after=``; 1,503 before CpuEvent.record and the graph_replay
+# lookup were trimmed). The shares: the five device stages' entries and exits (~465, ~93 each),
+# the six CPU spans (~250), the five CpuEvent.record calls the stages add (240: the CPU device's
+# Python; one driver call each on CUDA), the span args and counters (~140), the stages' sync
+# events (~30).
+MAX_ADDED_BYTECODES = 1180
+# The same with derived device begins (--trace-begins derived, docs/design.md §4.3): 986
+# measured (1,260 before stage sites); three begin records fewer, a host clock read and a store
+# more per such stage.
+MAX_ADDED_BYTECODES_DERIVED = 1040
 
 
 def _count_opcodes(fn: Callable[[], Any]) -> tuple[Any, int]:
@@ -133,7 +136,7 @@ def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(
 # A step a sampled trace drops costs what an untraced step costs, but for asking the capture rule
 # (``Tracer.trace_step``, once per step: ~48) and pausing / resuming the tracer around the step's
 # two phases (~68), less the untraced iteration's own call of the rule (~19): measured 103 added
-# bytecodes per steady decode iteration on this tree, where a kept step adds ~1,400.
+# bytecodes per steady decode iteration on this tree, where a kept step adds ~1,140.
 MAX_DROPPED_EXTRA_BYTECODES = 120
 
 
@@ -183,4 +186,4 @@ def test_a_dropped_step_costs_what_an_untraced_step_costs(tmp_path, tiny_model_c
     dropped = statistics.median(counts["dropped"]) - untraced
     kept = statistics.median(counts["kept"]) - untraced
     assert 0 < dropped <= MAX_DROPPED_EXTRA_BYTECODES, (dropped, kept)
-    assert kept > 10 * MAX_DROPPED_EXTRA_BYTECODES, (dropped, kept)  # a kept step is traced
+    assert kept > 5 * MAX_DROPPED_EXTRA_BYTECODES, (dropped, kept)  # a kept step is traced

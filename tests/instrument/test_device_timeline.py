@@ -102,3 +102,53 @@ def test_cuda_slices_line_up_with_kernels(tmp_path):
     assert len(slices) == 200
     starts = [s[2] for s in slices]
     assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize("begins", ["recorded", "derived", "both"])
+def test_a_stage_site_writes_what_timeline_stage_writes(tmp_path, begins):
+    """``timeline.site(...).stage(...)`` (the runner's way) and ``timeline.stage(...)`` give the
+    same slices: names, tracks, args in the same order (the site's, the stage's own, then
+    ``step`` and ``host_end_ns``), and a site's args are not changed by its slices."""
+    written = []
+    for use_site in (False, True):
+        path = str(tmp_path / f"{use_site}.pftrace")
+        tracer = Tracer(path)
+        device = CpuDevice()
+        timeline = DeviceTimeline(tracer, 0, device.timed_event_factory(), begins=begins)
+        h2d, compute = device.h2d_stream, device.compute_stream
+        copy = timeline.site("h2d_inputs", lane="copy", stream=h2d)
+        fwd = timeline.site("forward", stream=compute, graph_replay=True)
+        for step in range(3):
+            if use_site:
+                with copy.stage(step) as copied:
+                    device.submit(h2d, _busy(0.001, []))
+                device.wait_event(compute, timeline.event_after_stage(h2d, device.new_event))
+                with fwd.stage(step, after=copied, args={"flow_in": 7 + step, "n": step}):
+                    device.submit(compute, _busy(0.001, []))
+                with fwd.stage(step, contiguous=True):
+                    device.submit(compute, _busy(0.001, []))
+            else:
+                with timeline.stage("h2d_inputs", step=step, lane="copy", stream=h2d) as copied:
+                    device.submit(h2d, _busy(0.001, []))
+                device.wait_event(compute, timeline.event_after_stage(h2d, device.new_event))
+                with timeline.stage(
+                    "forward", step=step, stream=compute, after=copied, graph_replay=True,
+                    flow_in=7 + step, n=step,
+                ):  # fmt: skip
+                    device.submit(compute, _busy(0.001, []))
+                with timeline.stage(
+                    "forward", step=step, stream=compute, contiguous=True, graph_replay=True
+                ):
+                    device.submit(compute, _busy(0.001, []))
+            device.synchronize()  # each step done before the next one is enqueued
+        timeline.drain()
+        assert fwd.args == {"graph_replay": True}
+        device.close()
+        tracer.close()
+        slices = read_trace(path).slices()
+        written.append(
+            sorted((t, name, args["step"], list(args)) for t, name, _, _, args in slices)
+        )
+    assert len(written[0]) == 9 and written[0] == written[1]
+    own = [keys for _, _, _, keys in written[1] if "n" in keys]
+    assert own and all(keys[:4] == ["graph_replay", "n", "step", "host_end_ns"] for keys in own)
