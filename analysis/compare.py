@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.loading.derive import OUTPUT_DIGEST_KEY
+from analysis.metrics.bubbles import NO_CPU
 from analysis.metrics_registry import COMPARED
 from analysis.report import Report
-from instrument.schema import MEASURED_CONFIG_ARGS, WaitKind
+from instrument.schema import MEASURED_CONFIG_ARGS, CpuSlice, WaitKind
 
 __all__ = [
     "Comparison",
@@ -213,8 +214,11 @@ def exposed_wait_line(cmp: dict[str, Any]) -> str:
 # Blamed CPU phases named per side in the device-idle line.
 IDLE_BLAME_TOP = 4
 # A side "serialises host work after its accepted-count wait" when the device idled at least this
-# many times longer per step than that wait itself left it idle.
+# many times longer per step than that wait itself left it idle, that idle is at least
+# SERIAL_MIN_SHARE of step time, and CPU phases other than output waits (named CPU slices, not
+# "(no cpu slice)") ran through at least half of it.
 SERIAL_FACTOR = 5.0
+SERIAL_MIN_SHARE = 0.05
 
 
 def _idle_side(r: Report) -> dict[str, Any] | None:
@@ -266,8 +270,9 @@ def device_idle_line(idle: dict[str, Any], exposed: dict[str, Any] | None = None
     """One sentence: each side's device idle per step (share of step time, the starvation-aware
     estimate where it is higher) with the CPU phases running meanwhile, and B − A. With
     ``exposed`` (:func:`exposed_wait_comparison`), a side that waited for accepted counts and
-    idled at least ``SERIAL_FACTOR`` times longer than that wait exposed is named: its cost is
-    the host work serialised after the wait, not the wait."""
+    idled at least ``SERIAL_FACTOR`` times longer than that wait exposed, for at least
+    ``SERIAL_MIN_SHARE`` of its step time, mostly while named CPU phases ran, is named: its cost
+    is the host work serialised after the wait, not the wait."""
 
     def side(name: str) -> str:
         v = idle[name]
@@ -295,7 +300,16 @@ def device_idle_line(idle: dict[str, Any], exposed: dict[str, Any] | None = None
             continue
         waited = acc["exposed_us_per_step"]
         idle_us = idle[name]["idle_us_per_step"]
-        if idle_us >= SERIAL_FACTOR * max(waited, 1.0):
+        host_us = sum(
+            us
+            for label, us in idle[name]["blame_us_per_step"].items()
+            if label != NO_CPU and not label.startswith(CpuSlice.WAIT_OUTPUT.value)
+        )
+        if (
+            idle_us >= SERIAL_FACTOR * max(waited, 1.0)
+            and idle[name]["idle_share"] >= SERIAL_MIN_SHARE
+            and host_us >= 0.5 * idle_us
+        ):
             other = "b" if name == "a" else "a"
             line += (
                 f" {name.upper()} waits for accepted counts: the wait itself left the device idle"

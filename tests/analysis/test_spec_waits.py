@@ -326,6 +326,13 @@ def test_idle_line_names_the_host_work_serialised_after_an_accepted_count_wait()
     # Idle no larger than SERIAL_FACTOR times the wait: the wait is the cost, nothing more said.
     idle["a"]["idle_us_per_step"] = SERIAL_FACTOR * 2.7 * 0.9
     assert "waits for accepted counts" not in device_idle_line(idle, _waits("accepted_count", 2.7))
+    # As on a vLLM Kineto trace whose profile maps a wait onto accepted_count: 25 µs of idle a
+    # step, 0.2 % of step time, while no CPU slice ran. Not a serial loop: nothing said.
+    quiet = dict(idle, a=_idle_side(25.5, 0.002, {"(no cpu slice)": 25.5}))
+    assert "waits for accepted counts" not in device_idle_line(quiet, _waits("accepted_count", 0))
+    # Enough idle, but mostly while nothing or only the waits ran: nothing said either.
+    waits_only = dict(idle, a=_idle_side(2598.1, 0.26, {"wait_output(sampled)": 2000.0}))
+    assert "waits for accepted" not in device_idle_line(waits_only, _waits("accepted_count", 2.7))
     # No accepted-count wait on either side (an async on/off comparison): no such sentence.
     idle["a"]["idle_us_per_step"] = 2598.1
     assert "waits for accepted counts" not in device_idle_line(idle, _waits("sampled", 2.7))
