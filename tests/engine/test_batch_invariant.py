@@ -17,6 +17,38 @@ from engine.kernels.backend import TorchKernels, TritonKernels, create_kernel_ba
 from engine.kernels.batch_invariant import INVARIANT_ROWS, linear
 from engine.model.paged_batch import build_attention_metadata
 
+MODELS = Path(__file__).resolve().parents[2] / "samples" / "models"
+
+
+def _paged_kv(
+    seq_lens: list[int], block: int, hkv: int, d: int, rng: random.Random, gen: torch.Generator
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Block tables (shuffled, non-contiguous blocks, a few spare) and a random KV cache
+    ``[2, blocks, block, hkv, d]`` on ``gen``'s device for requests of ``seq_lens`` tokens."""
+    need = [-(-s // block) for s in seq_lens]
+    pool = list(range(sum(need) + 4))
+    rng.shuffle(pool)
+    tables = [[pool.pop() for _ in range(n)] for n in need]
+    kv = torch.randn(2, sum(need) + 4, block, hkv, d, generator=gen, device=gen.device)
+    return tables, kv
+
+
+def plain_and_spec_tokens(device: str, prompts: list, max_tokens: int) -> list[list[list[int]]]:
+    """Greedy outputs of the sample model under --batch-invariant in float32, without
+    speculation and with EAGLE k=3: ``[plain, eagle]``, token ids per prompt."""
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outputs = []
+    for spec in ({}, {"spec_method": "eagle", "spec_model": str(MODELS / "pycoder-14m-eagle"),
+                      "num_spec_tokens": 3}):  # fmt: skip
+        llm = LLM(model=str(MODELS / "pycoder-14m"), device=device, dtype="float32",
+                  batch_invariant=True, **spec)  # fmt: skip
+        outputs.append([o.output_token_ids for o in llm.generate(prompts, params)])
+        llm.close()
+    return outputs
+
 
 def test_linear_rows_do_not_depend_on_batch_or_position() -> None:
     gen = torch.Generator().manual_seed(0)
@@ -48,11 +80,7 @@ def test_decode_rows_attend_as_the_rows_of_a_verify() -> None:
     rng = random.Random(0)
     gen = torch.Generator().manual_seed(0)
     seq_lens = [rng.randint(k, 90) for _ in range(16)]
-    need = [-(-s // block) for s in seq_lens]
-    pool = list(range(sum(need) + 4))
-    rng.shuffle(pool)
-    tables = [[pool.pop() for _ in range(n)] for n in need]
-    kv_cache = torch.randn(2, sum(need) + 4, block, hkv, d, generator=gen)
+    tables, kv_cache = _paged_kv(seq_lens, block, hkv, d, rng, gen)
     verify_md, _ = build_attention_metadata(
         [s - k for s in seq_lens], [k] * 16, tables, block, "cpu"
     )
@@ -90,11 +118,7 @@ def test_per_token_attention_matches_the_reference_on_mixed_padded_batches() -> 
     q_lens, seq_lens = [1, 37, 4, 1, 20], [50, 37, 70, 9, 45]
     rng = random.Random(1)
     gen = torch.Generator().manual_seed(1)
-    need = [-(-s // block) for s in seq_lens]
-    pool = list(range(sum(need) + 2))
-    rng.shuffle(pool)
-    tables = [[pool.pop() for _ in range(n)] for n in need]
-    kv_cache = torch.randn(2, sum(need) + 2, block, hkv, d, generator=gen)
+    tables, kv_cache = _paged_kv(seq_lens, block, hkv, d, rng, gen)
     md, _ = build_attention_metadata(
         [s - q for s, q in zip(seq_lens, q_lens, strict=True)], q_lens, tables, block, "cpu",
         num_padded_tokens=sum(q_lens) + 5, num_padded_reqs=len(q_lens) + 2,
@@ -106,20 +130,9 @@ def test_per_token_attention_matches_the_reference_on_mixed_padded_batches() -> 
     assert not got[sum(q_lens) :].any()
 
 
-def test_speculative_greedy_tokens_equal_plain_decoding(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_speculative_greedy_tokens_equal_plain_decoding() -> None:
     """End to end on the CPU (sample models, fp32, greedy): EAGLE k=3 under --batch-invariant
     emits the tokens of the run without speculation, as the flag promises."""
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
-
-    models = Path(__file__).resolve().parents[2] / "samples" / "models"
     prompts = ["def add(a, b):", "import os\nfor name in", "class Stack:\n    def"]
-    params = SamplingParams(temperature=0.0, max_tokens=24)
-    outputs = []
-    for spec in ({}, {"spec_method": "eagle", "spec_model": str(models / "pycoder-14m-eagle"),
-                      "num_spec_tokens": 3}):  # fmt: skip
-        llm = LLM(model=str(models / "pycoder-14m"), device="cpu", dtype="float32",
-                  batch_invariant=True, **spec)  # fmt: skip
-        outputs.append([o.output_token_ids for o in llm.generate(prompts, params)])
-        llm.close()
-    assert outputs[0] == outputs[1]
+    plain, eagle = plain_and_spec_tokens("cpu", prompts, 24)
+    assert plain == eagle

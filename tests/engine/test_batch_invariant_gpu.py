@@ -6,7 +6,6 @@ decoding in float32."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +13,9 @@ import torch
 from engine.kernels.backend import TritonKernels
 from engine.kernels.batch_invariant import linear
 from engine.model.paged_batch import build_attention_metadata
+from tests.engine.test_batch_invariant import MODELS, _paged_kv, plain_and_spec_tokens
 
 pytestmark = pytest.mark.gpu
-MODELS = Path(__file__).resolve().parents[2] / "samples" / "models"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -37,12 +36,8 @@ def test_decode_rows_equal_verify_rows_on_cuda(dtype: torch.dtype) -> None:
     rng = random.Random(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
     seq_lens = [rng.randint(k, 900) for _ in range(n)]
-    need = [-(-s // block) for s in seq_lens]
-    pool = list(range(sum(need) + 8))
-    rng.shuffle(pool)
-    tables = [[pool.pop() for _ in range(m)] for m in need]
-    shape = (2, sum(need) + 8, block, hkv, d)
-    kv_cache = torch.randn(shape, generator=gen, device="cuda").to(dtype)
+    tables, kv_cache = _paged_kv(seq_lens, block, hkv, d, rng, gen)
+    kv_cache = kv_cache.to(dtype)
     verify_md, _ = build_attention_metadata(
         [s - k for s in seq_lens], [k] * n, tables, block, "cuda", num_padded_tokens=n * k + 8
     )
@@ -62,20 +57,8 @@ def test_decode_rows_equal_verify_rows_on_cuda(dtype: torch.dtype) -> None:
 def test_speculative_greedy_tokens_equal_plain_decoding_on_cuda() -> None:
     """Sample models, float32, greedy, batch-invariant: EAGLE k=3 emits none's tokens for every
     request (CUDA graphs and Triton on, as by default)."""
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
     from engine.workload import load_workload
 
-    prompts = [
-        w.prompt
-        for w in load_workload(str(MODELS.parent / "workloads" / "pycode_prompts.jsonl"))[:24]
-    ]
-    params = SamplingParams(temperature=0.0, max_tokens=64)
-    outputs = []
-    for spec in ({}, {"spec_method": "eagle", "spec_model": str(MODELS / "pycoder-14m-eagle"),
-                      "num_spec_tokens": 3}):  # fmt: skip
-        llm = LLM(model=str(MODELS / "pycoder-14m"), device="cuda", dtype="float32",
-                  batch_invariant=True, **spec)  # fmt: skip
-        outputs.append([o.output_token_ids for o in llm.generate(prompts, params)])
-        llm.close()
-    assert all(outputs[0]) and outputs[0] == outputs[1]
+    workload = load_workload(str(MODELS.parent / "workloads" / "pycode_prompts.jsonl"))[:24]
+    plain, eagle = plain_and_spec_tokens("cuda", [w.prompt for w in workload], 64)
+    assert all(plain) and plain == eagle
