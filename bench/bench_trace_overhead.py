@@ -85,6 +85,15 @@ MODES: dict[str, list[str]] = {
     # skips the tracer's work on the steps it drops (docs/design.md §4.9): --interleaved reports
     # kept and dropped steps apart (``sampled``) and what each costs over untraced.
     "trace-every4": ["--trace", "{dir}/trace_every4.pftrace", "--trace-every", "4"],
+    # Not run by default: both begins modes in one process (the A/B of --trace-begins, with
+    # --direct-rounds alternating their direct measurements); --trace-begins does not apply.
+    "trace-recorded": ["--trace", "{dir}/trace_rec.pftrace", "--trace-begins", "recorded"],
+    "trace-derived": ["--trace", "{dir}/trace_der.pftrace", "--trace-begins", "derived"],
+    # The same without graph stamps (the forward stages end at recorded events, as before them).
+    "trace-recorded-events": ["--trace", "{dir}/trace_rec_ev.pftrace", "--trace-begins",
+                              "recorded", "--trace-graph-stamps", "off"],
+    "trace-derived-events": ["--trace", "{dir}/trace_der_ev.pftrace", "--trace-begins",
+                             "derived", "--trace-graph-stamps", "off"],
 }  # fmt: skip
 DEFAULT_MODES = "off,trace,trace+requests"
 
@@ -149,7 +158,7 @@ def _engine_argv(args: argparse.Namespace) -> list[str]:
 def build_mode(name: str, args: argparse.Namespace, trace_dir: str) -> Mode:
     """The engine (and tracer) of one mode, made as ``stepscope run`` makes them."""
     argv = _engine_argv(args) + [a.format(dir=trace_dir) for a in MODES[name]]
-    if MODES[name]:  # a traced mode
+    if MODES[name] and "--trace-begins" not in MODES[name]:  # a traced mode
         argv += ["--trace-begins", args.trace_begins]
     run_args = build_parser().parse_args(argv)
     config = config_from_args(run_args)
@@ -255,11 +264,14 @@ def report(modes: list[Mode]) -> dict[str, Any]:
     return out
 
 
-def direct(modes: list[Mode], work: list[Any]) -> dict[str, Any]:
+def direct(modes: list[Mode], work: list[Any], rounds: int = 1) -> dict[str, Any]:
     """Per mode, one more workload with the tracer's entry points timed directly on the engine
     thread (``bench/_tracer_cost.py``: wall and CPU time), then one with the device timeline's
     event calls counted; the tracer's host µs per step is each mode's minus off's (off: the
-    disabled tracer's calls). Stages pending from earlier runs are emitted first (untimed)."""
+    disabled tracer's calls). Stages pending from earlier runs are emitted first (untimed).
+    ``rounds`` > 1 repeats that, the modes alternated, and reports each mode's median added µs
+    (and every round's): the host's speed drifts between rounds by more than the differences
+    between traced modes."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _tracer_cost import CostMeter, counted_event_calls, metered
 
@@ -267,42 +279,55 @@ def direct(modes: list[Mode], work: list[Any]) -> dict[str, Any]:
         m.llm.engine.device.synchronize()
         m.llm.engine.runner.timeline.poll()
 
-    results: dict[str, Any] = {}
-    for m in modes:
+    def measure(m: Mode, tag: str) -> dict[str, Any]:
         engine = m.llm.engine
         meter = CostMeter()
         meter.calibrate()
         settle(m)
         m.timer.steps = 0
         with metered(engine, meter):
-            m.llm.run_workload([dataclasses.replace(w, id=f"d-{m.name}-{w.id}") for w in work])
+            m.llm.run_workload([dataclasses.replace(w, id=f"d{tag}-{m.name}-{w.id}") for w in work])
         entry = meter.per_step(m.timer.steps)
         counts: dict[str, int] = {"record": 0, "query": 0, "elapsed_time": 0,
                                   "record_engine": 0, "record_engine_ns": 0}  # fmt: skip
         settle(m)
         m.timer.steps = 0
         with counted_event_calls(engine, counts):
-            m.llm.run_workload([dataclasses.replace(w, id=f"c-{m.name}-{w.id}") for w in work])
+            m.llm.run_workload([dataclasses.replace(w, id=f"c{tag}-{m.name}-{w.id}") for w in work])
             settle(m)
         timed, timed_ns = counts.pop("record_engine"), counts.pop("record_engine_ns")
         entry["event_calls_per_step"] = {k: v / max(m.timer.steps, 1) for k, v in counts.items()}
         # One engine-thread record (wall, the event call alone): how much of the stages' time
         # is the device API's, not the timeline's Python.
         entry["record_us_per_call"] = timed_ns / timed / 1e3 if timed else 0.0
-        results[m.name] = entry
-    off = results[modes[0].name]
+        return entry
+
+    per_round: list[dict[str, Any]] = []
+    for r in range(rounds):
+        results = {m.name: measure(m, f"{r}") for m in modes}
+        off = results[modes[0].name]
+        for entry in results.values():
+            entry["added_tracer_us_per_step"] = (
+                entry["tracer_us_per_step"] - off["tracer_us_per_step"]
+            )
+            entry["added_tracer_cpu_us_per_step"] = (
+                entry["tracer_cpu_us_per_step"] - off["tracer_cpu_us_per_step"]
+            )
+        per_round.append(results)
+        _print_direct(results, off, f" (round {r + 1} of {rounds})" if rounds > 1 else "")
+    results = per_round[-1] if rounds == 1 else _direct_medians(per_round, modes)
+    return results
+
+
+def _print_direct(results: dict[str, Any], off: dict[str, Any], title: str) -> None:
     print("measured directly around the tracer's calls on the engine thread (µs per step; "
           f"wrapper cost {off['wrapper_bias_ns_per_call']:.0f} ns wall, "
           f"{off['wrapper_bias_cpu_ns_per_call']:.0f} ns CPU per call subtracted; "
           "'in wait': the device timeline's poll just before the engine blocks on a busy "
-          "device, not counted in the others):")  # fmt: skip
+          f"device, not counted in the others){title}:")  # fmt: skip
     print(f"{'mode':<16} {'wall us/step':>12} {'added':>7} {'cpu us/step':>11} {'added':>7} "
           f"{'in wait':>7}  event calls per step")  # fmt: skip
     for name, entry in results.items():
-        entry["added_tracer_us_per_step"] = entry["tracer_us_per_step"] - off["tracer_us_per_step"]
-        entry["added_tracer_cpu_us_per_step"] = (
-            entry["tracer_cpu_us_per_step"] - off["tracer_cpu_us_per_step"]
-        )
         calls = ", ".join(f"{k} {v:.2f}" for k, v in entry["event_calls_per_step"].items())
         print(f"{name:<16} {entry['tracer_us_per_step']:>12.1f} "
               f"{entry['added_tracer_us_per_step']:>+7.1f} {entry['tracer_cpu_us_per_step']:>11.1f} "
@@ -316,7 +341,30 @@ def direct(modes: list[Mode], work: list[Any]) -> dict[str, Any]:
         print(f"    gc on the engine thread (inside the calls above or not): "
               f"{entry['gc_us_per_step']:.1f} us per step; collections per step by generation "
               f"{runs[0]:.3f} / {runs[1]:.3f} / {runs[2]:.4f}")  # fmt: skip
-    return results
+
+
+_DIRECT_KEYS = ("added_tracer_us_per_step", "added_tracer_cpu_us_per_step",
+                "tracer_us_per_step", "tracer_cpu_us_per_step", "record_us_per_call",
+                "gc_us_per_step")  # fmt: skip
+
+
+def _direct_medians(per_round: list[dict[str, Any]], modes: list[Mode]) -> dict[str, Any]:
+    """Each mode's median over the rounds of the direct measurement's numbers (every round's
+    kept under ``rounds``), printed as one table."""
+    out: dict[str, Any] = {}
+    print(f"measured directly, median of {len(per_round)} alternated rounds (min..max):")
+    print(f"{'mode':<16} {'added wall us/step':>28} {'added cpu us/step':>28}  per round (wall)")
+    for m in modes:
+        rounds = [r[m.name] for r in per_round]
+        entry: dict[str, Any] = {k: statistics.median(e[k] for e in rounds) for k in _DIRECT_KEYS}
+        entry["rounds"] = rounds
+        out[m.name] = entry
+        wall = [e["added_tracer_us_per_step"] for e in rounds]
+        cpu = [e["added_tracer_cpu_us_per_step"] for e in rounds]
+        print(f"{m.name:<16} {statistics.median(wall):>+9.1f} ({min(wall):+.1f}..{max(wall):+.1f})"
+              f"{'':>4} {statistics.median(cpu):>+9.1f} ({min(cpu):+.1f}..{max(cpu):+.1f})"
+              f"{'':>4}  " + " / ".join(f"{w:+.1f}" for w in wall))  # fmt: skip
+    return out
 
 
 # (name, lane, stream, contiguous, followed by a sync event), as the runner records them
@@ -532,6 +580,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip the per-mode workloads that time the tracer's calls directly",
     )
     p.add_argument(
+        "--direct-rounds",
+        type=int,
+        default=1,
+        help="repeat the direct measurement this many times, the modes alternated (median and "
+        "every round reported)",
+    )
+    p.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -635,7 +690,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for m in modes:
             m.runs.append(timed_run(m, round_workloads))
         _sync(args.device)
-    direct_result = direct(modes, workload(args, next(seeds))) if args.direct else {}
+    direct_result = (
+        direct(modes, workload(args, next(seeds)), args.direct_rounds) if args.direct else {}
+    )
     profiles = (
         profile_modes(modes, workload(args, next(seeds)), args.profile) if args.profile else {}
     )
