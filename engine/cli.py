@@ -128,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(to measure the bound: bench/bench_derived_begins.py)",
     )
     p.add_argument(
+        "--trace-graph-stamps",
+        choices=["on", "off"],
+        default="on",
+        help="with --trace and forward CUDA graphs: each captured forward graph writes the "
+        "device clock (%%globaltimer) at its start and end into pinned host memory, so a traced "
+        "decode step records two events fewer on the host ('input_prep' ends where the "
+        "forward's first stamp says it began); 'off' records events as before (default on; "
+        "the trace's metadata says graph_stamps and the calibration error)",
+    )
+    p.add_argument(
         "--detect-syncs",
         action="store_true",
         help="record every host<-device sync as a trace instant (slower)",
@@ -194,7 +204,10 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     once into the tree of parts."""
     values = {f.name: getattr(args, f.name) for f in _config_flag_fields()}
     return EngineConfig.from_flat(
-        **values, trace_kernel_steps=_kernel_steps(args), trace_begins=args.trace_begins
+        **values,
+        trace_kernel_steps=_kernel_steps(args),
+        trace_begins=args.trace_begins,
+        graph_stamps=args.trace_graph_stamps == "on",
     )
 
 

@@ -360,6 +360,9 @@ class TracingConfig:
     # both (to measure the bound); instrument.device_timeline, docs/design.md §4.3. The flag is
     # engine.cli's.
     trace_begins: str = "recorded"
+    # --trace-graph-stamps: a traced run's forward CUDA graphs write their own begin and end
+    # times (instrument.graph_stamps; two event records fewer per traced decode step).
+    graph_stamps: bool = True
 
     def __post_init__(self) -> None:
         if self.trace_kernel_steps is not None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,6 +54,7 @@ from instrument.device_events import (
     as_ops,
 )
 from instrument.events import EV_SLICE_AT, RawEvent
+from instrument.graph_stamps import StampEvent
 from instrument.schema import (
     DEVICE_COMPUTE,
     DEVICE_LANES,
@@ -167,9 +168,12 @@ class StageSite:
         after: Any = None,
         contiguous: bool = False,
         args: dict[str, object] | None = None,
+        end: Any = None,
     ) -> _StageScope | _NullScope:
         """:meth:`DeviceTimeline.stage` for this site: ``args`` (None: none) are this stage's
-        args besides the site's (a dict the timeline keeps)."""
+        args besides the site's (a dict the timeline keeps). ``end``: the stage's end is not
+        recorded at exit but is this :class:`~instrument.graph_stamps.StampEvent` (a stamp the
+        device writes itself, :meth:`DeviceTimeline.use_stamps`)."""
         timeline = self.timeline
         if not timeline.tracer.enabled:
             # Untraced work is enqueued now: the next traced stage cannot begin at the last
@@ -180,8 +184,14 @@ class StageSite:
         if contiguous and last is not None and last.site.stream is self.stream and not last.lent:
             # The stream reaches this stage's begin when it reaches the last stage's end.
             last.end_shared = True
+            if last.end_given is not None:
+                # It ends at this stage's first graph stamp, which the device reaches only once
+                # the host has enqueued this stage: its host end is now (its CPU lead, §5.14.1).
+                last.host_end_ns = now_ns()
             scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
             scope.site, scope.step, scope.args, scope.begin = self, step, args, last.end
+            if end is not None:
+                scope.end_given = end
             return scope
         if timeline._derive and (
             (last is not None and self.queue.known)  # the steady state
@@ -190,12 +200,16 @@ class StageSite:
             scope = _new_scope(_DerivedScope)
             scope.host_begin_ns = now_ns()  # before a begin record: never after the recorded one
             scope.site, scope.step, scope.args, scope.after = self, step, args, after
+            if end is not None:
+                scope.end_given = end
             if not timeline._record_begins:
                 scope.begin = None  # derived at emit
                 return scope
         else:
             scope = _new_scope(_StageScope)
             scope.site, scope.step, scope.args = self, step, args
+            if end is not None:
+                scope.end_given = end
         try:
             begin = timeline._pop_free()
         except IndexError:  # the pool is empty
@@ -223,6 +237,7 @@ class _StageScope:
     # fewer on the engine thread, for flags most stages never set.
     end_shared = False  # a contiguous successor begins at this stage's end event
     lent = False  # the end event was handed to the caller (event_after_stage)
+    end_given: Any = None  # a graph stamp the device writes: the end, not recorded at exit
 
     @property
     def emitted(self) -> bool:
@@ -251,12 +266,14 @@ class _StageScope:
             return False
         site = self.site
         timeline = site.timeline
-        try:
-            end = timeline._pop_free()
-        except IndexError:  # the pool is empty
-            end = timeline._new()
+        end = self.end_given
+        if end is None:
+            try:
+                end = timeline._pop_free()
+            except IndexError:  # the pool is empty
+                end = timeline._new()
+            timeline._record(end, site.stream)
         self.end = end
-        timeline._record(end, site.stream)
         # CPU lead = (when the stream reached ``end``) - (when the host recorded it): docs/design.md.
         self.host_end_ns = _now()
         timeline._last = self
@@ -334,6 +351,8 @@ class DeviceTimeline:
         self.device_index = device_index
         self.ops = as_ops(event_factory)
         self._new, self._record, self._query = self.ops.new, self.ops.record, self.ops.query
+        self._host_ns_many = self.ops.host_ns_many
+        self.stamps: Any = None  # graph stamps some stages end at (use_stamps)
         self._max_pending = max_pending
         self.poll_batch = poll_batch
         self.max_deferred = max_deferred
@@ -388,6 +407,35 @@ class DeviceTimeline:
     @property
     def enabled(self) -> bool:
         return self.tracer.enabled
+
+    def use_stamps(self, stamps: Any) -> None:
+        """Some stages end at graph stamps (``StageSite.stage(end=...)``,
+        :mod:`instrument.graph_stamps`): the device writes those times itself, so they are
+        queried and converted through ``stamps``, never recorded nor pooled. Written into the
+        trace's metadata as ``graph_stamps`` with the clock offset's calibration error."""
+        query, convert = self.ops.query, self.ops.host_ns_many
+
+        def query_any(event: Any) -> bool:
+            if type(event) is StampEvent:
+                return event.done()
+            return bool(query(event))
+
+        def host_ns_many(events: Sequence[Any]) -> list[int]:
+            if not any(type(e) is StampEvent for e in events):
+                return convert(events)
+            real = [e for e in events if type(e) is not StampEvent]
+            times = iter(convert(real) if real else ())
+            return [e.host_ns() if type(e) is StampEvent else next(times) for e in events]
+
+        self.stamps = stamps
+        self._query = query_any
+        self._host_ns_many = host_ns_many
+        self.tracer.metadata(
+            **{
+                Arg.GRAPH_STAMPS.value: "globaltimer" if stamps.on_device else "host",
+                Arg.GRAPH_STAMP_ERROR_NS.value: stamps.offset_error_ns,
+            }
+        )
 
     @property
     def num_pending(self) -> int:
@@ -488,6 +536,7 @@ class DeviceTimeline:
             last is not None
             and last.site.stream is stream
             and not last.lent
+            and last.end_given is None  # a graph stamp is no event to wait for
             and self.tracer.enabled
         ):
             if not wait_only:
@@ -531,7 +580,8 @@ class DeviceTimeline:
             self._held = None  # its successor did not share its end: the event is free
             if not (held.end_shared or held.lent):
                 self._end_ns.pop(id(held.end), None)
-                self._free.append(held.end)
+                if type(held.end) is not StampEvent:
+                    self._free.append(held.end)
 
     def new_event(self) -> TimedEvent:
         """A fresh timing event on the timeline's host clock (for markers outside stages)."""
@@ -733,7 +783,7 @@ class DeviceTimeline:
                 events.append(begin)  # (None: a derived begin, no event)
             events.append(stage.end)
             prev_end = stage.end
-        times = self.ops.host_ns_many(events)
+        times = self._host_ns_many(events)
         self._resolve_held()
         free, last, observer = self._free, self._last, self.observer
         shared_ns = self._end_ns
@@ -759,7 +809,7 @@ class DeviceTimeline:
             # Read: free to record again; a shared end goes with the stage that shares it, a lent
             # one stays with the caller, and the newest stage's end waits for the next stage
             # (which may share it).
-            if begin is not None:
+            if begin is not None and type(begin) is not StampEvent:
                 free.append(begin)
             if stage.end_shared:
                 shared_ns[id(end)] = end_ns
@@ -767,7 +817,7 @@ class DeviceTimeline:
                 shared_ns[id(end)] = end_ns
                 if not stage.lent:
                     self._held = stage
-            elif not stage.lent:
+            elif not stage.lent and type(end) is not StampEvent:
                 free.append(end)
             if isinstance(stage, PendingStage):
                 stage.emitted = True
@@ -851,4 +901,4 @@ class DeviceTimeline:
         end = getattr(stage, "end", None)
         if end is None or not self._query(end):
             return -1
-        return self.ops.host_ns_many([end])[0]
+        return self._host_ns_many([end])[0]

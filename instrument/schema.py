@@ -227,6 +227,13 @@ class Arg(str, Enum):
     # On a device stage slice of a ``both`` trace (int, host-clock ns): the derived begin, a lower
     # bound of the slice's recorded begin (docs/design.md §4.3).
     DERIVED_BEGIN_NS = "derived_begin_ns"
+    # trace_metadata: present when graph-replayed forwards carry their own device times (graph
+    # stamps, docs/design.md §4.3): "globaltimer" (CUDA: %globaltimer written by a kernel at the
+    # graph's start and end, mapped to the host clock by an offset calibrated at start-up) or
+    # "host" (the CPU device); graph_stamp_error_ns: half the calibration's bracket (0 on the CPU).
+    # Such a step's input_prep ends where its forward's first stamp says the forward began.
+    GRAPH_STAMPS = "graph_stamps"
+    GRAPH_STAMP_ERROR_NS = "graph_stamp_error_ns"
 
 
 class ConfigArg(str, Enum):

@@ -98,6 +98,9 @@ class CudaGraphRunner:
         max_batch: the largest decode batch (``max_num_reqs``).
         mixed_max_tokens: the largest mixed bucket; 0 = mixed steps run eagerly.
         replay_eagerly: record bodies instead of capturing, and run them at replay (no CUDA).
+        stamps: graph stamps (``instrument.graph_stamps``): every captured body (and on the CPU
+            every recorded one) begins and ends with a stamp; the runner takes one pair per
+            replay (``ForwardPass.take_stamps``). None: no stamps.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class CudaGraphRunner:
         max_batch: int,
         mixed_max_tokens: int = 0,
         replay_eagerly: bool = False,
+        stamps: Any = None,
     ) -> None:
         if mixed_max_tokens and not enabled:
             raise ValueError("mixed-step graphs need decode graphs (cuda_graphs) on")
@@ -113,6 +117,8 @@ class CudaGraphRunner:
         self.sizes = capture_sizes(max_batch) if enabled else []
         self.buckets = mixed_buckets(mixed_max_tokens) if enabled else []
         self.replay_eagerly = replay_eagerly
+        self.stamps = stamps
+        self.stamps_failure: str | None = None  # why the stamps were dropped at capture
         self.failure: str | None = None  # why decode capture failed (then all runs eagerly)
         self.mixed_failure: str | None = None  # why mixed capture failed (decode graphs stay)
         self._graphs: dict[GraphShape, tuple[torch.cuda.CUDAGraph | None, torch.Tensor]] = {}
@@ -191,12 +197,15 @@ class CudaGraphRunner:
         warm-up and capture write no KV). A failure while capturing a mixed bucket disables
         mixed graphs only (:attr:`mixed_failure`); any other failure propagates."""
         if self.replay_eagerly:
-            self._bodies = {shape: body for shape in self.shapes()}
+            stamped = body if self.stamps is None else self.stamps.wrap(body)
+            self._bodies = {shape: stamped for shape in self.shapes()}
             self._graphs = {shape: (None, torch.empty(0)) for shape in self.shapes()}
             self._has_memo.clear()
             return
         pool = torch.cuda.graph_pool_handle()
         stream = device.compute_stream
+        if self.stamps is not None:
+            self._probe_stamps(stream)
         with torch.no_grad():
             try:
                 self._capture_all(stream, pool, body, prepare, mixed=True)
@@ -205,6 +214,23 @@ class CudaGraphRunner:
                 self.disable_mixed(f"capture failed: {_first_line(exc)}")
             self._capture_all(stream, pool, body, prepare, mixed=False)
         stream.synchronize()
+        if self.stamps is not None:  # capture ran the stamps: the counts start at 0 from here
+            self.stamps.reset_device_counter()
+
+    def _probe_stamps(self, stream: torch.cuda.Stream) -> None:
+        """Capture the stamps alone first: if they cannot be captured, the graphs go without
+        them (``stamps_failure`` says why) rather than a stamp failure costing the graphs."""
+        stamps = self.stamps
+        try:
+            probe = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(probe, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE):
+                stamps.begin()
+                stamps.end()
+            del probe
+        except Exception as exc:  # noqa: BLE001 -- the graphs must not depend on the stamps
+            stream.synchronize()
+            self.stamps_failure = f"capture failed: {_first_line(exc)}"
+            self.stamps = None
 
     def disable(self, reason: str) -> None:
         """Run eagerly after a failed capture; keeps the reason for the engine to report."""
@@ -240,10 +266,11 @@ class CudaGraphRunner:
                     body(shape)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
+            captured = body if self.stamps is None else self.stamps.wrap(body)
             with torch.cuda.graph(
                 graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_ERROR_MODE
             ):
-                out = body(shape)
+                out = captured(shape)
             self._graphs[shape] = (graph, out)
             self._has_memo.clear()
 

@@ -158,6 +158,18 @@ class ForwardPass:
         )
 
     # stepscope: hot
+    def take_stamps(self, batch: InputBatch) -> tuple[Any, Any] | None:
+        """The graph stamps (begin, end) :meth:`forward` of ``batch`` will write: one pair per
+        replay of a stamped graph, taken on the engine thread in enqueue order, traced or not
+        (``instrument.graph_stamps``); None when it replays no stamped graph."""
+        graphs = self.graphs
+        if graphs.stamps is None or not graphs.has_key(
+            batch.num_padded_tokens, batch.num_padded_reqs, batch.is_uniform_decode
+        ):
+            return None
+        return graphs.stamps.take()  # type: ignore[no-any-return]
+
+    # stepscope: hot
     def forward(self, batch: InputBatch) -> torch.Tensor:
         """Device: hidden states ``[num_padded_tokens, hidden]`` (graph replay when captured)."""
         tp, bp = batch.num_padded_tokens, batch.num_padded_reqs

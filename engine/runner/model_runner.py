@@ -26,6 +26,7 @@ and the output copy later. With a proposer, a masked step also copies its drafts
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,7 @@ from engine.spec.proposer import Proposer
 from engine.structured.device_bitmask import DeviceBitmask
 from instrument.device_timeline import DeviceTimeline
 from instrument.events import FLOW_IN
+from instrument.graph_stamps import GraphStamps, HostStamps
 from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, Arg, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
 
@@ -70,6 +72,8 @@ _DEV_SAMPLE = DeviceSlice.SAMPLE.value
 _DEV_VERIFY = DeviceSlice.VERIFY.value
 
 __all__ = ["ModelRunner"]
+
+_log = logging.getLogger(__name__)
 
 _ARG_GRAPH = Arg.GRAPH_REPLAY.value
 
@@ -116,6 +120,7 @@ class ModelRunner:
         mixed_graph_max_tokens: int = 0,
         spec_cuda_graphs: bool = False,
         trace_begins: str = "recorded",
+        graph_stamps: bool = True,
     ) -> None:
         """``limits`` / ``cache``: the engine config's scheduler part (``max_model_len``
         resolved) and KV cache part, as they are; ``seed``: the engine seed (unseeded requests'
@@ -125,7 +130,9 @@ class ModelRunner:
         ``spec_cuda_graphs``: the resolved ``spec_cuda_graphs`` (speculative steps replay
         forward / verify / draft graphs, :mod:`engine.runner.spec_graphs`; needs both);
         ``trace_begins``: the device timeline's ``begins`` (``--trace-begins``: how device
-        slices get their begins, docs/design.md §4.3)."""
+        slices get their begins, docs/design.md §4.3); ``graph_stamps``
+        (``--trace-graph-stamps``): when tracing, the forward graphs write their own begin and
+        end times (``instrument.graph_stamps``; ``graph_stamps_off`` says why not)."""
         if not 0 <= mixed_graph_max_tokens <= max_num_tokens(limits):
             raise ValueError(
                 f"mixed_graph_max_tokens must be in [0, {max_num_tokens(limits)}], "
@@ -183,15 +190,25 @@ class ModelRunner:
             0 if self.spec is None else max_num_reqs,
             logprob_cols=1 + MAX_LOGPROBS,
         )
+        self.graph_stamps_off: str | None = None  # why the forwards carry no stamps
+        stamps = self._make_stamps(device, graph_stamps and cuda_graphs)
         graphs = CudaGraphRunner(
             cuda_graphs,
             max_batch=max_num_reqs,
             mixed_max_tokens=mixed_graph_max_tokens,
             replay_eagerly=not device.is_cuda,  # the CPU runs the padded path as a function
+            stamps=stamps,
         )
         self.fwd = ForwardPass(
             model, device, limits, cache, self.states, self.step_inputs, graphs, kernels
         )
+        if graphs.stamps is not None and graphs.enabled:
+            self.timeline.use_stamps(graphs.stamps)
+        elif graphs.stamps_failure is not None:
+            self.graph_stamps_off = f"failed: {graphs.stamps_failure}"
+            _log.warning("graph stamps off, the forward stages record events: %s",
+                         graphs.stamps_failure)  # fmt: skip
+            self.tracer.metadata(**{Arg.GRAPH_STAMPS.value: f"off: {self.graph_stamps_off}"})
         # Not after a failed decode capture (the engine turns both features off then).
         spec_graphs = spec_cuda_graphs and self.fwd.graphs.failure is None
         self.spec_graphs = SpecGraphs(spec_graphs, self.fwd, self.spec, self.states, device)
@@ -297,6 +314,30 @@ class ModelRunner:
             self.step_inputs.stage(0, 0, packed)
         return batch, spec_shape
 
+    def _make_stamps(self, device: Device, wanted: bool) -> Any:
+        """Graph stamps for a traced run with forward graphs (``instrument.graph_stamps``);
+        None, with ``graph_stamps_off`` set, where they are off or failed their start-up check
+        (the forward stages then end at recorded events, as without them)."""
+        tracer = self.tracer
+        if not wanted:
+            self.graph_stamps_off = "off (--trace-graph-stamps off, or no forward graphs)"
+            return None
+        if not (tracer.enabled or tracer.paused):
+            self.graph_stamps_off = "off (not tracing)"
+            return None
+        if not device.is_cuda:
+            return HostStamps()
+        try:
+            stamps = GraphStamps(device.torch_device)
+            stamps.calibrate(self.timeline.ops, device.compute_stream)
+            stamps.reset_device_counter()
+        except Exception as exc:  # noqa: BLE001 -- the trace falls back to events, and says why
+            self.graph_stamps_off = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+            _log.warning("graph stamps off, the forward stages record events: %s", exc)
+            tracer.metadata(**{Arg.GRAPH_STAMPS.value: f"off: {self.graph_stamps_off}"})
+            return None
+        return stamps
+
     # stepscope: hot
     def _launch_forward(
         self,
@@ -309,6 +350,11 @@ class ModelRunner:
         dev, tl, step = self.device, self.timeline, batch.step
         compute, h2d = dev.compute_stream, dev.h2d_stream
         sites = self._sites
+        # Taken for every replay of a stamped graph, traced or not (the device counts them all);
+        # the stages end at them when the forward stage is that replay alone.
+        stamps = self.fwd.take_stamps(batch) if run_forward is None else None
+        if stamps is not None and with_logits:
+            stamps = None
         with sites.h2d_inputs.stage(step) as copied_in:
             flushes = self.states.flush()
             step_flush = self.step_inputs.flush()
@@ -322,7 +368,9 @@ class ModelRunner:
         def logits() -> None:
             in_flight.logits = self.fwd.logits(batch, in_flight.require("hidden"))
 
-        with sites.input_prep.stage(step, after=copied_in):
+        with sites.input_prep.stage(
+            step, after=copied_in, end=None if stamps is None else stamps[0]
+        ):
             self.states.apply(flushes)
             self.step_inputs.apply(step_flush)
             dev.submit(compute, lambda: self.fwd.prepare(batch))
@@ -333,7 +381,10 @@ class ModelRunner:
         else:
             graph = not with_logits and dev.is_cuda  # the speculative forward graph
         with sites.forward.stage(
-            step, contiguous=True, args={FLOW_IN: FLOW_ID_BASE + step, _ARG_GRAPH: graph}
+            step,
+            contiguous=True,
+            args={FLOW_IN: FLOW_ID_BASE + step, _ARG_GRAPH: graph},
+            end=None if stamps is None else stamps[1],
         ):
             dev.submit(compute, forward)
             if with_logits:

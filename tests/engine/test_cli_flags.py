@@ -39,6 +39,7 @@ def test_every_flag_kept_and_every_flagged_field_has_one():
         "--spec-cuda-graphs",
         "--trace-begins",
         "--batch-invariant",  # issue 19
+        "--trace-graph-stamps",  # issue 15: forward graphs write their own device times
     }
     assert _flags() == FLAGS_BEFORE | FLAGS_ADDED | added_later
     parser = build_parser()
@@ -46,12 +47,13 @@ def test_every_flag_kept_and_every_flagged_field_has_one():
     every = [f for part in EngineConfig.part_types().values() for f in dataclasses.fields(part)]
     flagged = {f.name for f in every if CLI in f.metadata}
     assert flagged <= dests
-    assert len(flagged) == 28  # every field of the parts but five with no flag
+    assert len(flagged) == 28  # every field of the parts but six with no flag
     assert {f.name for f in every} - flagged == {
         "deferred_sampling",
         "debug_invariants",
         "trace_kernel_steps",
         "trace_begins",
+        "graph_stamps",
         "long_prefill_token_threshold",
     }
 
@@ -80,6 +82,8 @@ def test_defaults_live_in_the_config():
         (["--tensor-parallel-size", "2"], "tensor_parallel_size", 2),
         (["--trace-begins", "derived"], "trace_begins", "derived"),
         ([], "trace_begins", "recorded"),
+        (["--trace-graph-stamps", "off"], "graph_stamps", False),
+        ([], "graph_stamps", True),
     ],
 )
 def test_flags_set_their_field(argv, field, value):

@@ -1,0 +1,171 @@
+"""Graph stamps (``--trace-graph-stamps``, docs/design.md §4.3): a traced step whose forward is
+one stamped graph replay ends ``input_prep`` and ``forward`` at times the graph wrote itself, on
+the CPU device through :class:`~instrument.graph_stamps.HostStamps` (the body run on the compute
+stream's worker). Two event records fewer per traced decode step, the same tokens, the same
+slices, and a desync of the host's and the device's counts is an error, never a made-up time."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+import pytest
+
+import engine.core
+from analysis import load_trace
+from engine.config import EngineConfig, FeatureDecision, ResolvedFeatures, resolve_features
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from instrument.graph_stamps import RING, HostStamps, StampEvent
+from instrument.tracer import Tracer
+
+PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def _graphs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolve cuda_graphs on, as on a CUDA device: the CPU then runs the padded bodies
+    (``CudaGraphRunner(replay_eagerly=True)``), the path stamps wrap."""
+
+    def resolve(config: EngineConfig, cuda_available: bool | None = None) -> ResolvedFeatures:
+        features = resolve_features(config, cuda_available)
+        features.decisions = tuple(
+            FeatureDecision(d.feature, None, True, "forced on for the test")
+            if d.feature == "cuda_graphs"
+            else d
+            for d in features.decisions
+        )
+        return features
+
+    monkeypatch.setattr(engine.core, "resolve_features", resolve)
+
+
+def _llm(path: str | None, model_config: str, stamps: bool, **kw: Any) -> tuple[LLM, Any]:
+    tracer = Tracer(path) if path else None
+    llm = LLM(
+        tracer=tracer,
+        model_config=model_config,
+        random_weights=True,
+        num_kv_blocks=128,
+        max_num_seqs=4,
+        graph_stamps=stamps,
+        **kw,
+    )
+    return llm, tracer
+
+
+def _run(path: str | None, model_config: str, stamps: bool, **kw: Any) -> list[list[int]]:
+    llm, tracer = _llm(path, model_config, stamps, **kw)
+    try:
+        outs = llm.generate(PROMPTS, GREEDY)
+    finally:
+        llm.close()
+        if tracer is not None:
+            tracer.close()
+    return [o.output_token_ids for o in outs]
+
+
+@pytest.mark.parametrize("begins", ["recorded", "derived"])
+def test_stamped_trace_has_the_same_tokens_and_abutting_slices(tmp_path, tiny_model_config, begins):
+    """Tokens equal the untraced run's; every graph step's input_prep ends exactly where its
+    forward begins, the forward ends where its sample begins, and no compute slice overlaps the
+    next; the metadata says the stamps are the host's (error 0)."""
+    plain = _run(None, tiny_model_config, True)
+    path = str(tmp_path / "s.pftrace")
+    assert _run(path, tiny_model_config, True, trace_begins=begins) == plain
+    frames = load_trace(path)
+    assert frames.metadata.get("graph_stamps") == "host"
+    assert int(frames.metadata.get("graph_stamp_error_ns")) == 0
+    assert "dropped_device_slices" not in frames.metadata
+    compute = frames.slices[frames.slices["track"] == "gpu:0 compute"].sort_values("ts_ns")
+    by_step = {(r["name"], int(r["step"])): r for _, r in compute.iterrows()}
+    graph_steps = [s for (n, s) in by_step if n == "forward" and ("sample", s) in by_step]
+    assert len(graph_steps) >= 30
+    for s in graph_steps:
+        prep, fwd, sample = by_step["input_prep", s], by_step["forward", s], by_step["sample", s]
+        assert prep["end_ns"] == fwd["ts_ns"], s
+        assert fwd["end_ns"] == sample["ts_ns"], s
+        assert fwd["dur_ns"] > 0, s
+        # input_prep's host end is when its successor, the replay, was enqueued: the CPU
+        # device's clock is the host's, so the stream reaches the stamp no earlier
+        assert prep["host_end_ns"] <= prep["end_ns"] and prep["host_end_ns"] <= fwd["host_end_ns"]
+    assert np.all(compute["ts_ns"].to_numpy()[1:] >= compute["end_ns"].to_numpy()[:-1])
+
+
+def _records_per_step(path: str, model_config: str, stamps: bool) -> float:
+    """The timeline's event records per engine step (median over the steady middle); with
+    stamps, the host's count of stamped replays equals the device's."""
+    llm, tracer = _llm(path, model_config, stamps)
+    engine = llm.engine
+    timeline, run_step = engine.runner.timeline, engine.run_step
+    record = timeline._record
+    per_step: list[int] = []
+    records = 0
+
+    def counted_record(event: Any, stream: Any) -> None:
+        nonlocal records
+        records += 1
+        record(event, stream)
+
+    def counted_step() -> Any:
+        nonlocal records
+        records = 0
+        out = run_step()
+        per_step.append(records)
+        return out
+
+    timeline._record, engine.run_step = counted_record, counted_step
+    try:
+        llm.generate(PROMPTS, GREEDY)
+        graph_stamps = engine.runner.fwd.graphs.stamps
+        if stamps:
+            engine.device.synchronize()
+            assert isinstance(graph_stamps, HostStamps)
+            assert graph_stamps.next_index == graph_stamps._device_index > 30
+        else:
+            assert graph_stamps is None
+    finally:
+        engine.run_step = run_step
+        llm.close()
+        tracer.close()
+    return statistics.median(per_step[4:-4])
+
+
+def test_two_records_fewer_per_traced_decode_step(tmp_path, tiny_model_config):
+    """The timeline's event records in a steady traced decode step: 8 with events, 6 with
+    stamps (recorded begins)."""
+    counts = {
+        stamps: _records_per_step(str(tmp_path / f"{stamps}.pftrace"), tiny_model_config, stamps)
+        for stamps in (False, True)
+    }
+    assert counts == {False: 8, True: 6}, counts
+
+
+def test_untraced_engine_has_no_stamps(tiny_model_config):
+    llm, _ = _llm(None, tiny_model_config, True)
+    try:
+        assert llm.engine.runner.fwd.graphs.stamps is None
+        assert llm.engine.runner.graph_stamps_off == "off (not tracing)"
+    finally:
+        llm.close()
+
+
+def test_a_stamp_of_another_replay_is_an_error_not_a_time():
+    stamps = HostStamps()
+    begin, end = stamps.take()
+    assert not end.done()
+    stamps.begin()
+    stamps.end()
+    assert end.done() and end.host_ns() >= begin.host_ns()
+    # the host counts a replay the device never ran: the next stamp's row is not its own
+    stamps.take()
+    late_begin, late_end = stamps.take()
+    stamps.begin()
+    stamps.end()  # the device's replay 1 lands in row 1
+    assert not late_end.done()
+    stamps.ring[late_end.index % RING, 0] = late_end.index + RING  # a row of a later lap
+    with pytest.raises(RuntimeError, match="counts of stamped replays differ"):
+        late_end.host_ns()
+    assert isinstance(late_begin, StampEvent)
