@@ -306,6 +306,8 @@ def test_garbage_upload_shows_a_banner_and_the_app_stays_up(page: Any, traces: T
 
 def test_path_traversal_is_refused(page: Any, dashboard: Server, traces: TraceSet) -> None:
     page.click("#trace-picker")
+    # the menu renders after the click: wait for it (read at once, it was empty once in CI)
+    page.wait_for_selector(".dash-dropdown-option:has-text('nested/other_model.pftrace')")
     options = page.locator(".dash-dropdown-option").all_inner_texts()
     assert "escape.pftrace" not in options and "nested/other_model.pftrace" in options
     page.keyboard.press("Escape")
