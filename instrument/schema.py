@@ -211,6 +211,9 @@ class Arg(str, Enum):
     # once, just before its end event). Absent: the analysis infers it from the feature decisions
     # (docs/design.md §5.14.2).
     GRAPH_REPLAY = "graph_replay"
+    # On a device stage slice: True when its begin and end are graph stamps, the device's own
+    # clock at the graph's first and last kernel (docs/design.md §4.3): no launch gap inside.
+    GRAPH_STAMPED = "graph_stamped"
     # On a kernel slice (``gpu:<i> kernels``): the device stage it ran in (``forward``, ...) and
     # its CUPTI activity kind (``kernel``, ``memcpy``, ``memset``).
     STAGE = "stage"

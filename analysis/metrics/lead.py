@@ -103,9 +103,9 @@ def stage_lead(slices: pd.DataFrame, threshold_ns: int = STARVED_LEAD_NS) -> pd.
             "starved": (end - host) < threshold_ns,
         }
     )
-    graph_key = Arg.GRAPH_REPLAY.value
-    if graph_key in rows.columns:  # optional: which stages replayed a CUDA graph
-        out[graph_key] = rows[graph_key].to_numpy(object)
+    for key in (Arg.GRAPH_REPLAY.value, Arg.GRAPH_STAMPED.value):
+        if key in rows.columns:  # optional: which stages replayed a CUDA graph, stamped
+            out[key] = rows[key].to_numpy(object)
     out = out.sort_values("ts_ns", kind="stable").reset_index(drop=True).astype(STAGE_LEAD_COLUMNS)
     out.attrs["clock_correction_ns"] = correction
     return out

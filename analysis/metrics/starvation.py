@@ -21,7 +21,9 @@ the kernels of the span it estimates):
 3. A host-paced CUDA-graph replay (submitted at once, at about ``host_end_ns``): busy = its tail
    ``e - max(b, host_end)`` (``method`` ``graph_submit``); every replay then loses
    ``GRAPH_GAP_SHARE`` of its busy time to gaps between its kernels (``graph_gap_ns``;
-   ``graph_gaps`` for a replay that was not host-paced).
+   ``graph_gaps`` for a replay that was not host-paced). A replay whose slice is graph stamps
+   (``graph_stamped``: from its first kernel to its last, docs/design.md §4.3) holds no wait for
+   the submission, so it is busy for its slice less those gaps, host-paced or not.
 4. Where the trace also has a kernel window (``--trace-kernels``), kernel data calibrates the
    estimate: a host-paced stage outside the window whose (stage, phase) was also host-paced
    inside it gets busy = the median fill (kernel union / slice) of those measured stages x its
@@ -108,6 +110,7 @@ def starved_busy(
     fill_by: dict[tuple[str, str], float] | None = None,
     graph: np.ndarray | None = None,
     correction_ns: int = 0,
+    stamped: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """The estimator of the module docstring, for the compute stages of ``stages``
     (``analysis.metrics.lead.stage_lead`` rows; pass only those outside any kernel window).
@@ -116,7 +119,8 @@ def starved_busy(
     ``fill_by``: measured fill of host-paced stages per (stage, phase) from a kernel window;
     ``graph``: per row of ``stages``, whether it was a CUDA-graph replay
     (``analysis.metrics.submit.graph_replayed``; default none); ``correction_ns``: the clock
-    correction ``stage_lead`` added to ``end_ns``. One row per host-paced or graph-replayed
+    correction ``stage_lead`` added to ``end_ns``; ``stamped``: per row, its slice is graph
+    stamps (default: the ``graph_stamped`` column where ``stages`` has it, else none). One row per host-paced or graph-replayed
     compute stage. Columns: ``STARVED_COLUMNS``; every row is estimated since the no-reference
     rule (``estimated`` and ``unestimated_stages`` stay in the tables' contract).
     """
@@ -133,11 +137,21 @@ def starved_busy(
     dur, tail = submit_tail(comp, correction_ns)
     paced = paced_mask(comp, correction_ns)
     is_graph = np.zeros(len(comp), bool) if graph is None else np.asarray(graph, bool)[is_comp]
+    if stamped is None:
+        key = Arg.GRAPH_STAMPED.value
+        stamped = (
+            stages[key].fillna(False).astype(bool).to_numpy(bool)
+            if key in stages.columns
+            else np.zeros(len(stages), bool)
+        )
+    is_stamped = np.asarray(stamped, bool)[is_comp] & is_graph
     stage = comp["stage"].to_numpy(object)
-    # Step 3: graph replays, busy = tail (host-paced) or slice, less the intra-graph gaps.
-    base = np.where(paced, tail, dur).astype(np.float64)
+    # Step 3: graph replays, busy = tail (host-paced) or slice, less the intra-graph gaps; a
+    # stamped replay's slice starts at its first kernel: the whole slice.
+    graph_paced = paced & ~is_stamped
+    base = np.where(graph_paced, tail, dur).astype(np.float64)
     est = np.where(is_graph, base * (1.0 - GRAPH_GAP_SHARE), dur.astype(np.float64))
-    method = np.where(is_graph, np.where(paced, "graph_submit", "graph_gaps"), "none").astype(
+    method = np.where(is_graph, np.where(graph_paced, "graph_submit", "graph_gaps"), "none").astype(
         object
     )
     extrapolated = np.zeros(len(comp), dtype=bool)

@@ -76,6 +76,7 @@ __all__ = ["ModelRunner"]
 _log = logging.getLogger(__name__)
 
 _ARG_GRAPH = Arg.GRAPH_REPLAY.value
+_ARG_STAMPED = Arg.GRAPH_STAMPED.value
 
 
 class _StageSites:
@@ -380,11 +381,11 @@ class ModelRunner:
             graph = not with_logits and tl.enabled and self.fwd.replays_graph(batch)
         else:
             graph = not with_logits and dev.is_cuda  # the speculative forward graph
+        args: dict[str, object] = {FLOW_IN: FLOW_ID_BASE + step, _ARG_GRAPH: graph}
+        if stamps is not None:
+            args[_ARG_STAMPED] = True
         with sites.forward.stage(
-            step,
-            contiguous=True,
-            args={FLOW_IN: FLOW_ID_BASE + step, _ARG_GRAPH: graph},
-            end=None if stamps is None else stamps[1],
+            step, contiguous=True, args=args, end=None if stamps is None else stamps[1]
         ):
             dev.submit(compute, forward)
             if with_logits:

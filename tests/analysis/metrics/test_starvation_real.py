@@ -160,6 +160,34 @@ def test_submit_tail_paced_and_graph_estimate_match_brute_force() -> None:
     assert (out["method"] == np.where(paced, "graph_submit", "graph_gaps")).all()
 
 
+def test_a_stamped_replay_is_busy_for_its_slice_less_the_graph_gaps() -> None:
+    """Graph stamps (docs/design.md §4.3) put a replay's begin at its first kernel: host-paced
+    or not, its busy time is the slice less the intra-graph gaps (no wait for the submission
+    inside it); an unstamped host-paced replay keeps the tail rule."""
+    stages = pd.DataFrame(
+        {
+            "step": [0, 1, 2],
+            "stage": "forward",
+            "role": "compute",
+            "ts_ns": [0, 1000, 2000],
+            "end_ns": [400, 1400, 2400],
+            "host_end_ns": [300, 1300, 2300],  # all begun before the host finished: paced
+            "lead_ns": [100, 100, 100],
+            "starved": [False, False, False],
+            "graph_stamped": [True, pd.NA, True],
+        }
+    )
+    steps = pd.DataFrame({"step": range(3), "phase": "decode_only", "num_tokens": 8})
+    out = starved_busy(stages, steps, None, np.ones(3, bool)).set_index("step")
+    assert out["paced"].all()
+    assert list(out["method"]) == ["graph_gaps", "graph_submit", "graph_gaps"]
+    slice_busy, tail_busy = (
+        np.rint(400 * (1 - GRAPH_GAP_SHARE)),
+        np.rint(100 * (1 - GRAPH_GAP_SHARE)),
+    )
+    assert list(out["est_busy_ns"]) == [slice_busy, tail_busy, slice_busy]
+
+
 def test_eager_paced_stage_takes_the_larger_of_fit_and_tail() -> None:
     # Unpaced references: busy 100 µs whatever the tokens; paced ones with tails 20 and 150.
     stages = pd.DataFrame(
