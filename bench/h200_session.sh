@@ -48,10 +48,12 @@ for stage in $stages; do
         timeout 100 python3 -m stepscope.cli analyze "$OUT/e2e_long.pftrace" > "$OUT/e2e_long_analyze.txt" 2>&1; head -45 "$OUT/e2e_long_analyze.txt"
         timeout 150 "${run[@]}" --trace "$OUT/e2e_long_kw.pftrace" --trace-kernels ${E2ETRACE_KSTEPS:-1500:1520} 2>&1 | head -4
         timeout 100 python3 -m stepscope.cli analyze --window ${E2ETRACE_KSTEPS:-1500:1520} "$OUT/e2e_long_kw.pftrace" > "$OUT/e2e_long_kw_analyze.txt" 2>&1; sed -n '1,/^blame/p' "$OUT/e2e_long_kw_analyze.txt" | head -60 ;;
-    hostbound) run=(python3 -m stepscope.cli run --device cuda --dtype bfloat16 --model samples/models/pycoder-14m --max-num-seqs 64 --workload "synthetic:n=1024,in=32-32,out=128-128,seed=0" --no-progress)
-        timeout 150 "${run[@]}" --trace "$OUT/hostbound.pftrace" --trace-kernels ${HOSTBOUND_KSTEPS:-400:440} 2>&1 | tee "$OUT/hostbound_run.log" | head -8
-        timeout 100 python3 -m stepscope.cli analyze "$OUT/hostbound.pftrace" > "$OUT/hostbound_analyze.txt" 2>&1; echo "analyze rc=$?"; head -40 "$OUT/hostbound_analyze.txt"
-        timeout 100 python3 -m stepscope.cli analyze --window ${HOSTBOUND_KSTEPS:-400:440} "$OUT/hostbound.pftrace" > "$OUT/hostbound_kw_analyze.txt" 2>&1; sed -n '1,/^blame/p' "$OUT/hostbound_kw_analyze.txt" | head -50 ;;
+    hostbound) run=(python3 -m stepscope.cli run --device cuda --dtype bfloat16 --model samples/models/pycoder-14m --max-num-seqs 64 --workload "synthetic:n=1024,in=32-32,out=128-128,seed=0" --no-progress ${HOSTBOUND_ARGS:-})
+        hb=hostbound${HOSTBOUND_TAG:-}
+        timeout 150 "${run[@]}" --trace "$OUT/$hb.pftrace" --trace-kernels ${HOSTBOUND_KSTEPS:-400:440} 2>&1 | tee "$OUT/${hb}_run.log" | head -8
+        timeout 100 python3 -m stepscope.cli analyze "$OUT/$hb.pftrace" > "$OUT/${hb}_analyze.txt" 2>&1; echo "analyze rc=$?"; head -40 "$OUT/${hb}_analyze.txt"
+        timeout 100 python3 -m stepscope.cli analyze --window ${HOSTBOUND_KSTEPS:-400:440} "$OUT/$hb.pftrace" > "$OUT/${hb}_kw_analyze.txt" 2>&1; sed -n '1,/^blame/p' "$OUT/${hb}_kw_analyze.txt" | head -50
+        [ "${HOSTBOUND_KEEP:-1}" = 1 ] || rm -f "$OUT/$hb.pftrace" ;;
     sampled) timeout ${SAMPLED_TIMEOUT:-300} python3 bench/bench_sampled_trace.py --device cuda ${SAMPLED_ARGS:-} --out "$OUT/sampled_trace.json" 2>&1 | tee "$OUT/sampled_trace.log" | tail -16 ;;
     samplekernel) timeout ${SAMPLEK_TIMEOUT:-150} python3 bench/bench_sample_kernel.py --device cuda ${SAMPLEK_ARGS:-} --json "$OUT/sample_kernel.json" 2>&1 | tee "$OUT/sample_kernel.log" | tail -40 ;;
     decvar) timeout ${DECVAR_TIMEOUT:-300} python3 bench/bench_decode_variants.py --budget-s ${DECVAR_BUDGET_S:-240} ${DECVAR_ARGS:-} --json "$OUT/decode_variants.json" 2>&1 | tee "$OUT/decode_variants.log" | tail -60 ;;
