@@ -27,6 +27,7 @@ from typing import Any
 
 from instrument import device_timeline as _dt
 from instrument import tracer as _tr
+from instrument.graph_stamps import StampEvent
 
 _TRACER_METHODS = ("span", "instant", "counter", "counters", "counter_values", "slice_at",
                    "slice_args",
@@ -180,17 +181,9 @@ def counted_event_calls(engine: Any, counts: dict[str, int]) -> Iterator[None]:
     ``counts["record_engine"]`` calls; wall, the counting wrapper's clock reads included)."""
     from contextlib import ExitStack
 
-    ops = engine.runner.timeline.ops
     timeline = engine.runner.timeline
     engine_thread = threading.get_ident()
     clock = time.perf_counter_ns
-
-    def counting(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
-            counts[label] += 1
-            return fn(*args)
-
-        return call
 
     record = timeline._record
 
@@ -205,14 +198,22 @@ def counted_event_calls(engine: Any, counts: dict[str, int]) -> Iterator[None]:
         counts["record_engine"] += 1
 
     with ExitStack() as stack:
-        # The timeline caches record/query; conversions go through the ops object.
+        # The timeline caches record, query and the conversion (through graph stamps, when it
+        # has them: a stamp is read from host memory, not converted by an event call).
         stack.enter_context(_patched(timeline, "_record", timed_record))
-        stack.enter_context(_patched(timeline, "_query", counting("query", timeline._query)))
-        host_ns_many = ops.host_ns_many
+        query = timeline._query
+
+        def querying(event: Any) -> Any:
+            if type(event) is not StampEvent:
+                counts["query"] += 1
+            return query(event)
+
+        stack.enter_context(_patched(timeline, "_query", querying))
+        host_ns_many = timeline._host_ns_many
 
         def converting(events: Any) -> list[int]:
-            counts["elapsed_time"] += len(events)
+            counts["elapsed_time"] += sum(1 for e in events if type(e) is not StampEvent)
             return host_ns_many(events)  # type: ignore[no-any-return]
 
-        stack.enter_context(_patched(ops, "host_ns_many", converting))
+        stack.enter_context(_patched(timeline, "_host_ns_many", converting))
         yield

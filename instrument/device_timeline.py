@@ -390,6 +390,11 @@ class DeviceTimeline:
         # engine thread appends, the poll takes them back into the pool).
         self._lent: dict[int, Any] = {}
         self._returned: deque[Any] = deque()
+        # Untraced, the caller's sync events are recorded again rather than made per call: one
+        # per stream for ``wait_only`` (a stream wait takes the event's state when enqueued), and
+        # the others once given back (engine thread only: no lock).
+        self._sync_events: dict[int, Any] = {}
+        self._spare: list[Any] = []
         self._lane_tracks = {lane: device_track_name(device_index, lane) for lane in DEVICE_LANES}
         # A track per (lane, stream): the copy lane's h2d and d2h streams run at once, and two
         # slices that overlap on one track would pair their begin and end packets wrongly. The
@@ -528,7 +533,11 @@ class DeviceTimeline:
         ``wait_only``: the caller only makes another stream wait on the event, at once, and keeps
         no reference to it (a stream wait takes the event's state when it is enqueued, in CUDA
         and on the CPU device). The end event is then not lent: it returns to the pool once the
-        stage is emitted, like any other (no event made and destroyed per call)."""
+        stage is emitted, like any other (no event made and destroyed per call).
+
+        Untraced (or after a stage that lent its end, or a graph-stamped one), the event is
+        ``make()``'s, made once and recorded again: a ``wait_only`` one per stream, the others
+        back from :meth:`give_back` (in steady steps no event is made or destroyed either)."""
         if stream is None:
             stream = self.ops.default_stream()
         last = self._last
@@ -543,17 +552,25 @@ class DeviceTimeline:
                 last.lent = True
                 self._lent[id(last.end)] = last
             return last.end
-        event = make()
+        if wait_only:
+            event = self._sync_events.get(id(stream))
+            if event is None:
+                event = self._sync_events[id(stream)] = make()
+        else:
+            spare = self._spare
+            event = spare.pop() if spare else make()
         self._record(event, stream)
         return event
 
     def give_back(self, event: Any) -> None:
-        """The caller is done with an event :meth:`event_after_stage` lent it (it will not query,
-        synchronise on or wait for it again): the event returns to the pool once its stage is
-        emitted (taken back by the next poll). Anything else (an event ``make()`` made) is
-        ignored. One deque append on the calling thread."""
+        """The caller is done with an event :meth:`event_after_stage` gave it (it will not query,
+        synchronise on or wait for it again): a lent stage end returns to the pool once its
+        stage is emitted (taken back by the next poll); an event ``make()`` made is recorded
+        again by a later untraced call. One append on the calling (engine) thread."""
         if id(event) in self._lent:
             self._returned.append(event)
+        else:
+            self._spare.append(event)
 
     def _take_back(self) -> None:
         """Under ``_lock``: events given back become the timeline's again (freed now if their

@@ -80,6 +80,34 @@ def test_disabled_tracer_records_no_events():
     device.close()
 
 
+def test_untraced_sync_events_are_recorded_again_not_made_per_call():
+    """Untraced, the runner's sync events are made once: a ``wait_only`` one per stream
+    (recorded again at each call: a stream wait took its state when enqueued), the others once
+    given back; a wait enqueued before the next record still waits for the earlier work."""
+    device = CpuDevice()
+    made = []
+
+    def make():
+        made.append(1)
+        return device.new_event()
+
+    timeline = DeviceTimeline(Tracer(enabled=False), 0, device.new_event)
+    h2d, compute = device.h2d_stream, device.compute_stream
+    first = timeline.event_after_stage(h2d, make, wait_only=True)
+    device.wait_event(compute, first)
+    assert timeline.event_after_stage(h2d, make, wait_only=True) is first
+    other = timeline.event_after_stage(compute, make, wait_only=True)
+    assert other is not first and len(made) == 2
+    ready = timeline.event_after_stage(compute, make)
+    assert ready is not other and len(made) == 3
+    ready.synchronize()
+    timeline.give_back(ready)
+    assert timeline.event_after_stage(compute, make) is ready and len(made) == 3
+    assert timeline.event_after_stage(compute, make) is not ready and len(made) == 4
+    device.synchronize()
+    device.close()
+
+
 @pytest.mark.gpu
 def test_cuda_slices_line_up_with_kernels(tmp_path):
     from engine.device import CudaDevice
