@@ -206,10 +206,7 @@ class ModelRunner:
         if graphs.stamps is not None and graphs.enabled:
             self.timeline.use_stamps(graphs.stamps)
         elif graphs.stamps_failure is not None:
-            self.graph_stamps_off = f"failed: {graphs.stamps_failure}"
-            _log.warning("graph stamps off, the forward stages record events: %s",
-                         graphs.stamps_failure)  # fmt: skip
-            self.tracer.metadata(**{Arg.GRAPH_STAMPS.value: f"off: {self.graph_stamps_off}"})
+            self._stamps_failed(graphs.stamps_failure)
         # Not after a failed decode capture (the engine turns both features off then).
         spec_graphs = spec_cuda_graphs and self.fwd.graphs.failure is None
         self.spec_graphs = SpecGraphs(spec_graphs, self.fwd, self.spec, self.states, device)
@@ -333,11 +330,15 @@ class ModelRunner:
             stamps.calibrate(self.timeline.ops, device.compute_stream)
             stamps.reset_device_counter()
         except Exception as exc:  # noqa: BLE001 -- the trace falls back to events, and says why
-            self.graph_stamps_off = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
-            _log.warning("graph stamps off, the forward stages record events: %s", exc)
-            tracer.metadata(**{Arg.GRAPH_STAMPS.value: f"off: {self.graph_stamps_off}"})
+            self._stamps_failed(f"{type(exc).__name__}: {str(exc)[:200]}")
             return None
         return stamps
+
+    def _stamps_failed(self, why: str) -> None:
+        """Graph stamps failed (start-up check or capture): logged, and said in the trace."""
+        self.graph_stamps_off = f"failed: {why}"
+        _log.warning("graph stamps off, the forward stages record events: %s", why)
+        self.tracer.metadata(**{Arg.GRAPH_STAMPS.value: f"off: {self.graph_stamps_off}"})
 
     # stepscope: hot
     def _launch_forward(

@@ -169,3 +169,22 @@ def test_a_stamp_of_another_replay_is_an_error_not_a_time():
     with pytest.raises(RuntimeError, match="counts of stamped replays differ"):
         late_end.host_ns()
     assert isinstance(late_begin, StampEvent)
+
+
+def test_stamps_that_cannot_be_captured_leave_the_graphs_without_them():
+    """The probe capture fails (here: no CUDA at all): the runner drops its stamps and says
+    why, instead of a stamp failure costing the graphs."""
+    from engine.runner.cuda_graphs import CudaGraphRunner
+
+    class Stream:  # what the probe needs of a stream once its capture failed
+        synced = False
+
+        def synchronize(self) -> None:
+            self.synced = True
+
+    stream = Stream()
+    graphs = CudaGraphRunner(True, max_batch=4, stamps=HostStamps())
+    graphs._probe_stamps(stream)  # type: ignore[arg-type]
+    assert stream.synced
+    assert graphs.stamps is None
+    assert graphs.stamps_failure is not None and graphs.stamps_failure.startswith("capture failed")
