@@ -352,7 +352,6 @@ class DeviceTimeline:
         self.ops = as_ops(event_factory)
         self._new, self._record, self._query = self.ops.new, self.ops.record, self.ops.query
         self._host_ns_many = self.ops.host_ns_many
-        self.stamps: Any = None  # graph stamps some stages end at (use_stamps)
         self._max_pending = max_pending
         self.poll_batch = poll_batch
         self.max_deferred = max_deferred
@@ -432,7 +431,6 @@ class DeviceTimeline:
             times = iter(convert(real) if real else ())
             return [e.host_ns() if type(e) is StampEvent else next(times) for e in events]
 
-        self.stamps = stamps
         self._query = query_any
         self._host_ns_many = host_ns_many
         self.tracer.metadata(

@@ -327,8 +327,7 @@ class ModelRunner:
             return HostStamps()
         try:
             stamps = GraphStamps(device.torch_device)
-            stamps.calibrate(self.timeline.ops, device.compute_stream)
-            stamps.reset_device_counter()
+            stamps.calibrate(self.timeline.ops, device.compute_stream)  # its own ring: no reset
         except Exception as exc:  # noqa: BLE001 -- the trace falls back to events, and says why
             self._stamps_failed(f"{type(exc).__name__}: {str(exc)[:200]}")
             return None

@@ -25,8 +25,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 CPU_DEVICE_TOLERANCE = 0.15
 
 
-def _llm(path: str, model_config: str, begins: str, **engine_kw: Any) -> tuple[LLM, Tracer]:
-    tracer = Tracer(path)
+def _llm(
+    path: str | None, model_config: str, begins: str, **engine_kw: Any
+) -> tuple[LLM, Tracer | None]:
+    """The tiny engine these tests trace (``path`` None: untraced)."""
+    tracer = Tracer(path) if path else None
     llm = LLM(
         tracer=tracer,
         model_config=model_config,

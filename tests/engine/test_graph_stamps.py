@@ -12,13 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import engine.core
 from analysis import load_trace
-from engine.config import EngineConfig, FeatureDecision, ResolvedFeatures, resolve_features
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from instrument.graph_stamps import RING, HostStamps, StampEvent
-from instrument.tracer import Tracer
+from tests.engine.test_derived_begins_engine import _llm as traced_llm
+from tests.engine.test_spec_graphs import _force_spec_graphs
 
 PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -26,34 +25,15 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 @pytest.fixture(autouse=True)
 def _graphs_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Resolve cuda_graphs on, as on a CUDA device: the CPU then runs the padded bodies
+    """cuda_graphs resolved on, as on a CUDA device: the CPU then runs the padded bodies
     (``CudaGraphRunner(replay_eagerly=True)``), the path stamps wrap."""
-
-    def resolve(config: EngineConfig, cuda_available: bool | None = None) -> ResolvedFeatures:
-        features = resolve_features(config, cuda_available)
-        features.decisions = tuple(
-            FeatureDecision(d.feature, None, True, "forced on for the test")
-            if d.feature == "cuda_graphs"
-            else d
-            for d in features.decisions
-        )
-        return features
-
-    monkeypatch.setattr(engine.core, "resolve_features", resolve)
+    _force_spec_graphs(monkeypatch, {"cuda_graphs"})
 
 
 def _llm(path: str | None, model_config: str, stamps: bool, **kw: Any) -> tuple[LLM, Any]:
-    tracer = Tracer(path) if path else None
-    llm = LLM(
-        tracer=tracer,
-        model_config=model_config,
-        random_weights=True,
-        num_kv_blocks=128,
-        max_num_seqs=4,
-        graph_stamps=stamps,
-        **kw,
+    return traced_llm(
+        path, model_config, kw.pop("trace_begins", "recorded"), graph_stamps=stamps, **kw
     )
-    return llm, tracer
 
 
 def _run(path: str | None, model_config: str, stamps: bool, **kw: Any) -> list[list[int]]:

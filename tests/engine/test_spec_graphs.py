@@ -44,14 +44,15 @@ ENGINE = dict(
 FORCED = {"cuda_graphs", "spec_cuda_graphs"}
 
 
-def _force_spec_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Resolve cuda_graphs and spec_cuda_graphs on, as a CUDA device with Triton would."""
+def _force_spec_graphs(monkeypatch: pytest.MonkeyPatch, forced: set[str] = FORCED) -> None:
+    """Resolve ``forced`` (default cuda_graphs and spec_cuda_graphs) on, as a CUDA device with
+    Triton would."""
 
     def resolve(config: EngineConfig, cuda_available: bool | None = None) -> ResolvedFeatures:
         features = resolve_features(config, cuda_available)
         features.decisions = tuple(
             FeatureDecision(d.feature, None, True, "forced on for the test")
-            if d.feature in FORCED
+            if d.feature in forced
             else d
             for d in features.decisions
         )
