@@ -79,12 +79,13 @@ _ARG_NUM_REJECTED = Arg.NUM_REJECTED.value
 _ARG_NUM_REQS = Arg.NUM_REQS.value
 _ARG_NUM_SPEC_TOKENS = Arg.NUM_SPEC_TOKENS.value
 _ARG_NUM_TOKENS = Arg.NUM_TOKENS.value
-_ARG_STEP = Arg.STEP.value
 _CPU_GRAMMAR_MASK = CpuSlice.GRAMMAR_MASK.value
 _CPU_READ_OUTPUT = CpuSlice.READ_OUTPUT.value
 _CPU_SCHEDULE = CpuSlice.SCHEDULE.value
 _CPU_UPDATE_FROM_OUTPUT = CpuSlice.UPDATE_FROM_OUTPUT.value
 _CPU_WAIT_OUTPUT = CpuSlice.WAIT_OUTPUT.value
+# The wait and read spans' args by wait kind: constant dicts the tracer may share (span_end).
+_KIND_ARGS: dict[WaitKind, dict[str, object]] = {k: {Arg.KIND.value: k.value} for k in WaitKind}
 
 __all__ = ["EngineCore", "BATCH_QUEUE_DEPTH"]
 
@@ -386,20 +387,21 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput | None:
         if self.kernel_window is not None:
             self.kernel_window.before_schedule(self.scheduler.next_step)
-        with self.tracer.span(_CPU_SCHEDULE) as span:
+        tracer = self.tracer
+        start, so, args = tracer.span_begin(_CPU_SCHEDULE), None, None
+        try:
             so = self.scheduler.schedule()
-            if self.tracer.enabled:  # the span's args, built only when traced
+            if tracer.enabled:  # the span's args, built only when traced
                 drafts = so.scheduled_spec_decode_tokens
-                span.set_args(
-                    **{
-                        _ARG_STEP: so.step,
-                        _ARG_NUM_REQS: so.num_reqs,
-                        _ARG_NUM_TOKENS: so.total_num_scheduled_tokens,
-                        _ARG_NUM_PREFILL: so.num_prefill_reqs,
-                        _ARG_NUM_DECODE: so.num_decode_reqs,
-                        _ARG_NUM_SPEC_TOKENS: sum(map(len, drafts.values())) if drafts else 0,
-                    }
-                )
+                args = {
+                    _ARG_NUM_REQS: so.num_reqs,
+                    _ARG_NUM_TOKENS: so.total_num_scheduled_tokens,
+                    _ARG_NUM_PREFILL: so.num_prefill_reqs,
+                    _ARG_NUM_DECODE: so.num_decode_reqs,
+                    _ARG_NUM_SPEC_TOKENS: sum(map(len, drafts.values())) if drafts else 0,
+                }
+        finally:
+            tracer.span_end(_CPU_SCHEDULE, start, None if so is None else so.step, args)
         if so.total_num_scheduled_tokens == 0:
             return None
         # Only a request the runner sees anew can be scheduled for the first time: the running
@@ -416,34 +418,43 @@ class EngineCore:
             kind = WaitKind.SAMPLED
         # The device timeline's batched poll, on time the host is about to wait anyway.
         self.runner.timeline.poll_while_waiting(handle.is_ready)
-        with self.tracer.span(_CPU_WAIT_OUTPUT, step=so.step, kind=kind.value):
+        tracer, args = self.tracer, _KIND_ARGS[kind]
+        start = tracer.span_begin(_CPU_WAIT_OUTPUT)
+        try:
             with cold_region():  # the intended wait: for the device's output event only
                 handle.wait()
+        finally:
+            tracer.span_end(_CPU_WAIT_OUTPUT, start, so.step, args)
         # Host work on output that is already in host memory (docs/design.md §5.5).
-        with self.tracer.span(_CPU_READ_OUTPUT, step=so.step, kind=kind.value):
+        start = tracer.span_begin(_CPU_READ_OUTPUT)
+        try:
             out = handle.get()
+        finally:
+            tracer.span_end(_CPU_READ_OUTPUT, start, so.step, args)
         if self.structured.active:
             self.structured.note_drafts(handle.draft_token_ids())
         return out
 
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> Sequence[RequestOutput]:
-        with self.tracer.span(_CPU_UPDATE_FROM_OUTPUT, step=so.step) as span:
+        tracer = self.tracer
+        start, args = tracer.span_begin(_CPU_UPDATE_FROM_OUTPUT), None
+        try:
             outputs = self._advance_grammars(self.scheduler.update_from_output(so, out))
             self.requests.committed(outputs)
-            if self.tracer.enabled:  # the span's args: a pass over the outputs only when traced
+            if tracer.enabled:  # the span's args: a pass over the outputs only when traced
                 num_accepted = num_drafts = num_finished = 0
                 # A StepOutputs' columns hold running one-token outputs: no drafts, no finish.
                 for o in outputs.explicit if isinstance(outputs, StepOutputs) else outputs:
                     num_accepted += o.num_accepted
                     num_drafts += o.num_draft_tokens
                     num_finished += o.finished
-                span.set_args(
-                    **{
-                        _ARG_NUM_ACCEPTED: num_accepted,
-                        _ARG_NUM_REJECTED: num_drafts - num_accepted,
-                        _ARG_NUM_FINISHED: num_finished,
-                    }
-                )
+                args = {
+                    _ARG_NUM_ACCEPTED: num_accepted,
+                    _ARG_NUM_REJECTED: num_drafts - num_accepted,
+                    _ARG_NUM_FINISHED: num_finished,
+                }
+        finally:
+            tracer.span_end(_CPU_UPDATE_FROM_OUTPUT, start, so.step, args)
         self._sample_counters()
         if self.kernel_window is not None:
             self.kernel_window.after_update(so.step)

@@ -184,9 +184,11 @@ class StageSite:
         if contiguous and last is not None and last.site.stream is self.stream and not last.lent:
             # The stream reaches this stage's begin when it reaches the last stage's end.
             last.end_shared = True
-            if last.end_given is not None:
-                # It ends at this stage's first graph stamp, which the device reaches only once
-                # the host has enqueued this stage: its host end is now (its CPU lead, §5.14.1).
+            if end is not None and last.end_given is not None:
+                # This stage is a stamped replay and the last one ends at its begin stamp, which
+                # the device reaches only once the host has enqueued this stage: the last
+                # stage's host end is now (its CPU lead, §5.14.1). A stage after a stamped one
+                # (sample after the forward) leaves it: that stamp was enqueued with the replay.
                 last.host_end_ns = now_ns()
             scope = _new_scope(_StageScope)  # no __init__ frame: this runs 5+ times per step
             scope.site, scope.step, scope.args, scope.begin = self, step, args, last.end
@@ -648,10 +650,13 @@ class DeviceTimeline:
         ``observer`` is set (a kernel window reads its stages on the engine thread).
         docs/design.md §4.3."""
         pending = self.num_recorded - self.num_emitted - self.num_dropped
-        if not pending:  # untraced (or nothing left): no query
+        if pending < self.poll_batch:  # no poll due (untraced: none pending): no query either
             return 0
+        # Asked only when a poll is due (one step in ~13 at the default batch): an event query
+        # costs the engine thread µs. ``poll_if_due`` reads the answer only past
+        # ``max_deferred`` >= ``poll_batch`` pending, so it is this step's or the last one's.
         ready = self._output_was_ready = done()
-        if ready or pending < self.poll_batch:
+        if ready:
             return 0
         if self.background and self.observer is None:
             self._wake()

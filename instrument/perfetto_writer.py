@@ -33,11 +33,13 @@ from instrument.events import (
     EV_INSTANT,
     EV_REQUEST,
     EV_SLICE_AT,
+    EV_SPAN,
     FLOW_IN,
     FLOW_OUT,
     RawEvent,
     expand_counters,
     expand_request,
+    expand_span,
 )
 from instrument.ring_output import FileOutput, RingOutput
 from instrument.schema import PROCESS_NAME, Arg, CaptureArg, Instant, request_track_name
@@ -76,10 +78,12 @@ def _event_packet(ts: int, te: bytes, interned: bytes, seq: bytes = _SEQ_NEEDS) 
 
 def _expand(events: Iterable[RawEvent]) -> Iterable[RawEvent]:
     """Events with each ``EV_REQUEST`` replaced by its slices, each ``EV_COUNTERS`` by its
-    counter samples."""
+    counter samples, each ``EV_SPAN`` by its slice."""
     for event in events:
         kind = event[0]
-        if kind == EV_REQUEST:
+        if kind == EV_SPAN:
+            yield expand_span(event)
+        elif kind == EV_REQUEST:
             yield from expand_request(event)
         elif kind == EV_COUNTERS:
             yield from expand_counters(event)

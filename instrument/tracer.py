@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Literal, TypeVar
@@ -30,6 +30,7 @@ from instrument.events import (
     EV_INSTANT,
     EV_REQUEST,
     EV_SLICE_AT,
+    EV_SPAN,
     RawEvent,
 )
 from instrument.perfetto_writer import PerfettoWriter
@@ -181,6 +182,9 @@ class Tracer:
         self._buffer: deque[RawEvent] = deque()
         self._append = self._buffer.append
         self._nvtx = _nvtx.NvtxRanges() if (enabled and nvtx) else None
+        if self._nvtx is not None:  # the hot-path span calls push and pop the range too
+            self.span_begin = self._span_begin_nvtx  # type: ignore[method-assign,assignment]
+            self.span_end = self._span_end_nvtx  # type: ignore[method-assign,assignment]
         base = _NvtxSpan if self._nvtx is not None else _Span
         self._span_cls: type[_Span] = type(
             "_TracerSpan",
@@ -239,6 +243,47 @@ class Tracer:
         span = _new_span(self._span_cls)  # no __init__ frame: five or more per engine step
         span._name, span._args = name, args
         return span
+
+    # The engine's per-step phases: a span as two plain calls, ``start = tracer.span_begin(NAME)``
+    # then ``tracer.span_end(NAME, start, step, args)`` (in a ``finally`` where a failing phase
+    # should keep its slice). No context manager, no span object, no args dict for the step: a
+    # third of a ``with tracer.span(...)`` block's cost (docs/design.md §4.9).
+    def span_begin(self, name: str, _now: Callable[[], int] = time.monotonic_ns) -> int:
+        """The start of a span :meth:`span_end` closes: the host clock now (with ``nvtx``, the
+        range ``name`` is pushed too, traced or not: NVTX ranges stay balanced)."""
+        return _now()
+
+    def span_end(
+        self,
+        name: str,
+        start_ns: int,
+        step: int | None,
+        args: Mapping[str, object] | None = None,
+        _now: Callable[[], int] = time.monotonic_ns,
+        _local: threading.local = _tls,
+    ) -> None:
+        """A slice ``name`` on this thread's track from ``start_ns`` (:meth:`span_begin`) to now,
+        with args ``{step: step}`` (none when None) then ``args`` (a dict the tracer keeps and
+        never changes: a constant one may be shared). Nothing while off (disabled, paused)."""
+        if not self.enabled:
+            return
+        try:
+            key = _local.key
+        except AttributeError:  # the thread's first event
+            key = _register_thread()
+        self._append((EV_SPAN, key, name, start_ns, _now(), step, args))
+
+    def _span_begin_nvtx(self, name: str) -> int:
+        assert self._nvtx is not None
+        self._nvtx.push(name)
+        return now_ns()
+
+    def _span_end_nvtx(
+        self, name: str, start_ns: int, step: int | None, args: Mapping[str, object] | None = None
+    ) -> None:
+        assert self._nvtx is not None
+        Tracer.span_end(self, name, start_ns, step, args)
+        self._nvtx.pop()
 
     def instant(self, name: str, *, scope: str = "thread", **args: object) -> None:
         """An instant event on the current thread's track, or the process track.

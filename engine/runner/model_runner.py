@@ -56,7 +56,7 @@ from engine.spec.decoder import SpecDecoder
 from engine.spec.proposer import Proposer
 from engine.structured.device_bitmask import DeviceBitmask
 from instrument.device_timeline import DeviceTimeline
-from instrument.events import FLOW_IN
+from instrument.events import FLOW_IN, FLOW_OUT
 from instrument.graph_stamps import GraphStamps, HostStamps
 from instrument.schema import DEVICE_COPY, FLOW_ID_BASE, Arg, CopySlice, CpuSlice, DeviceSlice
 from instrument.tracer import Tracer, get_tracer
@@ -77,6 +77,11 @@ _log = logging.getLogger(__name__)
 
 _ARG_GRAPH = Arg.GRAPH_REPLAY.value
 _ARG_STAMPED = Arg.GRAPH_STAMPED.value
+
+
+def _flow_out(step: int) -> dict[str, object]:
+    """The launch span's args: the flow from step ``step``'s launch to its forward."""
+    return {FLOW_OUT: FLOW_ID_BASE + step}
 
 
 class _StageSites:
@@ -244,12 +249,14 @@ class ModelRunner:
         batch, spec_shape = self._prepare_step(out, graphable=bitmask is None)
         if batch is None:
             return AsyncOutput.empty(out.step)
-        with self.tracer.span(_CPU_LAUNCH, step=out.step, flow_out=FLOW_ID_BASE + out.step):
+        start = self.tracer.span_begin(_CPU_LAUNCH)
+        try:
             if spec_shape is not None:
                 return self._launch_spec_graphs(batch, spec_shape)
             step = self._launch_forward(batch, with_logits=bitmask is not None)
-            handle = self._launch_sample(batch, step, bitmask, contiguous=True)
-        return handle
+            return self._launch_sample(batch, step, bitmask, contiguous=True)
+        finally:
+            self.tracer.span_end(_CPU_LAUNCH, start, out.step, _flow_out(out.step))
 
     # stepscope: hot
     def execute_forward(self, out: SchedulerOutput) -> PendingSample:
@@ -260,8 +267,11 @@ class ModelRunner:
         batch, _ = self._prepare_step(out, graphable=False)
         if batch is None:
             return PendingSample(out.step, None)
-        with self.tracer.span(_CPU_LAUNCH, step=out.step, flow_out=FLOW_ID_BASE + out.step):
+        start = self.tracer.span_begin(_CPU_LAUNCH)
+        try:
             step = self._launch_forward(batch, with_logits=True)
+        finally:
+            self.tracer.span_end(_CPU_LAUNCH, start, out.step, _flow_out(out.step))
         return PendingSample(out.step, batch, step)
 
     # stepscope: hot
@@ -271,9 +281,11 @@ class ModelRunner:
         ``bitmask`` None: its structured requests finished meanwhile; sample unmasked."""
         if pending.batch is None:
             return AsyncOutput.empty(pending.step)
-        with self.tracer.span(_CPU_LAUNCH, step=pending.step):
-            handle = self._launch_sample(pending.batch, pending.in_flight, bitmask)
-        return handle
+        start = self.tracer.span_begin(_CPU_LAUNCH)
+        try:
+            return self._launch_sample(pending.batch, pending.in_flight, bitmask)
+        finally:
+            self.tracer.span_end(_CPU_LAUNCH, start, pending.step)
 
     # stepscope: hot
     def _prepare_step(
@@ -283,7 +295,8 @@ class ModelRunner:
         and the speculative graph shape it replays (None: not a captured speculative step;
         ``graphable`` False: a grammar mask or deferred sampling, never replayed)."""
         self.timeline.poll_if_due()
-        with self.tracer.span(_CPU_PREPARE_INPUTS, step=out.step):
+        start = self.tracer.span_begin(_CPU_PREPARE_INPUTS)
+        try:
             if out.scheduled_spec_decode_tokens and self.spec is None:
                 raise ValueError("the scheduler sent drafts but this runner has no proposer")
             self.states.remove(out.finished_req_ids)
@@ -310,6 +323,8 @@ class ModelRunner:
             if batch.num_reqs == 0:
                 return None, None
             self.step_inputs.stage(0, 0, packed)
+        finally:
+            self.tracer.span_end(_CPU_PREPARE_INPUTS, start, out.step)
         return batch, spec_shape
 
     def _make_stamps(self, device: Device, wanted: bool) -> Any:

@@ -204,3 +204,84 @@ def test_counter_values_refuses_mismatched_lengths():
 
     with pytest.raises(ValueError, match="2 counter names for 1 values"):
         expand_counters((EV_COUNTERS, ("a", "b"), 0, (1,)))
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_span_calls_write_what_a_span_block_writes(tmp_path, writer):
+    """``span_begin``/``span_end`` (the engine's per-step phases: one buffered tuple, the step
+    apart) write the slice a ``with tracer.span(...)`` block writes: same name, track, args in the
+    same order (step first), flows; a step of None writes no step arg."""
+    slices = []
+    for how in ("with", "calls"):
+        path = str(tmp_path / f"{how}.pftrace")
+        tracer = Tracer(path, writer=writer)
+        for step in range(3):
+            if how == "with":
+                with tracer.span("launch", step=step, flow_out=FLOW_ID_BASE + step):
+                    pass
+                with tracer.span("schedule"):
+                    pass
+            else:
+                start = tracer.span_begin("launch")
+                tracer.span_end("launch", start, step, {"flow_out": FLOW_ID_BASE + step})
+                tracer.span_end("schedule", tracer.span_begin("schedule"), None)
+        tracer.close()
+        events = read_trace(path).events
+        slices.append(
+            [
+                (e.track, e.type, e.name, list(e.args.items()), e.flow_ids)
+                for e in events
+                if e.name in ("launch", "schedule") or e.type == TE.TYPE_SLICE_END
+            ]
+        )
+        assert sorted(f for e in events for f in e.flow_ids) == [FLOW_ID_BASE + s for s in range(3)]
+    assert slices[1] == slices[0]
+    begins = [(name, args) for _, kind, name, args, _ in slices[1] if kind == TE.TYPE_SLICE_BEGIN]
+    assert [args for name, args in begins if name == "launch"][0][0] == ("step", 0)
+    assert all(args == [] for name, args in begins if name == "schedule")
+
+
+def test_span_end_shares_constant_args_and_writes_nothing_while_off(tmp_path):
+    """A constant args dict may be passed to many spans (the writer never changes it); a span
+    ended while the tracer is off (paused for a dropped step, or disabled) writes nothing."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    shared = {"kind": "sampled"}
+    for step in range(3):
+        tracer.span_end("wait_output", tracer.span_begin("wait_output"), step, shared)
+    tracer.pause()
+    tracer.span_end("wait_output", tracer.span_begin("wait_output"), 3, shared)
+    tracer.resume()
+    tracer.close()
+    assert shared == {"kind": "sampled"}
+    begins = [e for e in read_trace(path).events if e.type == TE.TYPE_SLICE_BEGIN]
+    assert [e.args for e in begins] == [{"step": s, "kind": "sampled"} for s in range(3)]
+    off = Tracer(enabled=False)
+    off.span_end("wait_output", off.span_begin("wait_output"), 0)
+    assert not off._buffer
+
+
+def test_span_calls_push_and_pop_nvtx_ranges(tmp_path, monkeypatch):
+    """With ``nvtx``, ``span_begin`` pushes the range and ``span_end`` pops it, traced or not
+    (ranges stay balanced when tracing is paused between the two)."""
+    from instrument import nvtx as nvtx_mod
+
+    calls: list[tuple[str, str | None]] = []
+
+    class Ranges:
+        def push(self, name: str) -> None:
+            calls.append(("push", name))
+
+        def pop(self) -> None:
+            calls.append(("pop", None))
+
+    monkeypatch.setattr(nvtx_mod, "NvtxRanges", Ranges)
+    tracer = Tracer(str(tmp_path / "t.pftrace"), nvtx=True)
+    start = tracer.span_begin("schedule")
+    tracer.span_end("schedule", start, 0)
+    start = tracer.span_begin("launch")
+    tracer.pause()
+    tracer.span_end("launch", start, 1)
+    tracer.resume()
+    tracer.close()
+    assert calls == [("push", "schedule"), ("pop", None), ("push", "launch"), ("pop", None)]
