@@ -89,6 +89,8 @@ MODES: dict[str, list[str]] = {
     # --direct-rounds alternating their direct measurements); --trace-begins does not apply.
     "trace-recorded": ["--trace", "{dir}/trace_rec.pftrace", "--trace-begins", "recorded"],
     "trace-derived": ["--trace", "{dir}/trace_der.pftrace", "--trace-begins", "derived"],
+    "trace-derived+requests": ["--trace", "{dir}/trace_der_req.pftrace", "--trace-begins",
+                               "derived", "--trace-requests"],
     # The same without graph stamps (the forward stages end at recorded events, as before them).
     "trace-recorded-events": ["--trace", "{dir}/trace_rec_ev.pftrace", "--trace-begins",
                               "recorded", "--trace-graph-stamps", "off"],
