@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -83,6 +83,8 @@ for stage in $stages; do
         done; done ;;
     overhead-begins) # --trace-begins recorded vs derived (and graph stamps on/off) in one process: timed runs and the direct measurement alternated (BEGINS_ROUNDS)
         timeout ${BEGINS_TIMEOUT:-330} python3 bench/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes ${BEGINS_MODES:-off,trace-recorded,trace-derived,trace-derived-events} --rounds ${BEGINS_ROUNDS:-3} --direct-rounds ${BEGINS_ROUNDS:-3} --min-run-s ${BEGINS_RUN_S:-5} --micro-steps 1000 ${BEGINS_ARGS:-} --out "$OUT/overhead_begins${IL_TAG:-}.json" 2>&1 | tee "$OUT/overhead_begins${IL_TAG:-}.log" | grep -v "^    " | tail -30 ;;
+    repro-digest) # several engines (REPRO_MODES; "off#2": a second engine of a mode) run the same greedy workloads round after round; per-request token differences printed
+        timeout ${REPRO_TIMEOUT:-300} python3 bench/repro_digest.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes ${REPRO_MODES:-off,trace-derived,trace-recorded,off#2} --rounds ${REPRO_ROUNDS:-10} ${REPRO_ARGS:-} --out "$OUT/repro_digest${IL_TAG:-}.json" 2>&1 | tee "$OUT/repro_digest${IL_TAG:-}.log" | tail -45 ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
