@@ -146,6 +146,13 @@ class StagedWriteTensor:
     # stepscope: hot
     def flush(self) -> StagedFlush | None:
         """Pack pending writes into a ring slot and enqueue their copy on the h2d stream."""
+        return self.copy(self.pack())
+
+    # stepscope: hot
+    def pack(self) -> StagedFlush | None:
+        """Host only: pack pending writes into a ring slot (None: nothing staged). Its copy is
+        enqueued by :meth:`copy`, which must follow before :meth:`apply`: the runner's h2d
+        stage then holds the copies alone, not the packing (docs/design.md §4.3)."""
         if not self._pending:
             return None
         num_writes = len(self._pending)
@@ -161,11 +168,17 @@ class StagedWriteTensor:
         else:
             self._pack(slot, lengths)
             single = None
-        flush = StagedFlush(index, num_writes, num_values, int(lengths.max()), single)
         self._pending = []
         self._pending_spans = {}
-        self._enqueue_copy(slot, 0 if single else num_writes, num_values)
         slot.awaiting_apply = True
+        return StagedFlush(index, num_writes, num_values, int(lengths.max()), single)
+
+    # stepscope: hot
+    def copy(self, flush: StagedFlush | None) -> StagedFlush | None:
+        """Enqueue the h2d copy of a packed flush (:meth:`pack`); returns it for :meth:`apply`."""
+        if flush is not None:
+            slot = self._slots[flush.slot_index]
+            self._enqueue_copy(slot, 0 if flush.single else flush.num_writes, flush.num_values)
         return flush
 
     def _acquire(self, index: int, num_writes: int, num_values: int) -> _Slot:

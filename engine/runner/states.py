@@ -281,7 +281,19 @@ class RequestStates:
     # stepscope: hot
     def flush(self) -> list[StagedFlush | None]:
         """Pack and enqueue every staged diff on the h2d stream (one entry per staged tensor)."""
-        return [table.flush() for table in self._staged]
+        return self.copy(self.pack())
+
+    # stepscope: hot
+    def pack(self) -> list[StagedFlush | None]:
+        """Host only: pack every staged diff into its table's ring slot (:meth:`copy` next)."""
+        return [table.pack() for table in self._staged]
+
+    # stepscope: hot
+    def copy(self, flushes: list[StagedFlush | None]) -> list[StagedFlush | None]:
+        """Enqueue the h2d copies of :meth:`pack`'s flushes; returns them for :meth:`apply`."""
+        for table, flush in zip(self._staged, flushes, strict=True):
+            table.copy(flush)
+        return flushes
 
     # stepscope: hot
     def apply(self, flushes: list[StagedFlush | None]) -> None:

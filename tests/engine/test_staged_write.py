@@ -110,3 +110,30 @@ def test_empty_flush_is_none_and_apply_none_is_noop(device: CpuDevice) -> None:
     table.apply(None)
     device.synchronize()
     assert table.gpu.tolist() == [[-1, -1], [-1, -1]]
+
+
+def test_pack_enqueues_no_copy_until_copy(device: CpuDevice) -> None:
+    """``pack`` is host work only (the runner packs before its h2d stage opens): nothing reaches
+    the h2d stream until ``copy``, and pack + copy + apply write what flush + apply write."""
+    table = StagedWriteTensor(device, (2, 8), torch.int32, ring_depth=2)
+    table.stage(0, 1, [7, 8, 9])
+    table.stage(1, 0, [5])
+    recorded: list[object] = []
+    original = device.submit
+
+    def submit(stream: object, fn: object) -> None:
+        recorded.append(stream)
+        original(stream, fn)  # type: ignore[arg-type]
+
+    device.submit = submit  # type: ignore[method-assign]
+    try:
+        packed = table.pack()
+        assert packed is not None and packed.num_writes == 2 and recorded == []
+        assert table.num_pending == 0  # the writes are in the slot now
+        assert table.copy(packed) is packed and recorded == [device.h2d_stream]
+    finally:
+        device.submit = original  # type: ignore[method-assign]
+    table.apply(packed)
+    assert table.copy(table.pack()) is None  # nothing staged: nothing packed or copied
+    device.synchronize()
+    assert table.gpu.tolist() == [[0, 7, 8, 9, 0, 0, 0, 0], [5, 0, 0, 0, 0, 0, 0, 0]]
