@@ -181,9 +181,9 @@ def _verdicts(
     # Said once, with the bubble numbers (docs/design.md §5.4): derived begins are early, if
     # anything, so the stage slices are long and the idle between them short.
     derived = (
-        "device stage begins in this trace were derived, not recorded (lower bounds: at most "
-        "the device's reaction latency early), so device-slice idle is, if anything, "
-        "under-counted"
+        "device stage begins in this trace were derived, not recorded (lower bounds: at or "
+        "before a recorded begin, by a few µs for compute stages and up to tens of µs for "
+        "input copies), so device-slice idle is, if anything, under-counted"
         if derived_begins
         else ""
     )

@@ -634,7 +634,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--trace-begins",
         choices=("recorded", "derived", "both"),
-        default="recorded",
+        default="derived",
         help="the traced modes' `stepscope run --trace-begins` (and the micro benchmark's "
         "timeline): device slice begins recorded as events, derived (no begin event: a lower "
         "bound) or both (to measure the bound with bench/bench_derived_begins.py)",

@@ -118,14 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trace-begins",
         choices=[b.value for b in DeviceBegins],
-        default="recorded",
+        default="derived",
         help="how a device slice that does not begin at the previous slice's end gets its "
-        "begin: 'recorded' (default) records an event on the stream; 'derived' records none "
-        "and takes the latest of the host time its enqueue began, the previous slice's end on "
-        "its stream and the end of the stage the stream waited for (a lower bound, early by "
-        "the device's reaction latency; 3 event records fewer in a plain decode step); 'both' "
-        "records the event and writes the derived begin as the slice's derived_begin_ns arg "
-        "(to measure the bound: bench/bench_derived_begins.py)",
+        "begin: 'derived' (default) records no event and takes the latest of the host time "
+        "its enqueue began, the previous slice's end on its stream and the end of the stage "
+        "the stream waited for (a lower bound: a few µs before a recorded begin on the H200, "
+        "tens of µs for the h2d input copies; 3 event records fewer in a plain decode step); "
+        "'recorded' records an event on the stream; 'both' records the event and writes the "
+        "derived begin as the slice's derived_begin_ns arg (to measure the bound: "
+        "bench/bench_derived_begins.py)",
     )
     p.add_argument(
         "--trace-graph-stamps",

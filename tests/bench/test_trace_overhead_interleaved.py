@@ -68,18 +68,19 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     )  # fmt: skip
     r = result["interleaved"]["trace"]
     assert r["pairs"] >= 1
-    # Event records on the engine thread per steady decode step (--time-records): traced, the 5
-    # stages' 3 begin events (input_prep -> forward -> sample share theirs) and 5 end events, 3 of
-    # which are the runner's sync events; untraced, those 3 sync events only (docs/design.md §4.3).
+    # Event records on the engine thread per steady decode step (--time-records): traced, with
+    # derived begins (the default: no begin events), the 5 stages' 5 end events, 3 of which are
+    # the runner's sync events; untraced, those 3 sync events only (docs/design.md §4.3; recorded
+    # begins add 3: tests/engine/test_derived_begins_engine.py).
     records = r["event_records"]
-    assert records["traced"]["per_step"] == 8.0 and records["untraced"]["per_step"] == 3.0
+    assert records["traced"]["per_step"] == 5.0 and records["untraced"]["per_step"] == 3.0
     # A sampled trace: the engine skips the tracer's work on the steps it drops, so they record
-    # the untraced step's 3 sync events; kept steps record the full trace's 8 (§4.9).
+    # the untraced step's 3 sync events; kept steps record the full trace's 5 (§4.9).
     every4 = result["interleaved"]["trace-every4"]
     assert every4["event_records"]["untraced"]["per_step"] == 3.0
     sampled = every4["sampled"]
     assert sampled["kept"]["steady_steps"] > 0 and sampled["dropped"]["steady_steps"] > 0
-    assert sampled["kept"]["event_records"]["per_step"] == 8.0
+    assert sampled["kept"]["event_records"]["per_step"] == 5.0
     assert sampled["dropped"]["event_records"]["per_step"] == 3.0
     assert "sampled" not in r  # a full trace skips no step
     assert records["traced"]["us_per_record"] > 0 and records["untraced"]["us_per_record"] > 0
