@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pandas as pd
+import pytest
+
 from analysis import analyze_trace, load_trace
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
@@ -144,3 +147,39 @@ def test_forward_slices_say_whether_they_replayed_a_cuda_graph(tmp_path, tiny_mo
     assert others["graph_replay"].isna().all()
     starved = analyze_trace(path, window="all").tables["starved"]
     assert not starved["graph_replay"].any()
+
+
+def test_a_phase_that_raises_still_writes_its_span(tmp_path, tiny_model_config):
+    """The engine's CPU spans are ``span_begin`` / ``span_end`` in a ``finally``
+    (docs/design.md §4.9): when the update phase raises mid-run, its ``update_from_output``
+    slice is still written, the run's earlier steps are all there, and the trace loads."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    llm = LLM(
+        tracer=tracer,
+        model_config=tiny_model_config,
+        random_weights=True,
+        num_kv_blocks=128,
+        max_num_seqs=4,
+    )
+    scheduler = llm.engine.scheduler
+    update, calls = scheduler.update_from_output, []
+
+    def failing_update(so, out):
+        calls.append(so.step)
+        if len(calls) == 6:
+            raise RuntimeError("planted failure in update_from_output")
+        return update(so, out)
+
+    scheduler.update_from_output = failing_update
+    prompts = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
+    with pytest.raises(RuntimeError, match="planted failure"):
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    tracer.close()  # not llm.close(): its drain would apply outputs past the step that failed
+    slices = load_trace(path).slices
+    updates = slices[slices["name"] == CpuSlice.UPDATE_FROM_OUTPUT.value]
+    failed = calls[-1]
+    assert failed in set(updates["step"]), "the failing phase's span is missing"
+    row = updates[updates["step"] == failed].iloc[0]
+    assert row["dur_ns"] >= 0 and pd.isna(row["num_accepted"])  # no args: it did not finish
+    assert set(calls[:-1]) <= set(updates["step"])  # the steps before it, each with its span
