@@ -10,6 +10,10 @@ within a pair). Every iteration is timed on the engine thread:
 * ``host``: that minus the time blocked in ``AsyncOutput.wait`` (the engine thread's own work);
 * ``cpu``: the engine thread's CPU time (``time.thread_time_ns``) in ``run_step`` minus its CPU
   time inside the wait (a CUDA event's synchronize may spin).
+* ``gc``: the wall time of the cyclic garbage collections that ran on the engine thread inside
+  ``run_step`` (``gc.callbacks``), reported as a mean per steady step and kind: a collection
+  runs in whichever step crosses its threshold, so the median says nothing, and the tracer's
+  allocations make them come sooner.
 
 Only *steady decode* iterations count: the step this iteration scheduled and the one before it
 were decode-only (one token per request), and the iteration is not among the first
@@ -28,8 +32,10 @@ disabled tracer's hooks, as a run without ``--trace`` does. The trace file of su
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +65,8 @@ class StepSample:
     # the call before), how many the engine skipped as a sampled trace's dropped steps (the
     # tracer paused while it scheduled them); 0 when untraced or not sampled.
     skipped_steps: int = 0
+    gc_us: float = 0.0  # cyclic collections on the engine thread inside the call (wall)
+    gc_runs: int = 0  # how many
 
 
 @dataclass
@@ -86,6 +94,9 @@ class Interleaver:
     _record_ns: int = 0
     _wait_ns: int = 0
     _wait_cpu_ns: int = 0
+    _gc_ns: int = 0
+    _gc_runs: int = 0
+    _gc_start: int = 0
     _scheduled_decode: bool = False  # the latest schedule() was decode-only
     _scheduled_skipped: bool = False  # the engine skipped the latest scheduled step (sampled)
 
@@ -103,6 +114,17 @@ class Interleaver:
         run_step, schedule, wait = engine.run_step, scheduler.schedule, AsyncOutput.wait
         clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
         was_enabled = self.tracer.enabled
+        engine_thread = threading.get_ident()
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if threading.get_ident() != engine_thread:
+                return
+            if phase == "start":
+                self._gc_start = clock()
+            elif self._gc_start:
+                self._gc_ns += clock() - self._gc_start
+                self._gc_runs += 1
+                self._gc_start = 0
 
         def timed_schedule() -> Any:
             so = schedule()
@@ -127,6 +149,7 @@ class Interleaver:
             self._scheduled_decode = self._scheduled_skipped = False
             wait0, wait_cpu0 = self._wait_ns, self._wait_cpu_ns
             records0, record_ns0 = self._records, self._record_ns
+            gc_ns0, gc_runs0 = self._gc_ns, self._gc_runs
             profiler = None
             if self.profilers and previous_decode and offset >= self.skip_steps:
                 profiler = self.profilers[traced]  # decode steps only: like for like
@@ -148,6 +171,7 @@ class Interleaver:
                         (wall - (self._wait_ns - wait0)) / 1e3, cpu / 1e3,
                         self._records - records0, (self._record_ns - record_ns0) / 1e3,
                         previous_skipped + self._scheduled_skipped,
+                        (self._gc_ns - gc_ns0) / 1e3, self._gc_runs - gc_runs0,
                     )
                 )  # fmt: skip
 
@@ -166,9 +190,11 @@ class Interleaver:
         AsyncOutput.wait = timed_wait  # type: ignore[method-assign]
         if timeline is not None:
             timeline._record = timed_record
+        gc.callbacks.append(on_gc)
         try:
             yield self
         finally:
+            gc.callbacks.remove(on_gc)
             engine.run_step, scheduler.schedule = run_step, schedule
             AsyncOutput.wait = wait  # type: ignore[method-assign]
             if timeline is not None:
@@ -251,6 +277,16 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     lo, hi = _bootstrap_median(ratios)
     out["throughput_ratio"] = {"median": statistics.median(ratios), "ci95": [lo, hi]}
     out["tail"] = _tails(steady)
+    out["gc"] = {
+        kind: {
+            "us_per_step": statistics.fmean(s.gc_us for s in mine) if mine else 0.0,
+            "runs_per_step": statistics.fmean(s.gc_runs for s in mine) if mine else 0.0,
+        }
+        for kind, mine in (
+            ("traced", [s for s in steady if s.traced]),
+            ("untraced", [s for s in steady if not s.traced]),
+        )
+    }
     if any(s.records for s in steady):  # Interleaver.time_records
         out["event_records"] = {}
         for kind, traced in (("traced", True), ("untraced", False)):
@@ -349,6 +385,13 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
         on, off = wall["traced"], wall["untraced"]
         print("    step wall us, traced / untraced: " + ", ".join(
             f"{k} {on[k]:.0f} / {off[k]:.0f}" for k in ("mean", "p50", "p90", "p99", "max")))  # fmt: skip
+    gcs = result.get("gc")
+    if gcs:
+        on, off = gcs["traced"], gcs["untraced"]
+        print(f"    garbage collection on the engine thread (mean over steady steps): traced "
+              f"{on['us_per_step']:.1f} us ({on['runs_per_step']:.4f} runs) a step, untraced "
+              f"{off['us_per_step']:.1f} us ({off['runs_per_step']:.4f}): "
+              f"{on['us_per_step'] - off['us_per_step']:+.1f} us a step")  # fmt: skip
     for kind, r in result.get("sampled", {}).items():
         cpu = r.get("cpu_us", {})
         line = f"    sampled trace, {kind} steps: {r['steady_steps']} steady"

@@ -56,6 +56,39 @@ def test_summarize_recovers_a_known_added_cost_under_drift() -> None:
     ]  # fmt: skip
 
 
+def test_collections_on_the_engine_thread_are_counted_per_step() -> None:
+    """The interleaver times the cyclic collections that run inside ``run_step`` on the engine
+    thread (a mean per steady step and kind); one planted ``gc.collect()`` in every traced step
+    shows as one run a traced step and none untraced."""
+    import gc
+    from types import SimpleNamespace
+
+    class Scheduler:
+        def schedule(self) -> SimpleNamespace:
+            return SimpleNamespace(num_reqs=2, total_num_scheduled_tokens=2)
+
+    tracer = SimpleNamespace(enabled=True, paused=False)
+    engine = SimpleNamespace(scheduler=Scheduler())
+
+    def run_step() -> None:
+        engine.scheduler.schedule()
+        if tracer.enabled:
+            gc.collect(0)
+
+    engine.run_step = run_step
+    inter = Interleaver(engine=engine, tracer=tracer, block_steps=12, skip_steps=2)
+    with inter.install():
+        for _ in range(12 * 4):
+            engine.run_step()
+    steady = [s for s in inter.samples if s.steady]
+    assert all(s.gc_runs == 1 and s.gc_us > 0 for s in steady if s.traced)
+    assert all(s.gc_runs == 0 and s.gc_us == 0 for s in steady if not s.traced)
+    gcs = summarize(inter.samples, min_steps=4)["gc"]
+    assert gcs["traced"]["runs_per_step"] == 1.0 and gcs["untraced"]["runs_per_step"] == 0.0
+    traced_us = [s.gc_us for s in steady if s.traced]
+    assert gcs["traced"]["us_per_step"] == statistics.fmean(traced_us)
+
+
 def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     out = tmp_path / "il.json"
     # 72 output tokens: enough steps that the every-4 run's traced blocks hold both kept and
@@ -90,6 +123,9 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
         lo, hi = r[q]["diff_ci95"]
         assert lo <= r[q]["diff_median"] <= hi
     assert json.loads(out.read_text())["interleaved"]["trace"]["pairs"] == r["pairs"]
+    assert {k: set(v) for k, v in r["gc"].items()} == {
+        kind: {"us_per_step", "runs_per_step"} for kind in ("traced", "untraced")
+    }
     # The trace of the switched run: only some steps traced, and every device slice of a traced
     # step lies after that step was scheduled (a stage after a switch back on does not begin at
     # a stale event of the block before) and none was dropped.
