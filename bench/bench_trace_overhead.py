@@ -143,6 +143,34 @@ class Mode:
     timer: StepTimer = field(default_factory=StepTimer)
     runs: list[dict[str, float]] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # the latest timed run's, by id
+
+
+def token_differences(
+    base: dict[str, list[int]], got: dict[str, list[int]]
+) -> list[dict[str, Any]]:
+    """Requests whose output tokens in ``got`` differ from ``base``'s (by request id): the first
+    differing position, the length expected, and up to 4 tokens from there on each side."""
+    out = []
+    for req_id, want in base.items():
+        have = got.get(req_id)
+        if have == want:
+            continue
+        have = have or []
+        pos = next(
+            (i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b),
+            min(len(want), len(have)),
+        )
+        out.append(
+            {
+                "req": req_id,
+                "pos": pos,
+                "len": len(want),
+                "want": want[pos : pos + 4],
+                "have": have[pos : pos + 4],
+            }
+        )
+    return out
 
 
 def _engine_argv(args: argparse.Namespace) -> list[str]:
@@ -195,6 +223,7 @@ def timed_run(mode: Mode, workloads: list[list[Any]]) -> dict[str, float]:
     elapsed_ns = time.perf_counter_ns() - start
     cpu_ns = time.process_time_ns() - cpu0
     mode.digests.append(outputs_digest(outputs))
+    mode.tokens = {o.id: list(o.output_token_ids) for o in outputs}
     steps = max(timer.steps, 1)
     return {
         "elapsed_s": elapsed_ns / 1e9,
@@ -687,11 +716,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         warm_s.append(time.perf_counter() - start)
     repeats = max(1, -(-args.min_run_s // max(min(warm_s), 1e-3)))
     print(f"warm-up {min(warm_s):.2f} s per workload: {int(repeats)} workload(s) per timed run")
-    for _ in range(args.rounds):
+    mismatches: list[dict[str, Any]] = []
+    for r in range(args.rounds):
         round_workloads = [workload(args, next(seeds)) for _ in range(int(repeats))]
         for m in modes:
             m.runs.append(timed_run(m, round_workloads))
         _sync(args.device)
+        # Which requests differ, where (the digests only say that some do).
+        for m in modes[1:]:
+            diff = token_differences(modes[0].tokens, m.tokens)
+            if diff:
+                mismatches.append({"round": r + 1, "mode": m.name, "num_differ": len(diff),
+                                   "first": diff[:5]})  # fmt: skip
+                print(f"round {r + 1}: {m.name} differs from {modes[0].name} in {len(diff)} "
+                      f"requests, first: {diff[:3]}")  # fmt: skip
+        for m in modes:
+            m.tokens = {}
     direct_result = (
         direct(modes, workload(args, next(seeds)), args.direct_rounds) if args.direct else {}
     )
@@ -706,6 +746,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.out, "w") as f:
             json.dump({m.name: m.runs for m in modes}, f, indent=2)
     result = report(modes)
+    result["token_mismatches"] = mismatches
     result["direct"] = direct_result
     result["micro"] = micro_result
     result["profile"] = profiles

@@ -23,31 +23,13 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_trace_overhead import MODES, build_mode, parse_args, workload  # noqa: E402
-
-
-def _diff(base: dict[str, list[int]], got: dict[str, list[int]]) -> list[dict[str, Any]]:
-    """Requests whose tokens differ: the first differing position and the tokens around it."""
-    out = []
-    for req_id, want in base.items():
-        have = got.get(req_id)
-        if have == want:
-            continue
-        have = have or []
-        pos = next(
-            (i for i, (a, b) in enumerate(zip(want, have, strict=False)) if a != b),
-            min(len(want), len(have)),
-        )
-        out.append(
-            {
-                "req": req_id,
-                "pos": pos,
-                "len": len(want),
-                "want": want[pos : pos + 4],
-                "have": have[pos : pos + 4],
-            }
-        )
-    return out
+from bench_trace_overhead import (  # noqa: E402
+    MODES,
+    build_mode,
+    parse_args,
+    token_differences,
+    workload,
+)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -70,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = outs[names[0]]
         row = {}
         for name in names[1:]:
-            diff = _diff(base, outs[name])
+            diff = token_differences(base, outs[name])
             row[name] = {"num_differ": len(diff), "first": diff[:5]}
             mark = "same" if not diff else f"{len(diff)} requests differ: {diff[:3]}"
             print(f"round {r + 1} {name} vs {names[0]}: {mark}", flush=True)
