@@ -68,3 +68,30 @@ def test_derived_begins_against_the_first_device_work(frames):
     assert p50.loc["h2d_inputs", "rec"] > 100 and p50.loc["h2d_inputs", "der"] > 130, p50
     extra = p50["der"] - p50["rec"]
     assert np.allclose(extra.loc[["input_prep", "d2h_output"]], [1.3, 4.8], atol=0.5), extra
+
+
+def test_the_starvation_estimate_holds_with_derived_begins(frames):
+    """The kernel-window check (stage slices alone against CUPTI's kernel union, steps 300..339)
+    with the trace's recorded begins, and again with every derived stage's begin put in their
+    place (what a default ``--trace-begins derived`` trace holds): both within the tolerance,
+    and within 0.001 of each other."""
+    import dataclasses
+
+    from bench.bench_kernel_window import TOLERANCE, compare_window
+
+    steps = str(frames.metadata["capture_kernel_steps"])
+    slices = frames.slices.copy()
+    derived = slices["derived_begin_ns"].notna()
+    slices.loc[derived, "ts_ns"] = slices.loc[derived, "derived_begin_ns"].astype("int64")
+    slices.loc[derived, "dur_ns"] = slices.loc[derived, "end_ns"] - slices.loc[derived, "ts_ns"]
+    rows = [
+        {r["phase"]: r for r in compare_window(f, steps)}
+        for f in (frames, dataclasses.replace(frames, slices=slices))
+    ]
+    for by_phase in rows:
+        assert set(by_phase) == {"decode_only"}
+        assert abs(by_phase["decode_only"]["error"]) <= TOLERANCE
+    recorded, with_derived = (r["decode_only"] for r in rows)
+    for key in ("bubble_ratio_slices", "bubble_ratio_starvation_aware"):
+        assert with_derived[key] == pytest.approx(recorded[key], abs=0.001), key
+    assert with_derived["bubble_ratio_slices"] <= recorded["bubble_ratio_slices"]  # longer slices
