@@ -29,7 +29,7 @@ from instrument import device_timeline as _dt
 from instrument import tracer as _tr
 from instrument.graph_stamps import StampEvent
 
-_TRACER_METHODS = ("span", "span_begin", "span_end", "instant", "counter", "counters", "counter_values", "slice_at",
+_TRACER_METHODS = ("span", "span_begin", "span_end", "trace_step", "pause", "resume", "instant", "counter", "counters", "counter_values", "slice_at",
                    "slice_args",
                    "append_slices", "request_slices", "thread_slice", "metadata")  # fmt: skip
 _TIMELINE_METHODS = ("stage", "poll_if_due", "poll", "drain", "event_after_stage", "give_back")

@@ -301,7 +301,11 @@ class EngineCore:
 
         Whether the step is traced is decided here, once (capture rules 1-3); a dropped step's
         phase runs with the tracer paused."""
-        traced = not self._skip_dropped_steps or self.tracer.trace_step(self.scheduler.next_step)
+        traced = True
+        if self._skip_dropped_steps:
+            traced = self.tracer.trace_step(self.scheduler.next_step)
+            # Past a full trace's warm-up the rules drop no later step: stop asking.
+            self._skip_dropped_steps = self.tracer.can_skip_steps
         if not traced:
             self.tracer.pause()
         try:

@@ -137,6 +137,9 @@ class CaptureConfig:
         }
 
 
+_NEVER = 1 << 62  # a step no run reaches: "holds for every later step"
+
+
 class StepRule:
     """Rules 1-3 of one :class:`CaptureConfig`: ``reason(step)`` is the rule that drops the step
     (``"warmup"``, ``"range"``, ``"sampled"``) or None. Integer arithmetic on the step number and
@@ -164,6 +167,12 @@ class StepRule:
         """True when some step can be dropped by rules 1-3."""
         return bool(self._warmup_end or self._first or self._end is not None or self._every > 1)
 
+    @property
+    def settled(self) -> bool:
+        """The latest answer keeps every later step too (past the warm-up and the range's start,
+        no range end, no sampling): asking again is pointless."""
+        return self._reason is None and self._hi >= _NEVER
+
     def reason(self, step: int) -> str | None:
         if self._lo <= step < self._hi:
             return self._reason
@@ -174,7 +183,7 @@ class StepRule:
     def _decide(self, step: int) -> tuple[str | None, int]:
         """The reason for ``step`` and the first later step it may not hold for."""
         end = self._end
-        never = 1 << 62
+        never = _NEVER
         if step < self._warmup_end:
             return "warmup", self._warmup_end
         if step < self._first:

@@ -393,12 +393,17 @@ class Tracer:
         scheduled. False: the step is dropped; it is counted here (``skipped_steps``, written at
         close as ``engine_skipped_steps_<reason>`` and in ``dropped_steps_<reason>``) and the
         engine pauses the tracer (:meth:`pause`) around each of the step's phases, so it records
-        none of its events. True while the tracer is off (nothing of the step would be traced)."""
+        none of its events. True while the tracer is off (nothing of the step would be traced).
+
+        Once the rules can drop no later step (a full trace past its warm-up steps), the rule is
+        let go: :attr:`can_skip_steps` turns False and the engine stops asking."""
         rule = self.step_rule
         if rule is None or not (self.enabled or self.paused):
             return True
         reason = rule.reason(step)
         if reason is None:
+            if rule.settled:
+                self.step_rule = None
             return True
         self.skipped_steps[reason] += 1
         return False

@@ -17,7 +17,7 @@ import pytest
 from analysis import load_trace
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from instrument.capture import CaptureConfig
+from instrument.capture import CaptureConfig, StepRule
 from instrument.schema import Arg, CopySlice, CpuSlice, DeviceSlice, parse_device_track_name
 from instrument.tracer import Tracer
 from tests.instrument.conftest import read_trace
@@ -139,3 +139,50 @@ def test_sampled_trace_keeps_whole_runs_of_steps(
 
 def test_tracing_changes_no_tokens(tiny_model_config, full_trace) -> None:
     assert _generate(tiny_model_config, None) == full_trace[1]
+
+
+@pytest.mark.parametrize(
+    ("capture", "asks_every_step"),
+    [
+        (CaptureConfig(warmup_steps=2), False),  # a full trace past its warm-up: settled
+        (CaptureConfig(warmup_steps=2, every=2, run_length=4), True),  # sampled: never settled
+        (CaptureConfig(warmup_steps=0, first_step=3, end_step=12), True),  # dropped after 12
+    ],
+)
+def test_the_engine_stops_asking_the_capture_rules_once_they_drop_no_later_step(
+    tmp_path, tiny_model_config, capture, asks_every_step
+) -> None:
+    """A full trace's rules drop only the warm-up steps: past them the tracer lets its rule go
+    and the engine stops asking (no per-step call for the rest of the run); rules that may still
+    drop a later step (sampling, a range's end) are asked every step. The skipped counts and
+    the trace's steps are the same either way."""
+    tracer = Tracer(str(tmp_path / "t.pftrace"), capture=capture)
+    llm = LLM(
+        tracer=tracer,
+        model_config=tiny_model_config,
+        random_weights=True,
+        num_kv_blocks=128,
+        max_num_seqs=8,
+    )
+    asked: list[int] = []
+    trace_step = tracer.trace_step
+
+    def counted(step: int) -> bool:
+        asked.append(step)
+        return trace_step(step)
+
+    tracer.trace_step = counted  # type: ignore[method-assign]
+    llm.generate(PROMPTS, PARAMS)
+    llm.close()
+    tracer.close()
+    steps = llm.engine.scheduler.next_step
+    assert steps > 30
+    if asks_every_step:
+        assert len(asked) >= steps - 1 and tracer.can_skip_steps
+    else:
+        assert asked == [0, 1, 2] and not tracer.can_skip_steps  # 0, 1 warm-up; 2 settles it
+    rule = StepRule(capture)
+    expected = {s for s in range(steps) if rule.reason(s) is None}  # asked in step order
+    slices = load_trace(str(tmp_path / "t.pftrace")).slices
+    kept = set(slices["step"].dropna().astype(int))
+    assert kept == expected
