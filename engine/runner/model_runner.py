@@ -396,8 +396,10 @@ class ModelRunner:
             dev.submit(compute, lambda: self.fwd.prepare(batch))
         # One CUDA-graph replay, submitted at once (the analysis starts its work at host_end_ns,
         # docs/design.md §5.14.2); eager logits after it make the stage eager.
-        if run_forward is None:
-            graph = not with_logits and tl.enabled and self.fwd.replays_graph(batch)
+        if run_forward is None:  # a stamped replay is a graph replay: no second lookup
+            graph = stamps is not None or (
+                not with_logits and tl.enabled and self.fwd.replays_graph(batch)
+            )
         else:
             graph = not with_logits and dev.is_cuda  # the speculative forward graph
         args: dict[str, object] = {FLOW_IN: FLOW_ID_BASE + step, _ARG_GRAPH: graph}
