@@ -10,6 +10,7 @@ from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from instrument.schema import FLOW_ID_BASE, Counter, CpuSlice, DeviceSlice, Instant
 from instrument.tracer import Tracer
+from tests.engine.test_trace_cost import _tiny_llm
 
 
 def _run(tmp_path, tiny_model_config, async_on: bool) -> str:
@@ -155,13 +156,7 @@ def test_a_phase_that_raises_still_writes_its_span(tmp_path, tiny_model_config):
     slice is still written, the run's earlier steps are all there, and the trace loads."""
     path = str(tmp_path / "t.pftrace")
     tracer = Tracer(path)
-    llm = LLM(
-        tracer=tracer,
-        model_config=tiny_model_config,
-        random_weights=True,
-        num_kv_blocks=128,
-        max_num_seqs=4,
-    )
+    llm = _tiny_llm(tracer, tiny_model_config)
     scheduler = llm.engine.scheduler
     update, calls = scheduler.update_from_output, []
 

@@ -20,6 +20,7 @@ from engine.sampling_params import SamplingParams
 from instrument.capture import CaptureConfig, StepRule
 from instrument.schema import Arg, CopySlice, CpuSlice, DeviceSlice, parse_device_track_name
 from instrument.tracer import Tracer
+from tests.engine.test_trace_cost import _tiny_llm
 from tests.instrument.conftest import read_trace
 
 PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(6 + i)] for i in range(6)]
@@ -157,13 +158,7 @@ def test_the_engine_stops_asking_the_capture_rules_once_they_drop_no_later_step(
     drop a later step (sampling, a range's end) are asked every step. The skipped counts and
     the trace's steps are the same either way."""
     tracer = Tracer(str(tmp_path / "t.pftrace"), capture=capture)
-    llm = LLM(
-        tracer=tracer,
-        model_config=tiny_model_config,
-        random_weights=True,
-        num_kv_blocks=128,
-        max_num_seqs=8,
-    )
+    llm = _tiny_llm(tracer, tiny_model_config)
     asked: list[int] = []
     trace_step = tracer.trace_step
 
