@@ -344,6 +344,10 @@ def direct(modes: list[Mode], work: list[Any], rounds: int = 1) -> dict[str, Any
             entry["added_tracer_cpu_us_per_step"] = (
                 entry["tracer_cpu_us_per_step"] - off["tracer_cpu_us_per_step"]
             )
+            entry["added_tracer_us_per_step_no_gc"] = (
+                entry["tracer_us_per_step_no_gc"] - off["tracer_us_per_step_no_gc"]
+            )
+            entry["added_gc_us_per_step"] = entry["gc_us_per_step"] - off["gc_us_per_step"]
         per_round.append(results)
         _print_direct(results, off, f" (round {r + 1} of {rounds})" if rounds > 1 else "")
     results = per_round[-1] if rounds == 1 else _direct_medians(per_round, modes)
@@ -370,13 +374,16 @@ def _print_direct(results: dict[str, Any], off: dict[str, Any], title: str) -> N
         print("    wall: " + ", ".join(f"{k} {v:.1f}" for k, v in top))
         runs = entry["gc_collections_per_step"]
         print(f"    gc on the engine thread (inside the calls above or not): "
-              f"{entry['gc_us_per_step']:.1f} us per step; collections per step by generation "
-              f"{runs[0]:.3f} / {runs[1]:.3f} / {runs[2]:.4f}")  # fmt: skip
+              f"{entry['gc_us_per_step']:.1f} us per step ({entry['added_gc_us_per_step']:+.1f}), "
+              f"{entry['gc_in_calls_us_per_step']:.1f} of it inside them; without it the calls "
+              f"add {entry['added_tracer_us_per_step_no_gc']:+.1f} us per step; collections per "
+              f"step by generation {runs[0]:.3f} / {runs[1]:.3f} / {runs[2]:.4f}")  # fmt: skip
 
 
 _DIRECT_KEYS = ("added_tracer_us_per_step", "added_tracer_cpu_us_per_step",
                 "tracer_us_per_step", "tracer_cpu_us_per_step", "record_us_per_call",
-                "gc_us_per_step")  # fmt: skip
+                "gc_us_per_step", "added_gc_us_per_step", "gc_in_calls_us_per_step",
+                "added_tracer_us_per_step_no_gc")  # fmt: skip
 
 
 def _direct_medians(per_round: list[dict[str, Any]], modes: list[Mode]) -> dict[str, Any]:
@@ -384,7 +391,9 @@ def _direct_medians(per_round: list[dict[str, Any]], modes: list[Mode]) -> dict[
     kept under ``rounds``), printed as one table."""
     out: dict[str, Any] = {}
     print(f"measured directly, median of {len(per_round)} alternated rounds (min..max):")
-    print(f"{'mode':<16} {'added wall us/step':>28} {'added cpu us/step':>28}  per round (wall)")
+    print(f"{'mode':<16} {'added wall us/step':>28} {'added cpu us/step':>28}  per round (wall; "
+          "then without the collections inside the calls; collections added, all of the "
+          "engine thread's)")  # fmt: skip
     for m in modes:
         rounds = [r[m.name] for r in per_round]
         entry: dict[str, Any] = {k: statistics.median(e[k] for e in rounds) for k in _DIRECT_KEYS}
@@ -394,7 +403,9 @@ def _direct_medians(per_round: list[dict[str, Any]], modes: list[Mode]) -> dict[
         cpu = [e["added_tracer_cpu_us_per_step"] for e in rounds]
         print(f"{m.name:<16} {statistics.median(wall):>+9.1f} ({min(wall):+.1f}..{max(wall):+.1f})"
               f"{'':>4} {statistics.median(cpu):>+9.1f} ({min(cpu):+.1f}..{max(cpu):+.1f})"
-              f"{'':>4}  " + " / ".join(f"{w:+.1f}" for w in wall))  # fmt: skip
+              f"{'':>4}  " + " / ".join(f"{w:+.1f}" for w in wall) + "; "
+              + " / ".join(f"{e['added_tracer_us_per_step_no_gc']:+.1f}" for e in rounds) + "; "
+              + " / ".join(f"{e['added_gc_us_per_step']:+.1f}" for e in rounds))  # fmt: skip
     return out
 
 

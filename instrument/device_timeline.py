@@ -53,7 +53,7 @@ from instrument.device_events import (
     TimedEvent,
     as_ops,
 )
-from instrument.events import EV_SLICE_AT, RawEvent
+from instrument.events import EV_SLICE_AT, EV_STAGE, RawEvent
 from instrument.graph_stamps import StampEvent
 from instrument.schema import (
     DEVICE_COMPUTE,
@@ -806,6 +806,7 @@ class DeviceTimeline:
         times = self._host_ns_many(events)
         self._resolve_held()
         free, last, observer = self._free, self._last, self.observer
+        both = self._derive and self._record_begins
         shared_ns = self._end_ns
         out: list[RawEvent] = []
         i = 0
@@ -843,27 +844,30 @@ class DeviceTimeline:
                 stage.emitted = True
                 name, track = stage.name, self._track_of(stage.lane, None)
                 args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **stage.args}
-            else:
-                site = stage.site
-                name, track, args = site.name, site.track, stage.args
-                if track is None:  # the site's first slice
-                    track = site.track = self._track_of(site.lane, site.stream)
+                out.append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+                continue
+            site = stage.site
+            track = site.track
+            if track is None:  # the site's first slice
+                track = site.track = self._track_of(site.lane, site.stream)
+            stage.end_ns = end_ns  # a later stage that waited for it reads it here
+            if both:  # the derived begin becomes an arg: the slice has a dict of its own
                 # In the order a stage() call gives them: the site's args (shared: copied), the
-                # stage's own (its dict), step, host_end_ns.
-                if args is None:
-                    args = {**site.args, _STEP: stage.step, _HOST_END_NS: stage.host_end_ns}
-                else:
-                    if site.args:
-                        args = {**site.args, **args}
-                    args[_STEP] = stage.step
-                    args[_HOST_END_NS] = stage.host_end_ns
-                stage.end_ns = end_ns  # a later stage that waited for it reads it here
-            out.append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+                # stage's own (its dict), step, host_end_ns (instrument.events.expand_stage).
+                args = {**site.args, **stage.args} if stage.args else dict(site.args)
+                args[_STEP] = stage.step
+                args[_HOST_END_NS] = stage.host_end_ns
+                out.append((EV_SLICE_AT, track, site.name, start_ns, end_ns, args))
+            else:  # no dict: the writer merges the site's args and the stage's (EV_STAGE)
+                out.append(
+                    (EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
+                     stage.step, stage.host_end_ns)
+                )  # fmt: skip
         if self._derive:
             self._derive_begins(stages, out)
         if observer is not None:
-            for stage, (_, _, name, start_ns, end_ns, _) in zip(stages, out, strict=True):
-                observer(stage.lane, name, stage.step, start_ns, end_ns)
+            for stage, event in zip(stages, out, strict=True):
+                observer(stage.lane, event[2], stage.step, event[3], event[4])
         self.num_emitted += len(stages)
         self._drop_above += len(stages)
         self.tracer.append_slices(out)
@@ -894,7 +898,8 @@ class DeviceTimeline:
             if isinstance(stage, PendingStage):  # add(): no stream order known, begin recorded
                 continue
             queue = stage.site.queue
-            _, track, name, start_ns, end_ns, args = out[j]
+            event = out[j]
+            end_ns = event[4]
             if isinstance(stage, _DerivedScope):
                 begin_ns = stage.host_begin_ns
                 if queue.end_ns > begin_ns:
@@ -909,9 +914,9 @@ class DeviceTimeline:
                         begin_ns = dep_end
                 begin_ns = min(begin_ns, end_ns)
                 if replace:
-                    out[j] = (EV_SLICE_AT, track, name, begin_ns, end_ns, args)
+                    out[j] = (*event[:3], begin_ns, *event[4:])
                 else:
-                    args[_DERIVED_BEGIN_NS] = begin_ns  # type: ignore[index]
+                    event[5][_DERIVED_BEGIN_NS] = begin_ns  # both: an EV_SLICE_AT's own dict
             queue.end_ns = end_ns
 
     def _pending_end_ns(self, stage: Any) -> int:

@@ -1,4 +1,11 @@
-"""The raw event tuples the tracer's hot path appends (plain tuples: cheap to build).
+"""The raw events the tracer's hot path records, and the flat buffer that holds them.
+
+The tracer's buffer is flat: each event is its kind followed by its fields, one after another
+(``buffer.extend((EV_SPAN, track, name, ...))``), never a tuple that lives on. A tuple held in the
+buffer until the next flush is a container the cyclic garbage collector counts: twenty of them a
+traced step made the engine thread collect ~40% more often (docs/design.md §4.9, "Flat buffer").
+:func:`unflatten` turns a flat batch back into tuples on the writer's side; ``ARITY`` gives each
+kind's number of fields.
 
 Kinds and layouts (``track`` is a thread ident (int), a track name (str), or None for the process
 track):
@@ -17,6 +24,10 @@ track):
 * ``(EV_REQUEST, req_id, arrival_ns, scheduled_ns, first_token_ns | None, finished_ns,
   num_output_tokens)``: a finished request's ``queued`` / ``prefill`` / ``decode`` slices on its
   track, in one tuple (the writer expands it: :func:`expand_request`).
+* ``(EV_STAGE, track, name, start_ns, end_ns, site_args, own_args | None, step, host_end_ns)``: a
+  device stage's slice (``instrument.device_timeline``), without a dict of its own: the writer
+  expands it into an ``EV_SLICE_AT`` with args ``site_args`` (shared, never changed), then
+  ``own_args``, ``step`` and ``host_end_ns`` (:func:`expand_stage`).
 
 ``args`` is the span's keyword dict; the reserved keys ``flow_in`` / ``flow_out`` (int flow ids)
 become Perfetto flow ids rather than annotations.
@@ -35,12 +46,17 @@ __all__ = [
     "EV_REQUEST",
     "EV_COUNTERS",
     "EV_SPAN",
+    "EV_STAGE",
+    "ARITY",
     "FLOW_IN",
     "FLOW_OUT",
     "RawEvent",
     "expand_request",
     "expand_counters",
     "expand_span",
+    "expand_stage",
+    "flatten",
+    "unflatten",
 ]
 
 EV_SLICE_AT = 2
@@ -49,6 +65,18 @@ EV_COUNTER = 4
 EV_REQUEST = 5
 EV_COUNTERS = 6
 EV_SPAN = 7
+EV_STAGE = 8
+
+# Fields after the kind, per kind: a flat buffer is read back by these.
+ARITY = {
+    EV_SLICE_AT: 5,
+    EV_INSTANT: 4,
+    EV_COUNTER: 3,
+    EV_REQUEST: 6,
+    EV_COUNTERS: 3,
+    EV_SPAN: 6,
+    EV_STAGE: 8,
+}
 
 FLOW_IN = "flow_in"
 FLOW_OUT = "flow_out"
@@ -57,6 +85,7 @@ RawEvent = tuple[Any, ...]
 
 
 _STEP = Arg.STEP.value
+_HOST_END_NS = Arg.HOST_END_NS.value
 _REQUEST_ID = Arg.REQUEST_ID.value
 _NUM_OUTPUT_TOKENS = Arg.NUM_OUTPUT_TOKENS.value
 _QUEUED, _PREFILL, _DECODE = (s.value for s in RequestSlice)
@@ -90,4 +119,37 @@ def expand_request(event: RawEvent) -> list[RawEvent]:
         out.append((EV_SLICE_AT, track, _PREFILL, scheduled, first_token, {_REQUEST_ID: req_id}))
         args = {_REQUEST_ID: req_id, _NUM_OUTPUT_TOKENS: num_output_tokens}
         out.append((EV_SLICE_AT, track, _DECODE, first_token, finished, args))
+    return out
+
+
+def expand_stage(event: RawEvent) -> RawEvent:
+    """An ``EV_STAGE`` tuple as its ``EV_SLICE_AT``: args the site's, then the stage's own, then
+    ``step`` and ``host_end_ns`` (the order ``DeviceTimeline`` wrote them in as a dict)."""
+    _, track, name, start_ns, end_ns, site_args, own, step, host_end_ns = event
+    args = {**site_args, **own} if own else dict(site_args)
+    args[_STEP] = step
+    args[_HOST_END_NS] = host_end_ns
+    return (EV_SLICE_AT, track, name, start_ns, end_ns, args)
+
+
+def flatten(events: list[RawEvent]) -> list[Any]:
+    """Event tuples as a flat batch (what the tracer's buffer holds)."""
+    return [field for event in events for field in event]
+
+
+def unflatten(flat: list[Any]) -> list[RawEvent]:
+    """A flat batch as event tuples. An unknown kind is an error; an event cut short at the end
+    (a batch whose sender died mid-event) is left out."""
+    out: list[RawEvent] = []
+    i, n = 0, len(flat)
+    while i < n:
+        kind = flat[i]
+        arity = ARITY.get(kind) if type(kind) is int else None
+        if arity is None:
+            raise ValueError(f"unknown raw event kind {kind!r} at item {i} of a flat batch")
+        j = i + 1 + arity
+        if j > n:
+            break
+        out.append(tuple(flat[i:j]))
+        i = j
     return out

@@ -34,12 +34,15 @@ from instrument.events import (
     EV_REQUEST,
     EV_SLICE_AT,
     EV_SPAN,
+    EV_STAGE,
     FLOW_IN,
     FLOW_OUT,
     RawEvent,
     expand_counters,
     expand_request,
     expand_span,
+    expand_stage,
+    unflatten,
 )
 from instrument.ring_output import FileOutput, RingOutput
 from instrument.schema import PROCESS_NAME, Arg, CaptureArg, Instant, request_track_name
@@ -78,11 +81,13 @@ def _event_packet(ts: int, te: bytes, interned: bytes, seq: bytes = _SEQ_NEEDS) 
 
 def _expand(events: Iterable[RawEvent]) -> Iterable[RawEvent]:
     """Events with each ``EV_REQUEST`` replaced by its slices, each ``EV_COUNTERS`` by its
-    counter samples, each ``EV_SPAN`` by its slice."""
+    counter samples, each ``EV_SPAN`` and ``EV_STAGE`` by its slice."""
     for event in events:
         kind = event[0]
         if kind == EV_SPAN:
             yield expand_span(event)
+        elif kind == EV_STAGE:
+            yield expand_stage(event)
         elif kind == EV_REQUEST:
             yield from expand_request(event)
         elif kind == EV_COUNTERS:
@@ -326,6 +331,10 @@ class PerfettoWriter:
             size += len(packet)
             num_events += order != 0
         return chunks, steps, num_events
+
+    def write_flat(self, flat: list[Any], thread_names: dict[int, tuple[str, int]]) -> None:
+        """:meth:`write` of a flat batch (the tracer's buffer: ``instrument.events.unflatten``)."""
+        self.write(unflatten(flat), thread_names)
 
     def write(self, events: Iterable[RawEvent], thread_names: dict[int, tuple[str, int]]) -> None:
         """Gate, convert and append a batch of raw events in time order; flushes the file.

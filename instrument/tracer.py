@@ -65,6 +65,7 @@ def _thread_key() -> int:
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NO_EVENT = object()  # the sentinel of the flush's C-level drain (never buffered)
+_chain = itertools.chain.from_iterable
 
 
 class _NullSpan:
@@ -89,12 +90,12 @@ _new_span = object.__new__
 class _Span:
     """A live span: remembers its start; appends one complete-slice tuple when it ends.
 
-    Each enabled tracer makes a subclass with its buffer's ``append`` bound as a class attribute,
+    Each enabled tracer makes a subclass with its buffer's ``extend`` bound as a class attribute,
     so constructing a span sets only two fields.
     """
 
     __slots__ = ("_name", "_args", "_start_ns")
-    _append: Callable[[RawEvent], None]
+    _extend: Callable[[RawEvent], None]
 
     def __init__(self, name: str, args: dict[str, object]) -> None:
         self._name = name
@@ -119,7 +120,7 @@ class _Span:
     ) -> Literal[False]:
         # The slice built inline, no locals: this runs for every span, six per engine step.
         try:
-            self._append((EV_SLICE_AT, _local.key, self._name, self._start_ns, _now(), self._args))
+            self._extend((EV_SLICE_AT, _local.key, self._name, self._start_ns, _now(), self._args))
         except AttributeError:  # the thread's first event: give it its key, then append
             _register_thread()
             self.__exit__(exc_type, exc, tb)
@@ -179,8 +180,9 @@ class Tracer:
             raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s}")
         self.enabled = enabled
         self.path = os.fspath(path) if path is not None else None
-        self._buffer: deque[RawEvent] = deque()
-        self._append = self._buffer.append
+        # Flat: each event's kind then its fields (``instrument.events``; no tuple lives on in it).
+        self._buffer: deque[Any] = deque()
+        self._extend = self._buffer.extend
         self._nvtx = _nvtx.NvtxRanges() if (enabled and nvtx) else None
         if self._nvtx is not None:  # the hot-path span calls push and pop the range too
             self.span_begin = self._span_begin_nvtx  # type: ignore[method-assign,assignment]
@@ -189,8 +191,8 @@ class Tracer:
         self._span_cls: type[_Span] = type(
             "_TracerSpan",
             (base,),
-            # A bound builtin is no descriptor: ``self._append`` finds it as is (no staticmethod).
-            {"__slots__": (), "_append": self._append, "_nvtx": self._nvtx},
+            # A bound builtin is no descriptor: ``self._extend`` finds it as is (no staticmethod).
+            {"__slots__": (), "_extend": self._extend, "_nvtx": self._nvtx},
         )
         self._writer: PerfettoWriter | ProcessWriter | None = None
         self._flusher: threading.Thread | None = None
@@ -271,7 +273,7 @@ class Tracer:
             key = _local.key
         except AttributeError:  # the thread's first event
             key = _register_thread()
-        self._append((EV_SPAN, key, name, start_ns, _now(), step, args))
+        self._extend((EV_SPAN, key, name, start_ns, _now(), step, args))
 
     def _span_begin_nvtx(self, name: str) -> int:
         assert self._nvtx is not None
@@ -297,12 +299,12 @@ class Tracer:
                 self.skipped_instants += 1
                 return
         track = _thread_key() if scope == "thread" else None
-        self._append((EV_INSTANT, track, name, now_ns(), args or None))
+        self._extend((EV_INSTANT, track, name, now_ns(), args or None))
 
     def counter(self, name: str, value: float) -> None:
         """One sample of a process-scoped counter."""
         if self.enabled:
-            self._append((EV_COUNTER, name, now_ns(), value))
+            self._extend((EV_COUNTER, name, now_ns(), value))
 
     def slice_at(self, track: str, name: str, start_ns: int, end_ns: int, **args: object) -> None:
         """A slice with explicit times on a named track (device lanes, requests).
@@ -313,7 +315,7 @@ class Tracer:
             return
         if end_ns < start_ns:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
-        self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+        self._extend((EV_SLICE_AT, track, name, start_ns, end_ns, args))
 
     def slice_args(
         self, track: str, name: str, start_ns: int, end_ns: int, args: dict[str, object]
@@ -323,16 +325,17 @@ class Tracer:
             return
         if end_ns < start_ns:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
-        self._append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+        self._extend((EV_SLICE_AT, track, name, start_ns, end_ns, args))
 
     def append_slices(self, slices: list[RawEvent]) -> None:
-        """Many complete slices in one call: ``(EV_SLICE_AT, track, name, start_ns, end_ns,
-        args)`` tuples with ``end_ns >= start_ns`` (the device timeline's batches).
+        """Many complete slices in one call: ``EV_SLICE_AT`` or ``EV_STAGE`` tuples
+        (``instrument.events``) with ``end_ns >= start_ns`` (the device timeline's batches),
+        buffered flat.
 
         Written while the tracer is muted too (``muted``, or switched off mid-run): the stages
         were recorded while it was on; only a disabled or closed tracer drops them."""
         if self._writer is not None and not self._closed:
-            self._buffer.extend(slices)
+            self._extend(_chain(slices))  # their fields, flat (the tuples go with the list)
 
     def request_slices(
         self,
@@ -353,7 +356,7 @@ class Tracer:
             first_token_ns is not None and not scheduled_ns <= first_token_ns <= finished_ns
         ):
             raise ValueError(f"request {req_id!r}: times out of order")
-        self._append(
+        self._extend(
             (EV_REQUEST, req_id, arrival_ns, scheduled_ns, first_token_ns, finished_ns,
              num_output_tokens)
         )  # fmt: skip
@@ -361,16 +364,16 @@ class Tracer:
     def counters(self, values: dict[str, float]) -> None:
         """One sample of each process-scoped counter in ``values``, all at one timestamp."""
         if self.enabled:
-            ts, append = now_ns(), self._append
+            ts, extend = now_ns(), self._extend
             for name, value in values.items():
-                append((EV_COUNTER, name, ts, value))
+                extend((EV_COUNTER, name, ts, value))
 
     def counter_values(self, names: tuple[str, ...], values: tuple[float, ...]) -> None:
         """One sample of each process-scoped counter ``names[i]`` = ``values[i]``, all at one
         timestamp, buffered as one tuple (the writer expands it; the same trace as
         :meth:`counters`, one append instead of one per counter)."""
         if self.enabled:
-            self._append((EV_COUNTERS, names, now_ns(), values))
+            self._extend((EV_COUNTERS, names, now_ns(), values))
 
     def thread_slice(self, name: str, start_ns: int, end_ns: int, **args: object) -> None:
         """A slice with explicit times on the current thread's track (like a finished span)."""
@@ -378,7 +381,7 @@ class Tracer:
             return
         if end_ns < start_ns:
             raise ValueError(f"slice {name!r} ends before it starts ({start_ns} > {end_ns})")
-        self._append((EV_SLICE_AT, _thread_key(), name, start_ns, end_ns, args))
+        self._extend((EV_SLICE_AT, _thread_key(), name, start_ns, end_ns, args))
 
     # ---- steps dropped on the engine thread -------------------------------------------------
     @property
@@ -457,7 +460,7 @@ class Tracer:
         # ~30 ns an event); only this thread pops, so n are there. Appends may go on meanwhile.
         events = list(itertools.islice(iter(buffer.popleft, _NO_EVENT), len(buffer)))
         if events:
-            self._writer.write(events, self._thread_names())
+            self._writer.write_flat(events, self._thread_names())
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval_s):

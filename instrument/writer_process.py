@@ -3,20 +3,21 @@
 Encoding a raw event into protobuf costs several microseconds of Python; on the tracer's flush
 thread it holds the GIL the engine thread needs, and when the engine is host-bound every one of
 those microseconds (and the GIL hand-over delays around them) is lost throughput. With
-:class:`ProcessWriter` the flush thread only pickles each batch of raw tuples (one C call, about
-a microsecond per event) and writes it to a pipe; a child process (``python -m
+:class:`ProcessWriter` the flush thread only pickles each flat batch of raw events (the tracer's
+buffer as it is, ``instrument.events``; one C call, about a microsecond per event) and writes it to a pipe; a child process (``python -m
 instrument.writer_process``) owns the :class:`~instrument.perfetto_writer.PerfettoWriter` (capture
 gate, ring, interning) and does the rest. The file and its metadata are the same as with the
 in-process writer, byte for byte in content.
 
 Protocol on the child's stdin: frames of a 4-byte little-endian length and a pickled tuple
-``(op, *args)``: ``("part", events)`` (the first events of a batch, buffered by the child),
-``("write", events, thread_names)`` (the batch's last events: the child writes the parts and
-these as one batch), ``("sync",)`` (the child answers one byte on stdout once everything before
+``(op, *args)``: ``("part", items)`` (the first items of a flat batch, buffered by the child;
+a part may end inside an event), ``("write", items, thread_names)`` (the batch's last items: the
+child writes the parts and these as one batch), ``("sync",)`` (the child answers one byte on stdout once everything before
 it is written: :meth:`ProcessWriter.sync`), ``("finish", dropped, ts_ns, skipped_steps,
 skipped_instants)`` (``PerfettoWriter.finish``). The child ignores
 SIGINT/SIGTERM (the parent's handlers close the trace) and on end of input without ``finish``
-(the parent was killed) writes the parts it holds and closes what it has: a loadable prefix.
+(the parent was killed) writes the whole events of the parts it holds and closes what it has: a
+loadable prefix.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import threading
 from typing import IO, Any
 
 from instrument.capture import CaptureConfig
-from instrument.events import RawEvent
+from instrument.events import RawEvent, flatten
 
 __all__ = ["ProcessWriter", "main"]
 
@@ -39,8 +40,8 @@ _LEN = struct.Struct("<I")
 # Events pickled in one call. ``pickle.dumps`` holds the GIL for its whole call: a 0.5 s batch at
 # batch 256 (~7,000 events) took 6.9 ms on the dev CPU, longer than the host's lead over the
 # device in a host-bound step; a part of 512 took 0.36 ms. Between parts the pipe write releases
-# the GIL (docs/design.md §4.9, "Trace writer").
-PICKLE_CHUNK = 512
+# the GIL (docs/design.md §4.9, "Trace writer"). In flat items: ~512 events of ~6 fields.
+PICKLE_CHUNK = 3072
 
 
 def _plain(value: Any) -> Any:
@@ -51,16 +52,16 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _sanitize(events: list[RawEvent]) -> list[RawEvent]:
-    out: list[RawEvent] = []
-    for ev in events:
-        fields = []
-        for f in ev:
-            if isinstance(f, dict):
-                fields.append({str(k): _plain(v) for k, v in f.items()})
-            else:
-                fields.append(_plain(f))
-        out.append(tuple(fields))
+def _sanitize(items: list[Any]) -> list[Any]:
+    """A flat batch whose every field pickles (dict args: plain keys and values)."""
+    out: list[Any] = []
+    for f in items:
+        if isinstance(f, dict):
+            out.append({str(k): _plain(v) for k, v in f.items()})
+        elif isinstance(f, tuple):  # a counter sample's names or values
+            out.append(tuple(_plain(v) for v in f))
+        else:
+            out.append(_plain(f))
     return out
 
 
@@ -97,8 +98,12 @@ class ProcessWriter:
         self._stdin.write(_LEN.pack(len(data)) + data)
 
     def write(self, events: list[RawEvent], thread_names: dict[int, tuple[str, int]]) -> None:
-        """Hand one batch to the child, pickled in parts of at most :data:`PICKLE_CHUNK` events
-        (each part's pipe write releases the GIL); the child writes it as one batch."""
+        """:meth:`write_flat` of event tuples."""
+        self.write_flat(flatten(events), thread_names)
+
+    def write_flat(self, events: list[Any], thread_names: dict[int, tuple[str, int]]) -> None:
+        """Hand one flat batch to the child, pickled in parts of at most :data:`PICKLE_CHUNK`
+        items (each part's pipe write releases the GIL); the child writes it as one batch."""
         with self._lock:
             if self._closed:
                 return
@@ -153,14 +158,14 @@ def main(argv: list[str]) -> int:
     capture = CaptureConfig(*pickle.loads(bytes.fromhex(config_hex)))
     writer = PerfettoWriter(path, capture=capture, pid=int(pid))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    parts: list[RawEvent] = []  # the parts of the batch being received
+    parts: list[Any] = []  # the flat items of the batch being received
     names: dict[int, tuple[str, int]] = {}
     while True:
         head = _read_exact(stdin, _LEN.size)
         body = None if head is None else _read_exact(stdin, _LEN.unpack(head)[0])
         if body is None:  # the parent died: keep what was written, and the parts received
-            if parts:
-                writer.write(parts, names)
+            if parts:  # whole events only: the last part may end inside one
+                writer.write_flat(parts, names)
             writer.close()
             return 0
         op, *args = pickle.loads(body)
@@ -171,7 +176,7 @@ def main(argv: list[str]) -> int:
             names = {int(k): tuple(v) for k, v in sent_names.items()}
             if parts:
                 events, parts = parts + events, []
-            writer.write(events, names)
+            writer.write_flat(events, names)
         elif op == "sync":
             stdout.write(b"k")
             stdout.flush()

@@ -139,3 +139,35 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
         assert start >= scheduled[step], (name, step)
     meta = [e.args for e in trace.events if e.name == "trace_metadata"]
     assert not any(k.startswith("dropped_device") for m in meta for k in m)
+
+
+def test_the_direct_measure_splits_off_collections_inside_the_tracers_calls() -> None:
+    """``CostMeter`` (the direct measure): a collection planted inside a wrapped call counts in
+    that call's wall time and in ``gc_in_calls_us_per_step``; one between calls only in
+    ``gc_us_per_step``; ``tracer_us_per_step_no_gc`` is the calls' time less the former."""
+    import gc
+    import threading
+
+    import pytest
+
+    from bench._tracer_cost import CostMeter
+
+    meter = CostMeter()
+    meter._thread = threading.get_ident()
+    collecting = meter.wrap("tracer.span_end", lambda: gc.collect(0))
+    quiet = meter.wrap("tracer.span_begin", lambda: None)
+    gc.callbacks.append(meter.on_gc)
+    try:
+        for _ in range(4):
+            quiet()
+            collecting()
+            gc.collect(0)  # the engine's own, outside every call
+    finally:
+        gc.callbacks.remove(meter.on_gc)
+    out = meter.per_step(4)
+    assert out["gc_collections_per_step"][0] == 2.0
+    assert 0 < out["gc_in_calls_us_per_step"] < out["gc_us_per_step"]
+    assert out["tracer_us_per_step_no_gc"] == pytest.approx(
+        out["tracer_us_per_step"] - out["gc_in_calls_us_per_step"]
+    )
+    assert out["tracer_us_per_step_no_gc"] >= 0

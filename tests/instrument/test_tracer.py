@@ -285,3 +285,58 @@ def test_span_calls_push_and_pop_nvtx_ranges(tmp_path, monkeypatch):
     tracer.resume()
     tracer.close()
     assert calls == [("push", "schedule"), ("pop", None), ("push", "launch"), ("pop", None)]
+
+
+def test_the_buffer_is_flat_and_reads_back_as_the_events():
+    """The tracer's buffer holds each event's kind then its fields, no tuple per event (fewer
+    objects for the cyclic collector, docs/design.md §4.9 "Flat buffer"); ``unflatten`` gives the
+    tuples back, every kind by its arity, and leaves out an event cut short at the end."""
+    from instrument.events import (
+        ARITY,
+        EV_COUNTERS,
+        EV_SLICE_AT,
+        EV_SPAN,
+        EV_STAGE,
+        flatten,
+        unflatten,
+    )
+
+    tracer = Tracer(enabled=True, path=os.devnull, flush_interval_s=1000.0)
+    try:
+        first = len(tracer._buffer)  # after the trace's metadata
+        start = tracer.span_begin("launch")
+        tracer.span_end("launch", start, 7, {"k": 1})
+        tracer.counter_values(("a", "b"), (1, 2.5))
+        tracer.instant("mark", x=1)
+        tracer.request_slices("r", 1, 2, 3, 4, 5)
+        stage = (EV_STAGE, "gpu:0 compute", "forward", 10, 20, {"graph": True}, None, 7, 19)
+        tracer.append_slices([(EV_SLICE_AT, "gpu:0 copy", "h2d_inputs", 1, 2, {"step": 7}), stage])
+        flat = list(tracer._buffer)[first:]
+        assert all(not isinstance(f, tuple) or f in (("a", "b"), (1, 2.5)) for f in flat)
+        events = unflatten(flat)
+        assert [e[0] for e in events] == [EV_SPAN, EV_COUNTERS, 3, 5, EV_SLICE_AT, EV_STAGE]
+        assert all(len(e) == 1 + ARITY[e[0]] for e in events)
+        assert events[0][2:] == ("launch", start, events[0][4], 7, {"k": 1})
+        assert events[-1] == stage
+        assert flatten(events) == flat
+        assert unflatten(flat + [EV_SLICE_AT, "t", "cut"]) == events  # the sender died mid-event
+        with pytest.raises(ValueError, match="unknown raw event kind 'x' at item"):
+            unflatten(flat + ["x"])
+    finally:
+        tracer.close()
+
+
+def test_a_stage_slice_expands_to_the_args_a_dict_would_hold():
+    """``EV_STAGE`` (a device stage's slice without a dict of its own): the site's args, then the
+    stage's own, then step and host_end_ns; neither given dict is changed."""
+    from instrument.events import EV_SLICE_AT, EV_STAGE, expand_stage
+
+    site, own = {"lane_arg": "x"}, {"flow_in": 5, "graph": True}
+    got = expand_stage((EV_STAGE, "t", "forward", 1, 2, site, own, 9, 3))
+    assert got == (EV_SLICE_AT, "t", "forward", 1, 2, {**site, **own, "step": 9, "host_end_ns": 3})
+    assert list(got[5]) == ["lane_arg", "flow_in", "graph", "step", "host_end_ns"]
+    assert expand_stage((EV_STAGE, "t", "sample", 1, 2, {}, None, 4, 2))[5] == {
+        "step": 4,
+        "host_end_ns": 2,
+    }
+    assert site == {"lane_arg": "x"} and own == {"flow_in": 5, "graph": True}

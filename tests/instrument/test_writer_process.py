@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from instrument.capture import CaptureConfig
-from instrument.events import EV_SLICE_AT
+from instrument.events import EV_SLICE_AT, flatten
 from instrument.perfetto_writer import PerfettoWriter
 from instrument.tracer import Tracer
 from instrument.writer_process import PICKLE_CHUNK, ProcessWriter
@@ -144,9 +144,11 @@ def _batch(num: int) -> list[tuple]:
 
 
 def test_a_large_batch_is_pickled_in_parts_and_written_as_one(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A batch of 3 parts and a remainder: no pickle call sees more than PICKLE_CHUNK events, and
-    the file is the in-process writer's for the same batch."""
-    events = _batch(3 * PICKLE_CHUNK + 7)
+    """A flat batch of 3 parts and a remainder: no pickle call sees more than PICKLE_CHUNK items
+    (parts end inside events: 6 items an event), and the file is the in-process writer's for the
+    same batch."""
+    events = _batch((3 * PICKLE_CHUNK + 7 * 6) // 6)
+    assert len(flatten(events)) == 3 * PICKLE_CHUNK + 42
     names = {threading.get_ident(): ("engine-core", os.getpid())}
     sent: list[tuple[str, int]] = []
     send = ProcessWriter._send
@@ -163,7 +165,7 @@ def test_a_large_batch_is_pickled_in_parts_and_written_as_one(tmp_path: Path, mo
     thread.write(events, names)
     thread.finish({}, 10**9)
     assert [s for s in sent if s[0] != "sync"] == [("part", PICKLE_CHUNK)] * 3 + [
-        ("write", 7),
+        ("write", 42),
         ("finish", 0),
     ]
     got, want = (read_trace(str(tmp_path / f"{w}.pftrace")) for w in ("process", "thread"))
@@ -171,7 +173,8 @@ def test_a_large_batch_is_pickled_in_parts_and_written_as_one(tmp_path: Path, mo
 
 
 def test_parts_received_before_the_parent_died_are_kept(tmp_path: Path) -> None:
-    """The child, its stdin closed after two parts and no ``write``: both parts are in the file."""
+    """The child, its stdin closed after three flat parts and no ``write``: the whole events of
+    the parts are in the file, the one cut short by the parent's death is left out."""
     path = str(tmp_path / "t.pftrace")
     config = pickle.dumps(
         tuple(getattr(CaptureConfig(), f) for f in CaptureConfig.__dataclass_fields__)
@@ -182,7 +185,8 @@ def test_parts_received_before_the_parent_died_are_kept(tmp_path: Path) -> None:
         stdin=subprocess.PIPE, env=env,
     )  # fmt: skip
     assert proc.stdin is not None
-    for part in (_batch(5), _batch(3)):
+    cut = flatten(_batch(1))[:4]  # an event whose last fields never came
+    for part in (flatten(_batch(5)), flatten(_batch(3)), cut):
         data = pickle.dumps(("part", part))
         proc.stdin.write(struct.pack("<I", len(data)) + data)
     proc.stdin.close()
