@@ -77,10 +77,14 @@ for stage in $stages; do
     overhead-ab) # tracer cost before/after a change, alternated in one call: ab_before/ holds the earlier tree's packages (scripts/ab_tree.sh), carried untracked
         [ -d ab_before/instrument ] || { echo "no ab_before/ tree (scripts/ab_tree.sh REV)"; continue; }
         for r in $(seq ${AB_ROUNDS:-2}); do for tree in before after; do
-          if [ $tree = before ]; then pp=/tmp/site:$PWD/ab_before:$PWD; b=ab_before/bench; else pp=/tmp/site:$PWD; b=bench; fi
+          # Each tree runs from its own folder: `python -m instrument.writer_process` (the trace
+          # writer's child) puts the working folder first on its path, so it must be the tree's.
+          if [ $tree = before ]; then pp=/tmp/site:$PWD/ab_before:$PWD; dir=$PWD/ab_before; else pp=/tmp/site:$PWD; dir=$PWD; fi
           echo "--- round $r, $tree"
-          PYTHONPATH=$pp timeout ${AB_TIMEOUT:-140} python3 $b/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes off,trace --rounds 1 --min-run-s ${AB_RUN_S:-10} ${AB_ARGS:-} --out "$OUT/overhead_ab_${tree}_$r.json" 2>&1 | tee "$OUT/overhead_ab_${tree}_$r.log" | grep -A4 -E "^tracer CPU cost|^measured directly|^end to end"
-        done; done ;;
+          o=$(cd "$OUT" && pwd); root=$PWD
+          (cd "$dir" && PYTHONPATH=$pp timeout ${AB_TIMEOUT:-140} python3 bench/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer $root/samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes off,trace --rounds 1 --min-run-s ${AB_RUN_S:-10} ${AB_ARGS:-} --out "$o/overhead_ab_${tree}_$r.json" 2>&1 | tee "$o/overhead_ab_${tree}_$r.log" | grep -A3 -E "^measured directly|^end to end|^    gc on" | grep -v "^    [CPUwal]*:")
+        done; done
+        (cd "$OUT" && tar czf overhead_ab_logs.tgz overhead_ab_*.log && rm -f overhead_ab_*.log) ;;
     overhead-begins) # --trace-begins recorded vs derived (and graph stamps on/off) in one process: timed runs and the direct measurement alternated (BEGINS_ROUNDS)
         timeout ${BEGINS_TIMEOUT:-330} python3 bench/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes ${BEGINS_MODES:-off,trace-recorded,trace-derived,trace-derived-events} --rounds ${BEGINS_ROUNDS:-3} --direct-rounds ${BEGINS_ROUNDS:-3} --min-run-s ${BEGINS_RUN_S:-5} --micro-steps 1000 ${BEGINS_ARGS:-} --out "$OUT/overhead_begins${IL_TAG:-}.json" 2>&1 | tee "$OUT/overhead_begins${IL_TAG:-}.log" | grep -v "^    " | tail -30 ;;
     repro-digest) # several engines (REPRO_MODES; "off#2": a second engine of a mode) run the same greedy workloads round after round; per-request token differences printed
