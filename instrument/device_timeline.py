@@ -53,7 +53,7 @@ from instrument.device_events import (
     TimedEvent,
     as_ops,
 )
-from instrument.events import EV_SLICE_AT, EV_STAGE, RawEvent
+from instrument.events import EV_SLICE_AT, EV_STAGE, RawEvent, expand_stage
 from instrument.graph_stamps import StampEvent
 from instrument.schema import (
     DEVICE_COMPUTE,
@@ -851,18 +851,11 @@ class DeviceTimeline:
             if track is None:  # the site's first slice
                 track = site.track = self._track_of(site.lane, site.stream)
             stage.end_ns = end_ns  # a later stage that waited for it reads it here
-            if both:  # the derived begin becomes an arg: the slice has a dict of its own
-                # In the order a stage() call gives them: the site's args (shared: copied), the
-                # stage's own (its dict), step, host_end_ns (instrument.events.expand_stage).
-                args = {**site.args, **stage.args} if stage.args else dict(site.args)
-                args[_STEP] = stage.step
-                args[_HOST_END_NS] = stage.host_end_ns
-                out.append((EV_SLICE_AT, track, site.name, start_ns, end_ns, args))
-            else:  # no dict: the writer merges the site's args and the stage's (EV_STAGE)
-                out.append(
-                    (EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
-                     stage.step, stage.host_end_ns)
-                )  # fmt: skip
+            event = (EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
+                     stage.step, stage.host_end_ns)  # fmt: skip
+            # No dict of its own (the writer merges the site's args and the stage's), but with
+            # ``both``: the derived begin becomes an arg of the slice's own dict.
+            out.append(expand_stage(event) if both else event)
         if self._derive:
             self._derive_begins(stages, out)
         if observer is not None:

@@ -2,8 +2,9 @@
 
 The tracer's buffer is flat: each event is its kind followed by its fields, one after another
 (``buffer.extend((EV_SPAN, track, name, ...))``), never a tuple that lives on. A tuple held in the
-buffer until the next flush is a container the cyclic garbage collector counts: twenty of them a
-traced step made the engine thread collect ~40% more often (docs/design.md §4.9, "Flat buffer").
+buffer until the next flush is a container the cyclic garbage collector counts: ~20 of them a
+traced step made the engine thread run ~20% more gen-0 collections on the H200 (docs/design.md
+§4.9, "Flat buffer").
 :func:`unflatten` turns a flat batch back into tuples on the writer's side; ``ARITY`` gives each
 kind's number of fields.
 
