@@ -2,7 +2,8 @@
 
 Each workload (requests that all arrive at t=0, random prompts, fixed output lengths) runs
 through ``stepscope run``'s own code path (its argument parser, ``EngineConfig``, ``LLM``,
-``run_workload``), with default flags (``--max-num-seqs 256`` only: no KV or batching flags) and
+``run_workload``), with default flags (no KV or batching flags: ``max_num_seqs`` sized to the
+device, 1024 on an H200; ``--max-num-seqs N`` pins it, e.g. 256 as the issue's first runs) and
 ``--async on`` / ``--async off``; ``--tuned`` adds the same with the workload's tuned flags (a
 large KV cache, a larger token budget). HF ``generate`` runs the same model shape (random weights,
 greedy, every output of the full length) at batch ``--hf-batch`` on the workload's first
@@ -97,7 +98,8 @@ def engine_argv(args: argparse.Namespace, w: Workload, flags: tuple[str, ...]) -
         argv += ["--model", args.model]
     if args.tokenizer:
         argv += ["--tokenizer", args.tokenizer]
-    argv += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(args.max_num_seqs)]
     return argv + list(flags) + args.engine_args
 
 
@@ -129,7 +131,8 @@ def build_engine(args: argparse.Namespace, w: Workload, v: Variant) -> LLM:
     build_s = time.perf_counter() - start
     llm.run_workload(synthetic(w, WARMUP_SEED, out_len=min(8, w.out_len)))
     warmup_s = time.perf_counter() - start - build_s
-    v.warmups.append({"build_s": build_s, "warmup_run_s": warmup_s})
+    v.warmups.append({"build_s": build_s, "warmup_run_s": warmup_s,
+                      "max_num_seqs": llm.engine.config.scheduler.max_num_seqs})  # fmt: skip
     return llm
 
 
@@ -385,6 +388,7 @@ def summarise(w: Workload, variants: list[Variant]) -> dict[str, Any]:
             "ttft_ms_p50": statistics.median(r["ttft_ms_p50"] for r in v.runs),
             "tpot_ms_p50": statistics.median(r["tpot_ms_p50"] for r in v.runs),
             "ratio_to_hf": med / hf_tok if hf_tok else None,
+            "max_num_seqs": v.warmups[0].get("max_num_seqs") if v.warmups else None,
             "warmup": v.warmups,
             "runs": v.runs,
         }
@@ -393,7 +397,7 @@ def summarise(w: Workload, variants: list[Variant]) -> dict[str, Any]:
 
 def print_table(results: dict[str, dict[str, Any]]) -> None:
     print(f"\n{'workload':<16} {'variant':<18} {'tok/s median':>12} {'min..max':>21} "
-          f"{'TTFT p50 ms':>11} {'TPOT p50 ms':>11} {'x HF':>6} {'warm-up s':>14}")  # fmt: skip
+          f"{'TTFT p50 ms':>11} {'TPOT p50 ms':>11} {'x HF':>6} {'warm-up s':>14} {'seqs':>5}")  # fmt: skip
     for name, res in results.items():
         for vname, v in res["variants"].items():
             ratio = f"{v['ratio_to_hf']:.2f}" if v["ratio_to_hf"] is not None else "-"
@@ -403,11 +407,12 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
             )
             print(f"{name:<16} {vname:<18} {v['tok_s_median']:>12.1f} "
                   f"{v['tok_s_min']:>10.1f}..{v['tok_s_max']:<9.1f} {v['ttft_ms_p50']:>11.1f} "
-                  f"{v['tpot_ms_p50']:>11.2f} {ratio:>6} {warm_txt:>14}")  # fmt: skip
+                  f"{v['tpot_ms_p50']:>11.2f} {ratio:>6} {warm_txt:>14} "
+                  f"{v['max_num_seqs'] or '-'!s:>5}")  # fmt: skip
         for flag_set, same in res["async_on_off_same_tokens"].items():
             print(f"{name:<16} {flag_set}: async on/off same tokens in every round: {same}")
     print("warm-up s: engine build + warm-up run of the first run (then the median of the rest); "
-          "HF: model build + a short generate")  # fmt: skip
+          "HF: model build + a short generate; seqs: the engine's max_num_seqs")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -421,7 +426,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="model folder of workloads without a named shape (--quick)")  # fmt: skip
     p.add_argument("--tokenizer", default="samples/models/pycoder-14m",
                    help="the engine's tokenizer (as the issue's runs; '' for none)")  # fmt: skip
-    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="pin every engine's max_num_seqs (default: the engine's, sized to the "
+                   "device)")  # fmt: skip
     p.add_argument("--tuned", action="store_true", help="also each workload's tuned flags")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip HF generate")
     p.add_argument("--hf-batch", type=int, default=256)

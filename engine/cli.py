@@ -324,7 +324,13 @@ def _print_capacity(llm: LLM, tokens_per_request: float, tracer: Tracer | None) 
     print(
         f"  maximum concurrency at this workload's mean {tokens} tokens per "
         f"request (prompt + max_tokens): {concurrency:.2f}x (--max-num-seqs "
-        f"{engine.config.scheduler.max_num_seqs})"
+        f"{engine.config.scheduler.max_num_seqs}"
+        + (
+            ""
+            if engine.max_num_seqs_source == "max_num_seqs"
+            else f", {engine.max_num_seqs_source}"
+        )
+        + ")"
     )
     if engine.warmup.num_steps:
         print(f"warm-up: {engine.warmup.num_steps} dummy steps in {engine.warmup.seconds:.2f} s")

@@ -61,6 +61,28 @@ CLI = "cli"
 TRACED = "traced"
 DTYPES = ("float32", "bfloat16", "float16")
 
+# ``max_num_seqs`` by device when not given (docs/design.md §2.1, "Batch limits"): vLLM's
+# get_batch_defaults gives devices of >= 70 GiB 1024 requests a step and smaller ones 256. The CPU
+# keeps a small batch (the sample model, the tests).
+LARGE_DEVICE_GIB = 70
+LARGE_DEVICE_MAX_NUM_SEQS = 1024
+SMALL_DEVICE_MAX_NUM_SEQS = 256
+CPU_MAX_NUM_SEQS = 64
+
+
+def default_max_num_seqs(device_total_bytes: int | None) -> tuple[int, str]:
+    """``max_num_seqs`` when not given, and why: by the CUDA device's total memory
+    (``None``: the CPU)."""
+    if device_total_bytes is None:
+        return CPU_MAX_NUM_SEQS, "auto: CPU device"
+    gib = device_total_bytes / 2**30
+    if gib >= LARGE_DEVICE_GIB:
+        return (
+            LARGE_DEVICE_MAX_NUM_SEQS,
+            f"auto: CUDA device of {gib:.0f} GiB (>= {LARGE_DEVICE_GIB})",
+        )
+    return SMALL_DEVICE_MAX_NUM_SEQS, f"auto: CUDA device of {gib:.0f} GiB (< {LARGE_DEVICE_GIB})"
+
 
 def _flag(
     default: Any,
@@ -112,7 +134,7 @@ class FeatureDecision:
 
 def _at_least_one(part: object, *names: str) -> None:
     for name in names:
-        if getattr(part, name) < 1:
+        if getattr(part, name) is not None and getattr(part, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(part, name)}")
 
 
@@ -194,7 +216,13 @@ class SchedulerConfig:
     per-request prefill cap off. ``debug_invariants`` checks the scheduler invariants after every
     ``schedule`` / ``update_from_output`` (slow; tests)."""
 
-    max_num_seqs: int = _flag(64, help="most requests scheduled in one step")
+    max_num_seqs: int | None = _flag(
+        None,
+        type=int,
+        help="most requests scheduled in one step (default: sized to the device, vLLM's rule: "
+        f"{LARGE_DEVICE_MAX_NUM_SEQS} on a CUDA device of >= {LARGE_DEVICE_GIB} GiB, "
+        f"{SMALL_DEVICE_MAX_NUM_SEQS} on a smaller one, {CPU_MAX_NUM_SEQS} on the CPU)",
+    )
     max_num_batched_tokens: int = _flag(2048, help="most tokens scheduled in one step")
     max_model_len: int | None = _flag(
         None, type=int, help="longest prompt + output (default: what the model and KV pool allow)"
@@ -225,6 +253,13 @@ class SchedulerConfig:
             raise ConfigError(
                 "long_prefill_token_threshold chunks prompts: it needs chunked prefill"
             )
+
+    @property
+    def resolved_max_num_seqs(self) -> int:
+        """``max_num_seqs``, which the engine has resolved before it passes this part on."""
+        if self.max_num_seqs is None:
+            raise ConfigError("max_num_seqs is not resolved (EngineConfig.with_batch_limits)")
+        return self.max_num_seqs
 
     @property
     def resolved_max_model_len(self) -> int:
@@ -424,10 +459,21 @@ class EngineConfig:
             by_part[_OWNER[key]][key] = value
         return cls(**{name: _PART_TYPES[name](**kw) for name, kw in by_part.items()})
 
+    def with_batch_limits(self, device_total_bytes: int | None) -> tuple[EngineConfig, str]:
+        """This config with ``max_num_seqs`` resolved (by :func:`default_max_num_seqs` from the
+        device's total memory, ``None`` = the CPU, when not given), and where it came from:
+        ``"max_num_seqs"`` (the flag) or the auto rule's reason. The engine core resolves it
+        first, so every part, the trace's ``engine_config`` included, sees a number."""
+        if self.scheduler.max_num_seqs is not None:
+            return self, "max_num_seqs"
+        seqs, why = default_max_num_seqs(device_total_bytes)
+        return replace(self, scheduler=replace(self.scheduler, max_num_seqs=seqs)), why
+
     def resolved(self, max_model_len: int, num_kv_blocks: int) -> EngineConfig:
         """This config with what start-up resolves filled in: the scheduler's ``max_model_len``
         and the cache's ``num_kv_blocks`` (what the scheduler, the runner and the proposers are
-        given)."""
+        given; ``max_num_seqs`` is already resolved, :meth:`with_batch_limits`)."""
+        self.scheduler.resolved_max_num_seqs  # noqa: B018 (raises when not resolved)
         return replace(
             self,
             scheduler=replace(self.scheduler, max_model_len=max_model_len),
@@ -692,8 +738,11 @@ def _spec_graphs_decision(
         why_not = "triton_kernels is off (the torch attention reference is not capturable)"
     sched = config.scheduler
     # engine/runner/spec_graphs.spec_buckets: the largest bucket.
-    top = min(
-        sched.max_num_batched_tokens, 2 * sched.max_num_seqs * (1 + config.spec.num_spec_tokens)
+    k1 = 1 + config.spec.num_spec_tokens
+    top: int | str = (
+        f"min(max_num_batched_tokens, 2 x max_num_seqs x {k1})"
+        if sched.max_num_seqs is None
+        else min(sched.max_num_batched_tokens, 2 * sched.max_num_seqs * k1)
     )
     return _decide(
         "spec_cuda_graphs",

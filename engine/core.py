@@ -43,6 +43,7 @@ from engine.engine_parts import (
     build_runner,
     check_state_fits,
     record_start,
+    resolve_batch_limits,
     resolve_max_model_len,
 )
 from engine.executor.rank_context import RankContext
@@ -117,6 +118,8 @@ class EngineCore:
         tokenizer: Any = None,
         tp: RankContext | None = None,
     ) -> None:
+        # The batch limit by device when not given (so every part, the trace included, sees it).
+        config, self.max_num_seqs_source = resolve_batch_limits(config)
         self.config = config
         self._tokenizer = tokenizer
         self.tracer = tracer if tracer is not None else get_tracer()
@@ -199,7 +202,7 @@ class EngineCore:
         record_start(
             self.tracer, config, self.features, self.max_model_len, self.kv,
             (self.warmup.seconds, self.warmup.num_steps), self.compiles_at_start,
-            self.runner.graphs.describe(),
+            self.runner.graphs.describe(), self.max_num_seqs_source,
         )  # fmt: skip
         _log.info("%s", self.kv.describe(self.max_model_len))
 

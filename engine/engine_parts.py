@@ -45,6 +45,7 @@ __all__ = [
     "fixed_kv_capacity",
     "load_model_config",
     "record_start",
+    "resolve_batch_limits",
     "resolve_max_model_len",
     "startup_args",
 ]
@@ -60,6 +61,15 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 NAMED_CONFIGS = {"qwen3-0.6b": qwen3_0_6b_config, "qwen3-8b": qwen3_8b_config}
+
+
+def resolve_batch_limits(config: EngineConfig) -> tuple[EngineConfig, str]:
+    """``config`` with ``max_num_seqs`` resolved for its device (``EngineConfig.with_batch_limits``:
+    by the CUDA device's total memory, docs/design.md §2.1), and where the number came from."""
+    total = None
+    if config.parallel.is_cuda and torch.cuda.is_available():  # else resolve_features refuses it
+        total = int(torch.cuda.get_device_properties(config.parallel.cuda_index).total_memory)
+    return config.with_batch_limits(total)
 
 
 def build_device(config: EngineConfig) -> Device:
@@ -202,12 +212,14 @@ def record_start(
     warmup: tuple[float, int] = (0.0, 0),
     compiles_at_start: int = 0,
     captured: dict[str, str] | None = None,
+    max_num_seqs_source: str | None = None,
 ) -> None:
     """The ``engine_config`` instant (the config, the resolved KV pool ``kv`` and the
     ``(seconds, steps)`` of warm-up; ``schema.ConfigArg``) and one ``feature_decision`` instant
     per feature (docs/design.md §4.6), each decision also logged. ``captured``: the runner's
     captured CUDA graph shapes (``CudaGraphRunner.describe()``: ``cuda_graph_sizes``,
-    ``mixed_graph_buckets``), recorded in ``engine_config``."""
+    ``mixed_graph_buckets``), recorded in ``engine_config``; ``max_num_seqs_source``: where
+    ``max_num_seqs`` came from (:func:`resolve_batch_limits`; rank 0 only)."""
     tracer.instant(
         Instant.ENGINE_CONFIG.value,
         scope="process",
@@ -215,6 +227,11 @@ def record_start(
         **startup_args(kv or fixed_kv_capacity(config), max_model_len, warmup),
         **{ConfigArg.TRITON_COMPILES_STARTUP.value: compiles_at_start},
         **(captured or {}),
+        **(
+            {}
+            if max_num_seqs_source is None
+            else {ConfigArg.MAX_NUM_SEQS_SOURCE.value: max_num_seqs_source}
+        ),
     )
     for d in features.decisions:
         tracer.instant(
@@ -346,7 +363,7 @@ def estimate_state_bytes(
         * model_config.head_dim
         * dtype_bytes
     )
-    rows = config.scheduler.max_num_seqs + 1
+    rows = config.scheduler.resolved_max_num_seqs + 1
     blocks_per_req = math.ceil(max_model_len / config.cache.block_size)
     per_row = max_model_len * 8 + blocks_per_req * 4 + model_config.vocab_size * 5
     return {

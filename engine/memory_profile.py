@@ -56,7 +56,7 @@ def size_kv_cache(
         max_model_len = config.scheduler.max_model_len or model_config.max_position_embeddings
         budget = profile_kv_budget(config, features, device, model, max_model_len, kernels)
         cap = max_useful_blocks(
-            config.scheduler.max_num_seqs, max_model_len, config.cache.block_size
+            config.scheduler.resolved_max_num_seqs, max_model_len, config.cache.block_size
         )
         kv = KvCapacity(
             min(budget.num_blocks, cap),

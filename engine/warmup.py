@@ -140,7 +140,7 @@ def warmup_plan(
     """Every step shape a run can reach, by the specialization classes of the module docstring,
     within the resolved scheduler part (``limits``) and cache part (:meth:`EngineConfig.resolved`)
     and, with a proposer, ``num_spec_tokens`` drafts per request."""
-    seqs, budget = limits.max_num_seqs, limits.max_num_batched_tokens
+    seqs, budget = limits.resolved_max_num_seqs, limits.max_num_batched_tokens
     max_q = max_query_len(limits, cache, num_spec_tokens)
     decode_counts = [r for r in request_counts(seqs) if r <= budget]
     plan = [WarmupStep((1,) * r) for r in decode_counts]
@@ -169,7 +169,7 @@ def profile_plan(
     requests as may run (the sampler at ``max_num_seqs`` rows), with the heaviest sampling; with a
     proposer, then a verify of every request's drafts (parts as in :func:`warmup_plan`)."""
     budget = limits.max_num_batched_tokens
-    r = min(limits.max_num_seqs, budget)
+    r = min(limits.resolved_max_num_seqs, budget)
     lens = _split_tokens(budget, r, max_query_len(limits, cache, num_spec_tokens))
     verify = num_spec_tokens > 0 and r * (1 + num_spec_tokens) <= budget
     return [WarmupStep(tuple(lens), HEAVIEST, verify=verify)]

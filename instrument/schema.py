@@ -268,6 +268,9 @@ class ConfigArg(str, Enum):
     # Triton kernel specializations this process compiled (or loaded from its disk cache) during
     # start-up (graph capture and warm-up); 0 with Triton kernels off or interpreted.
     TRITON_COMPILES_STARTUP = "triton_compiles_startup"
+    # Where max_num_seqs came from: "max_num_seqs" (the flag) or the device rule's reason
+    # ("auto: CUDA device of 140 GiB (>= 70)"; docs/design.md §2.1). Rank 0's config only.
+    MAX_NUM_SEQS_SOURCE = "max_num_seqs_source"
 
 
 # ``engine_config`` args measured at start-up rather than asked for: they differ between two runs

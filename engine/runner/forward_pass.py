@@ -28,7 +28,7 @@ __all__ = ["ForwardPass", "max_num_tokens"]
 
 def max_num_tokens(limits: SchedulerConfig) -> int:
     """Token buffers also hold a decode batch padded to a graph size (<= max_num_seqs)."""
-    return max(limits.max_num_batched_tokens, limits.max_num_seqs)
+    return max(limits.max_num_batched_tokens, limits.resolved_max_num_seqs)
 
 
 class ForwardPass:
@@ -78,7 +78,7 @@ class ForwardPass:
 
     def _alloc_buffers(self) -> None:
         dev = self.device.torch_device
-        t, r = max_num_tokens(self.limits), self.limits.max_num_seqs
+        t, r = max_num_tokens(self.limits), self.limits.resolved_max_num_seqs
         max_blocks_per_req = self.cache.blocks_for(self.limits.resolved_max_model_len)
         # Persistent: CUDA graphs replay against these addresses.
         self.input_ids = torch.zeros(t, dtype=torch.int64, device=dev)  # [T]

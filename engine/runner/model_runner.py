@@ -155,7 +155,7 @@ class ModelRunner:
         self.device = device
         self.limits = limits
         self.cache = cache
-        max_num_reqs = limits.max_num_seqs
+        max_num_reqs = limits.resolved_max_num_seqs
         max_model_len = limits.resolved_max_model_len
         self.tracer = tracer if tracer is not None else get_tracer()
         # ``background``: the batched poll at the engine's wait runs on the timeline's poller

@@ -98,7 +98,7 @@ class SpecGraphs:
         self.states = states
         self.replay_eagerly = not device.is_cuda
         self.query_len = 1 + (0 if spec is None else spec.num_spec_tokens)
-        max_batch = fwd.limits.max_num_seqs
+        max_batch = fwd.limits.resolved_max_num_seqs
         self.max_batch = max_batch
         buckets = spec_buckets(max_batch, self.query_len, fwd.limits.max_num_batched_tokens)
         self.buckets: list[int] = buckets if enabled and spec is not None else []

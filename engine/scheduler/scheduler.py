@@ -42,8 +42,9 @@ _GENERAL, _PLAIN, _SPEC = 0, 1, 2
 
 def check_limits(config: SchedulerConfig, cache: CacheConfig, num_spec_tokens: int) -> None:
     """What a scheduler needs across its parts (each part checked its own fields): a resolved
-    ``max_model_len`` that one decode step, one step's budget and the KV pool can hold.
-    Raises :class:`ConfigError` (a ValueError) naming the problem."""
+    ``max_model_len`` that one decode step, one step's budget and the KV pool can hold, and a
+    resolved ``max_num_seqs``. Raises :class:`ConfigError` (a ValueError) naming the problem."""
+    config.resolved_max_num_seqs  # noqa: B018 (raises when not resolved)
     max_model_len = config.resolved_max_model_len
     num_blocks = cache.resolved_num_kv_blocks
     if num_spec_tokens < 0:
@@ -88,6 +89,7 @@ class Scheduler:
         self.config = config
         self.cache = cache
         self.max_model_len = config.resolved_max_model_len
+        self.max_num_seqs = config.resolved_max_num_seqs
         self.num_spec_tokens = num_spec_tokens
         self.kv_cache_manager = KVCacheManager(
             cache.resolved_num_kv_blocks, cache.block_size, cache.enable_prefix_caching
@@ -95,7 +97,7 @@ class Scheduler:
         self._stop_string_checker = stop_string_checker
         self._queues = RequestQueues()
         # The running requests' counters, as columns (docs/design.md §2.3; running_books.py).
-        self._books = RunningBooks(config.max_num_seqs)
+        self._books = RunningBooks(self.max_num_seqs)
         self._slots_cache: tuple[int, np.ndarray] | None = None  # (queues version, slots)
         self._in_flight: deque[InFlightStep] = deque()
         self._next_step = 0
@@ -465,7 +467,7 @@ class Scheduler:
         """Admit queued requests in order (head-of-line: stop at the first that cannot go)."""
         waiting = self._queues.waiting
         while waiting and plan.token_budget > 0:
-            if len(self._queues.running) >= self.config.max_num_seqs:
+            if len(self._queues.running) >= self.max_num_seqs:
                 return
             request = waiting[0]
             if request.num_steps_in_flight > 0:
@@ -872,7 +874,7 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any book disagrees with another (debug; O(requests + blocks))."""
-        self._queues.check(self.config.max_num_seqs)
+        self._queues.check(self.max_num_seqs)
         total = sum(r.num_output_placeholders for r in self._queues)
         assert self._num_placeholders == total, (
             f"placeholder total {self._num_placeholders} != {total}"

@@ -84,7 +84,7 @@ def build_draft_proposer(ctx: ProposerContext) -> DraftModelProposer:
         )
     k = ctx.spec.num_spec_tokens
     kv = LookaheadKV(
-        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k
+        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.resolved_max_num_seqs, k
     )
     return DraftModelProposer(model, k, kv, ctx.layers.kernels)
 

@@ -215,6 +215,6 @@ def build_head_proposer(
     load_head_weights(head, folder, architecture)
     k = ctx.spec.num_spec_tokens
     kv = LookaheadKV(
-        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.max_num_seqs, k
+        ctx.cache.resolved_num_kv_blocks, ctx.cache.block_size, ctx.limits.resolved_max_num_seqs, k
     )
     return HeadProposer(head, ctx.target, k, kv, ctx.layers.kernels)

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from engine.config import ConfigError, EngineConfig, resolve_features
+from engine.config import ConfigError, EngineConfig, default_max_num_seqs, resolve_features
+from engine.scheduler.scheduler import check_limits
 
 
 def _cfg(**kw):
@@ -116,3 +117,30 @@ def test_tree_of_frozen_parts_keeps_the_trace_keys():
 def test_unknown_flat_field_is_refused():
     with pytest.raises(TypeError, match="unknown engine config field 'num_gpu_blocks'"):
         _cfg(num_gpu_blocks=4)
+
+
+@pytest.mark.parametrize(
+    ("total_gib", "seqs", "why"),
+    [
+        (None, 64, "auto: CPU device"),
+        (141, 1024, "auto: CUDA device of 141 GiB (>= 70)"),  # H200
+        (80, 1024, "auto: CUDA device of 80 GiB (>= 70)"),
+        (24, 256, "auto: CUDA device of 24 GiB (< 70)"),
+    ],
+)
+def test_max_num_seqs_follows_the_device_unless_given(total_gib, seqs, why):
+    total = None if total_gib is None else total_gib * 2**30
+    assert default_max_num_seqs(total) == (seqs, why)
+    config, source = _cfg().with_batch_limits(total)
+    assert (config.scheduler.max_num_seqs, source) == (seqs, why)
+    given, source = _cfg(max_num_seqs=8).with_batch_limits(total)
+    assert (given.scheduler.max_num_seqs, source) == (8, "max_num_seqs")
+
+
+def test_unresolved_max_num_seqs_is_refused_before_it_reaches_a_part():
+    config = _cfg()
+    assert config.scheduler.max_num_seqs is None  # asked: sized at start-up
+    with pytest.raises(ConfigError, match="max_num_seqs is not resolved"):
+        config.resolved(512, 64)
+    with pytest.raises(ConfigError, match="max_num_seqs is not resolved"):
+        check_limits(config.scheduler, config.cache, 0)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.config import ConfigError, EngineConfig
+from engine.config import CPU_MAX_NUM_SEQS, ConfigError, EngineConfig
 from engine.kv_sizing import (
     CPU_DEFAULT_NUM_BLOCKS,
     KvCapacity,
@@ -191,3 +191,6 @@ def test_trace_config_records_the_pool(tiny_model_config: str, tmp_path) -> None
     assert recorded[ConfigArg.MAX_MODEL_LEN_RESOLVED.value] == 320
     assert recorded[ConfigArg.KV_MAX_CONCURRENCY.value] == pytest.approx(1.0)
     assert recorded[ConfigArg.WARMUP_STEPS.value] == 0
+    # max_num_seqs was not given: the CPU's default, with where it came from
+    assert recorded["max_num_seqs"] == CPU_MAX_NUM_SEQS == llm.engine.config.scheduler.max_num_seqs
+    assert recorded[ConfigArg.MAX_NUM_SEQS_SOURCE.value] == "auto: CPU device"

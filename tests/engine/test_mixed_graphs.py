@@ -29,7 +29,7 @@ from engine.kernels.attention import paged_attention_torch, paged_attention_trit
 from engine.kernels.backend import create_kernel_backend
 from engine.llm import LLM
 from engine.model.paged_batch import build_attention_metadata
-from engine.runner.cuda_graphs import CudaGraphRunner, GraphShape, mixed_buckets
+from engine.runner.cuda_graphs import CudaGraphRunner, GraphShape, capture_sizes, mixed_buckets
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from instrument.tracer import Tracer
@@ -51,6 +51,28 @@ from tests.engine.test_attention import make_case
 )
 def test_mixed_buckets(max_tokens: int, expected: list[int]) -> None:
     assert mixed_buckets(max_tokens) == expected
+
+
+@pytest.mark.parametrize(
+    "max_batch,expected",
+    [
+        (1, [1]),
+        (7, [1, 2, 4, 7]),
+        (20, [1, 2, 4, 8, 16, 20]),
+        (300, [1, 2, 4, *range(8, 257, 8), 272, 288, 300]),
+    ],
+)
+def test_decode_capture_sizes(max_batch: int, expected: list[int]) -> None:
+    assert capture_sizes(max_batch) == expected
+
+
+def test_device_sized_batches_capture_wider_steps_past_256() -> None:
+    sizes = capture_sizes(1024)
+    assert len(sizes) == 83 and sizes[-1] == 1024
+    # every batch pads to a captured size: by < 8 rows up to 256, by < 16 past it
+    for batch in range(1, 1025):
+        padded = next(s for s in sizes if s >= batch)
+        assert padded - batch < (8 if batch <= 256 else 16)
 
 
 def test_mixed_buckets_refuses_negative() -> None:

@@ -105,7 +105,7 @@ def test_state_estimate_matches_allocations(llm):
 
 
 def test_state_that_cannot_fit_is_refused(llm):
-    huge = EngineConfig.from_flat(model="x", num_kv_blocks=10**10, block_size=16)
+    huge = EngineConfig.from_flat(model="x", num_kv_blocks=10**10, block_size=16, max_num_seqs=64)
     with pytest.raises(
         ConfigError, match=r"does not fit: at least .* GiB needed .*10000000000 blocks"
     ):

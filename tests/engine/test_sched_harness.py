@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.config import CacheConfig, SchedulerConfig
+from engine.config import CPU_MAX_NUM_SEQS, CacheConfig, SchedulerConfig
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler.outputs import ModelRunnerOutput, SchedulerOutput
@@ -45,6 +45,7 @@ class SchedulerParts:
         cache_names = {f.name for f in fields(CacheConfig)}
         cache = {k: v for k, v in flat.items() if k in cache_names}
         limits = {k: v for k, v in flat.items() if k not in cache_names}
+        limits.setdefault("max_num_seqs", CPU_MAX_NUM_SEQS)  # EngineCore resolves it by device
         return cls(SchedulerConfig(**limits), CacheConfig(**cache), num_spec_tokens)
 
     def build(self, cls: type[Scheduler] = Scheduler, *args: Any, **kw: Any) -> Any:

@@ -196,7 +196,7 @@ def test_shape_for_pads_to_a_bucket_unless_sampling_needs_more(checkpoint, monke
 
 
 def test_decision_needs_graphs_triton_and_a_method() -> None:
-    base = dict(model_config="qwen3-0.6b", random_weights=True)
+    base = dict(model_config="qwen3-0.6b", random_weights=True, max_num_seqs=64)
 
     def decision(cuda: bool, **kw) -> FeatureDecision:
         config = EngineConfig.from_flat(**base, **kw)
