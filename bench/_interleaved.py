@@ -10,6 +10,11 @@ within a pair). Every iteration is timed on the engine thread:
 * ``host``: that minus the time blocked in ``AsyncOutput.wait`` (the engine thread's own work);
 * ``cpu``: the engine thread's CPU time (``time.thread_time_ns``) in ``run_step`` minus its CPU
   time inside the wait (a CUDA event's synchronize may spin).
+* ``proc``: the whole process's CPU time (``time.process_time_ns``: every thread, the device
+  timeline's poller and the tracer's flush thread included) in ``run_step`` minus the engine
+  thread's CPU inside the wait: what tracing adds to the host wherever it runs (a poll moved to
+  the poller thread leaves ``cpu`` but stays in ``proc``). Another thread's work that spills
+  across a block switch counts in the block where it ran.
 * ``gc``: the wall time of the cyclic garbage collections that ran on the engine thread inside
   ``run_step`` (``gc.callbacks``), reported as a mean per steady step and kind: a collection
   runs in whichever step crosses its threshold, so the median says nothing, and the tracer's
@@ -46,7 +51,7 @@ from engine.runner.async_output import AsyncOutput
 
 __all__ = ["Interleaver", "StepSample", "summarize"]
 
-QUANTITIES = ("host_us", "cpu_us", "wall_us")
+QUANTITIES = ("host_us", "cpu_us", "wall_us", "proc_us")
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class StepSample:
     skipped_steps: int = 0
     gc_us: float = 0.0  # cyclic collections on the engine thread inside the call (wall)
     gc_runs: int = 0  # how many
+    proc_us: float = 0.0  # the process's CPU (every thread) in the call, less the wait's spin
 
 
 @dataclass
@@ -112,7 +118,7 @@ class Interleaver:
     def install(self) -> Iterator[Interleaver]:
         engine, scheduler = self.engine, self.engine.scheduler
         run_step, schedule, wait = engine.run_step, scheduler.schedule, AsyncOutput.wait
-        clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+        clock, cpu_clock, proc_clock = time.perf_counter_ns, time.thread_time_ns, time.process_time_ns
         was_enabled = self.tracer.enabled
         engine_thread = threading.get_ident()
 
@@ -155,11 +161,12 @@ class Interleaver:
                 profiler = self.profilers[traced]  # decode steps only: like for like
                 self.profiled_steps[traced] += 1
                 profiler.enable()
-            start, cpu0 = clock(), cpu_clock()
+            start, cpu0, proc0 = clock(), cpu_clock(), proc_clock()
             try:
                 return run_step()
             finally:
                 wall = clock() - start
+                proc = proc_clock() - proc0 - (self._wait_cpu_ns - wait_cpu0)
                 if profiler is not None:
                     profiler.disable()
                 cpu = cpu_clock() - cpu0 - (self._wait_cpu_ns - wait_cpu0)
@@ -171,7 +178,7 @@ class Interleaver:
                         (wall - (self._wait_ns - wait0)) / 1e3, cpu / 1e3,
                         self._records - records0, (self._record_ns - record_ns0) / 1e3,
                         previous_skipped + self._scheduled_skipped,
-                        (self._gc_ns - gc_ns0) / 1e3, self._gc_runs - gc_runs0,
+                        (self._gc_ns - gc_ns0) / 1e3, self._gc_runs - gc_runs0, proc / 1e3,
                     )
                 )  # fmt: skip
 
@@ -371,8 +378,11 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
         return
     print(f"    {'per step (median)':<22} {'traced':>9} {'untraced':>9} {'diff, pairs':>11} "
           f"{'95% CI':>19} {'ratio':>6}")  # fmt: skip
-    labels = {"host_us": "host wall us", "cpu_us": "engine CPU us", "wall_us": "step wall us"}
+    labels = {"host_us": "host wall us", "cpu_us": "engine CPU us", "wall_us": "step wall us",
+              "proc_us": "process CPU us"}  # fmt: skip
     for q, label in labels.items():
+        if q not in result:  # an older result (no process CPU)
+            continue
         r = result[q]
         lo, hi = r["diff_ci95"]
         print(f"    {label:<22} {r['traced']:>9.1f} {r['untraced']:>9.1f} "

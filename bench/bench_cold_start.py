@@ -8,7 +8,8 @@ ratio first / second. Target on the H200: >= 0.90 (warm-up compiles what the run
 nothing compiles inside the measured run). ``--without-warmup`` adds the same pair with
 ``--warmup off``, to show what warm-up buys.
 
-    # H200 (defaults: Qwen3-0.6B shape, random bf16 weights, 256 x (128 -> 128), default flags)
+    # H200 (defaults: Qwen3-0.6B shape, random bf16 weights, 1024 x (128 -> 512), default flags:
+    # max_num_seqs sized to the device; each run lasts ~15 s)
     python bench/bench_cold_start.py --out bench/results/h200/cold_start.json
     # the CPU smoke check with the sample model
     python bench/bench_cold_start.py --cpu-smoke
@@ -32,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 H200_ARGS = [
     "--model-config", "qwen3-0.6b", "--random-weights", "--dtype", "bfloat16",
-    "--device", "cuda", "--max-num-seqs", "256",
-    "--workload", "synthetic:n=256,in=128,out=128,vocab=151000,seed=0",
+    "--device", "cuda",
+    "--workload", "synthetic:n=1024,in=128,out=512,vocab=151000,seed=0",
 ]  # fmt: skip
 CPU_SMOKE_ARGS = [
     "--model", str(ROOT / "samples/models/pycoder-14m"), "--device", "cpu",

@@ -808,6 +808,10 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
                     break
         _sync(args.device)
         result = summarize(inter.samples)
+        result["polls"] = {"inline": timeline.polls_inline, "woken": timeline.polls_woken,
+                           "policy": args.poll}  # fmt: skip
+        print(f"{name}: device timeline polls due: {timeline.polls_inline} on the engine thread, "
+              f"{timeline.polls_woken} handed to the poller thread (--poll {args.poll})")  # fmt: skip
         result["elapsed_s"] = time.perf_counter() - start
         print_summary(name, result, args.block_steps, args.skip_steps)
         if args.profile:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest cold poll-ab
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -89,6 +89,13 @@ for stage in $stages; do
         timeout ${BEGINS_TIMEOUT:-330} python3 bench/bench_trace_overhead.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes ${BEGINS_MODES:-off,trace-recorded,trace-derived,trace-derived-events} --rounds ${BEGINS_ROUNDS:-3} --direct-rounds ${BEGINS_ROUNDS:-3} --min-run-s ${BEGINS_RUN_S:-5} --micro-steps 1000 ${BEGINS_ARGS:-} --out "$OUT/overhead_begins${IL_TAG:-}.json" 2>&1 | tee "$OUT/overhead_begins${IL_TAG:-}.log" | grep -v "^    " | tail -30 ;;
     repro-digest) # several engines (REPRO_MODES; "off#2": a second engine of a mode) run the same greedy workloads round after round; per-request token differences printed
         timeout ${REPRO_TIMEOUT:-300} python3 bench/repro_digest.py --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --modes ${REPRO_MODES:-off,trace-derived,trace-recorded,off#2} --rounds ${REPRO_ROUNDS:-10} ${REPRO_ARGS:-} --out "$OUT/repro_digest${IL_TAG:-}.json" 2>&1 | tee "$OUT/repro_digest${IL_TAG:-}.log" | tail -45 ;;
+    poll-ab) # the device timeline's poll policy, alternated in one call: --poll auto (the engine's) vs background
+        mkdir -p "$OUT/poll_ab"
+        for r in $(seq ${POLL_ROUNDS:-3}); do for p in ${POLL_POLICIES:-auto background}; do echo "--- round $r, --poll $p"
+          timeout ${POLL_TIMEOUT:-75} python3 bench/bench_trace_overhead.py --interleaved --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s ${POLL_RUN_S:-25} --block-steps ${IL_BLOCK_STEPS:-256} --modes off,trace --poll $p --out "$OUT/poll_ab/il_${p}_$r.json" > "$OUT/poll_ab/il_${p}_$r.log" 2>&1
+          grep -E "engine CPU|process CPU|throughput traced|polls due|garbage" "$OUT/poll_ab/il_${p}_$r.log"; done; done
+        tar czf "$OUT/poll_ab.tgz" -C "$OUT" poll_ab && rm -rf "$OUT/poll_ab" ;;
+    cold) timeout ${COLD_TIMEOUT:-300} python3 bench/bench_cold_start.py ${COLD_ARGS:-} --out "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.log" | tail -12 ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -374,6 +374,10 @@ class DeviceTimeline:
         self._drop_above = max_pending
         self._lock = threading.Lock()  # one poll at a time; a drop or add() waits for it
         self.background = background
+        # Where due polls ran (bench/bench_trace_overhead.py prints them): on the engine thread,
+        # or handed to the poller thread.
+        self.polls_inline = 0
+        self.polls_woken = 0
         self._poller: threading.Thread | None = None
         self._kick = threading.Lock()  # held while the poller is idle; released: poll once
         self._stopping = False
@@ -635,7 +639,9 @@ class DeviceTimeline:
             and not (self._output_was_ready and self.inline_when_host_bound)
         ):
             self._wake()
+            self.polls_woken += 1
             return 0
+        self.polls_inline += 1
         return self.poll()
 
     def poll_while_waiting(self, done: Callable[[], bool]) -> int:
@@ -660,7 +666,9 @@ class DeviceTimeline:
             return 0
         if self.background and self.observer is None:
             self._wake()
+            self.polls_woken += 1
             return 0
+        self.polls_inline += 1
         return self.poll()
 
     def _wake(self) -> None:

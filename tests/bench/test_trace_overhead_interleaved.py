@@ -23,7 +23,10 @@ def _synthetic(added_us: float, num_blocks: int, block: int) -> list[StepSample]
         traced = inter.traced_block(b)
         base = 1000 + 400 * i / (num_blocks * block) + rng.gauss(0, 20)
         host = base + (added_us if traced else 0.0)
-        out.append(StepSample(b, traced, i % block >= 4, host + 3000, host, host * 0.9))
+        # the process's CPU: the engine thread's plus a poller thread's 10 µs when traced
+        proc = host * 0.9 + (10.0 if traced else 0.0)
+        out.append(StepSample(b, traced, i % block >= 4, host + 3000, host, host * 0.9,
+                              proc_us=proc))  # fmt: skip
     return out
 
 
@@ -42,6 +45,7 @@ def test_summarize_recovers_a_known_added_cost_under_drift() -> None:
     assert lo <= 30.0 <= hi and hi - lo < 20.0
     assert abs(result["host_us"]["diff_median"] - 30.0) < 8.0
     assert abs(result["cpu_us"]["diff_median"] - 27.0) < 8.0
+    assert abs(result["proc_us"]["diff_median"] - 37.0) < 8.0
     # Wall = host + 3000: throughput ratio ≈ (3000 + ~1200) / (3030 + ~1200).
     assert 0.990 < result["throughput_ratio"]["median"] < 0.996
     # Tails: brute force over the steady traced steps' wall times.

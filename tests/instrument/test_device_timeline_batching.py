@@ -380,6 +380,9 @@ def test_background_poller_writes_the_same_slices(tmp_path):
     assert timeline._poller is None  # drain stopped it
     assert not at_wait  # the poll at the wait ran on the poller thread
     assert any(polled_in_background)
+    # the counts say where due polls went: handed over, and none at the wait on this thread
+    assert timeline.polls_woken > 0
+    assert timeline.polls_inline == sum(1 for bg in polled_in_background if not bg)
     tracer.close()
     assert timeline.num_recorded == timeline.num_emitted == 5 * num_steps
     assert timeline.num_dropped == 0 and timeline.num_pending == 0
