@@ -118,7 +118,11 @@ class Interleaver:
     def install(self) -> Iterator[Interleaver]:
         engine, scheduler = self.engine, self.engine.scheduler
         run_step, schedule, wait = engine.run_step, scheduler.schedule, AsyncOutput.wait
-        clock, cpu_clock, proc_clock = time.perf_counter_ns, time.thread_time_ns, time.process_time_ns
+        clock, cpu_clock, proc_clock = (
+            time.perf_counter_ns,
+            time.thread_time_ns,
+            time.process_time_ns,
+        )
         was_enabled = self.tracer.enabled
         engine_thread = threading.get_ident()
 
