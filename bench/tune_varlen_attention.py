@@ -23,7 +23,8 @@ over-counts the masked triangle, so the bar is then an upper bound on flash's ti
 
 The sweep: phase 1 over (BLOCK_M, BLOCK_N, num_warps, num_stages) with the small-request path
 at its default; phase 2 over the small path (SMALL_M, SMALL_N) and the program order (reverse)
-around phase 1's best; phase 3 the grid order (head_major: a q block's KV heads adjacent) around
+around phase 1's best; phase 3 the grid order (head_major: a q block's KV heads adjacent) and
+``split_decodes`` (the one-token requests attended by the decode kernel in a second launch) around
 the best so far. ``--budget-s`` stops the sweep (what was not timed is listed). The bench prints
 the config with the lowest mean of (time / that shape's best time) as a ``VARLEN_LAUNCH[2]``
 entry to paste into engine/kernels/attention.py.
@@ -75,7 +76,7 @@ SMOKE_SHAPES: dict[str, list[tuple[int, int, int]]] = {
 }
 WRONG: list[dict[str, Any]] = []  # configs whose output failed the check
 KEYS = ("BLOCK_M", "BLOCK_N", "SMALL_M", "SMALL_N", "num_warps", "num_stages", "reverse",
-        "head_major")  # fmt: skip
+        "head_major", "split_decodes")  # fmt: skip
 
 
 @dataclass
@@ -197,7 +198,7 @@ def time_us(fn: Callable[[], Any], reps: int, smoke: bool) -> float:
 def label(c: dict[str, Any]) -> str:
     return (f"M{c['BLOCK_M']} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} "
             f"small{c['SMALL_M']}x{c['SMALL_N']} rev{int(c['reverse'])} "
-            f"hm{int(c.get('head_major', False))}")  # fmt: skip
+            f"hm{int(c.get('head_major', False))} split{int(c.get('split_decodes', False))}")  # fmt: skip
 
 
 def phase1(args: argparse.Namespace, base: dict[str, Any]) -> list[dict[str, Any]]:
@@ -290,6 +291,7 @@ def main() -> None:
 
     base = dict(VARLEN_LAUNCH[2])
     base.setdefault("head_major", False)
+    base.setdefault("split_decodes", False)
     print("\nconfig" + " " * 40 + "  ".join(f"{b.name[:8]:>8s}" for b in batches) + "   (us)")
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
@@ -326,8 +328,10 @@ def main() -> None:
     best2 = min(rows, key=score)["config"]
     third = [dict(best2, head_major=not best2["head_major"], reverse=r)
              for r in (best2["reverse"], not best2["reverse"])]  # fmt: skip
+    # ... and the one-token requests sent to the decode kernel (split_decodes), both grid orders.
+    third += [dict(best2, split_decodes=True, head_major=h) for h in (False, True)]
     if args.smoke:
-        third = third[:1]
+        third = third[:1] + third[2:3]  # the grid order, and split decodes
     for config in [c for c in third if c not in [r["config"] for r in rows]]:
         if time.perf_counter() - t0 > args.budget_s:
             skipped.append(label(config))

@@ -195,7 +195,7 @@ def _paged_attention_kernel_src(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_Q: tl.constexpr, SMALL_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, REVERSE: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr, SKIP_SINGLE: tl.constexpr,
 ):  # fmt: skip
     """Grid ``[num_tokens // BLOCK_Q + num_reqs + 1, num_kv_heads]`` (transposed when
     HEAD_MAJOR). Request ``i`` owns the q
@@ -203,7 +203,8 @@ def _paged_attention_kernel_src(
     "request" ``num_reqs`` (the padding tokens ``qsl[num_reqs] .. num_tokens``) owns the rest
     and writes zeros. Requests of at most ``SMALL_Q`` tokens (decodes, short verifies) run in
     one program with ``SMALL_M``-row tiles; the rest in ``BLOCK_M``-row tiles. REVERSE: the
-    last q blocks (the longest KV walks of a causal prompt) start first."""
+    last q blocks (the longest KV walks of a causal prompt) start first. SKIP_SINGLE: requests of
+    one query token are left to the decode kernel (``split_decodes``)."""
     if HEAD_MAJOR:  # grid transposed: the KV heads of one q block are neighbouring programs
         kv_head = tl.program_id(0)
         q_block = tl.program_id(1)
@@ -238,7 +239,10 @@ def _paged_attention_kernel_src(
         tl.store(out_ptr + pad_rows[:, None] + offs_d[None, :], zeros, mask=pad_mask)
     else:
         q_len = tl.load(qsl_ptr + req + 1) - q_start
-        if first_q < q_len:
+        run = first_q < q_len
+        if SKIP_SINGLE:
+            run = run & (q_len != 1)
+        if run:
             seq_len = tl.load(seq_lens_ptr + req)
             ctx_len = seq_len - q_len
             bt_row = block_table_ptr + req.to(tl.int64) * bt_stride
@@ -264,12 +268,14 @@ def _paged_decode_kernel_src(
     kv_stride_head,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_MAJOR: tl.constexpr, ZERO_PADDING: tl.constexpr,
 ):  # fmt: skip
     """Decode (every request has 0 or 1 query token): program ``i`` is request ``i`` and token
     ``i``; no search for the owning request, and padding tokens are zeroed here (no memset).
     HEAD_MAJOR: the KV heads of one request are neighbouring programs (axis 0), so the blocks
-    they share are read at about the same time."""
+    they share are read at about the same time. Not ZERO_PADDING (a mixed batch's one-token
+    requests, ``split_decodes``): program ``i`` is request ``i`` only, attends it when it has one
+    query token (at its own token row) and writes nothing else."""
     if HEAD_MAJOR:
         kv_head = tl.program_id(0)
         i = tl.program_id(1)
@@ -282,11 +288,12 @@ def _paged_decode_kernel_src(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     q_mask = row_ok[:, None] & d_ok[None, :]
-    total = tl.load(qsl_ptr + num_reqs)
-    if (i >= total) & (i < num_tokens):  # a padding token: zeros
-        pad_rows = i.to(tl.int64) * q_stride_t + head * q_stride_h
-        zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
-        tl.store(out_ptr + pad_rows[:, None] + offs_d[None, :], zeros, mask=q_mask)
+    if ZERO_PADDING:
+        total = tl.load(qsl_ptr + num_reqs)
+        if (i >= total) & (i < num_tokens):  # a padding token: zeros
+            pad_rows = i.to(tl.int64) * q_stride_t + head * q_stride_h
+            zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=out_ptr.dtype.element_ty)
+            tl.store(out_ptr + pad_rows[:, None] + offs_d[None, :], zeros, mask=q_mask)
     if i < num_reqs:
         tok = tl.load(qsl_ptr + i)
         if tl.load(qsl_ptr + i + 1) - tok == 1:
@@ -376,12 +383,34 @@ def paged_decode_attention_triton(
 
     Launch parameters default to :func:`decode_launch`'s; the tuning script overrides them."""
     q, num_reqs, group = _launch_inputs(q, kv_cache, attn_metadata)
+    out = torch.empty_like(q)  # [T, Hq, D]: every row is written by the kernel
+    if q.shape[0] == 0:
+        return out
+    _launch_decode(q, kv_cache, attn_metadata, scale, out, num_reqs, group, True,
+                   block_n, num_warps, num_stages, head_major)  # fmt: skip
+    return out
+
+
+def _launch_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    attn_metadata: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+    num_reqs: int,
+    group: int,
+    zero_padding: bool,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    head_major: bool | None = None,
+) -> None:
+    """The decode kernel over ``max(num_tokens, num_reqs)`` programs per KV head that also zero
+    the padding tokens, or (not ``zero_padding``: a mixed batch's one-token requests, the rest
+    left to the varlen kernel) over ``num_reqs``."""
     num_tokens, _, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    out = torch.empty_like(q)  # [T, Hq, D]: every row is written by the kernel
-    if num_tokens == 0:
-        return out
-    grid = (max(num_tokens, num_reqs), num_kv_heads)
+    grid = (max(num_tokens, num_reqs) if zero_padding else num_reqs, num_kv_heads)
     launch = decode_launch(grid[0] * grid[1], q.device)
     head_major = launch["head_major"] if head_major is None else head_major
     if head_major:
@@ -396,10 +425,10 @@ def paged_decode_attention_triton(
         BLOCK_N=block_n or launch["BLOCK_N"],
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEAD_MAJOR=head_major,
+        ZERO_PADDING=zero_padding,
         num_warps=num_warps or launch["num_warps"],
         num_stages=num_stages or launch["num_stages"],
     )  # fmt: skip
-    return out
 
 
 # Batch-invariant mode (docs/design.md §2.16): one fixed launch, whatever the grid's size.
@@ -488,7 +517,10 @@ def paged_attention_triton(
 # SMALL_M // group tokens (decodes, verifies) in one program (SMALL_M 0: no small path);
 # reverse: the longest causal KV walks start first; head_major (optional, default False): the
 # grid is [KV heads, q blocks], so the heads of one q block (reading neighbouring KV bytes) run
-# together, as the decode kernel's head_major.
+# together, as the decode kernel's head_major; split_decodes (optional, default False): a second
+# launch, the decode kernel, attends the one-token requests and the varlen kernel skips them (a
+# mixed step's decodes read their KV at the decode kernel's bandwidth; not yet timed on the H200:
+# bench/tune_varlen_attention.py's phase 3 tries it).
 VARLEN_LAUNCH: dict[int, dict[str, Any]] = {
     # bench/tune_varlen_attention.py on the H200 (bench/results/h200/tune_varlen.json): best
     # overall, 1.04x of each shape's best on average.
@@ -569,6 +601,7 @@ def _launch_varlen(
     num_tokens, _, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     block_m, block_q, small_m, small_q = varlen_tiles(launch, group)
+    split = bool(launch.get("split_decodes", False))
     num_q_blocks = num_tokens // block_q + num_reqs + 1
     head_major = bool(launch.get("head_major", False)) and num_q_blocks <= MAX_GRID_Y
     grid = (num_kv_heads, num_q_blocks) if head_major else (num_q_blocks, num_kv_heads)
@@ -582,6 +615,8 @@ def _launch_varlen(
         SMALL_M=max(small_m, 16), SMALL_Q=small_q, SMALL_N=int(launch["SMALL_N"]),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        REVERSE=bool(launch["reverse"]), HEAD_MAJOR=head_major,
+        REVERSE=bool(launch["reverse"]), HEAD_MAJOR=head_major, SKIP_SINGLE=split,
         num_warps=int(launch["num_warps"]), num_stages=int(launch["num_stages"]),
     )  # fmt: skip
+    if split:  # the one-token requests, at the decode kernel's speed
+        _launch_decode(q, kv_cache, attn_metadata, scale, out, num_reqs, group, False)

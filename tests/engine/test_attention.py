@@ -193,6 +193,28 @@ def test_varlen_kernel_any_launch_matches_torch(name: str, monkeypatch: pytest.M
     assert torch.all(out[sum(q_lens) :] == 0)
 
 
+@pytest.mark.parametrize("small_m", [16, 0])
+def test_varlen_split_decodes_matches_torch(small_m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``split_decodes``: the decode kernel attends the one-token requests (at their own token
+    rows, between longer ones) and the varlen kernel the rest; together they write every row,
+    padding included (the output starts as NaN), and equal the torch reference."""
+    from engine.kernels.attention import paged_varlen_attention_triton
+
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t: empty_like(t).fill_(float("nan")))
+    launch = {"BLOCK_M": 16, "BLOCK_N": 16, "SMALL_M": small_m, "SMALL_N": 16, "num_warps": 4,
+              "num_stages": 2, "reverse": True, "split_decodes": True}  # fmt: skip
+    q_lens, seq_lens = [1, 19, 1, 3, 1, 11, 1], [40, 19, 7, 9, 1, 41, 23]
+    case = make_case(q_lens, seq_lens, 4, 2, 16, 4, seed=8, num_padded_tokens=48,
+                     num_padded_reqs=9)  # fmt: skip
+    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
+    out = paged_varlen_attention_triton(case.q, case.kv_cache, case.metadata, 0.25, launch)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.all(out[sum(q_lens) :] == 0)
+    dense = dense_attention_f64(case, 0.25)[: sum(q_lens)]
+    torch.testing.assert_close(out[: sum(q_lens)].double(), dense, rtol=1e-4, atol=1e-4)
+
+
 def test_varlen_kernel_odd_group_and_head_dim() -> None:
     """GQA group 3 (rows of a tile not filled by whole tokens) and head_dim 24 (a masked
     head-dim tail, also on the unmasked KV tiles)."""
