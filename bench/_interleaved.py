@@ -14,7 +14,9 @@ within a pair). Every iteration is timed on the engine thread:
   timeline's poller and the tracer's flush thread included) in ``run_step`` minus the engine
   thread's CPU inside the wait: what tracing adds to the host wherever it runs (a poll moved to
   the poller thread leaves ``cpu`` but stays in ``proc``). Another thread's work that spills
-  across a block switch counts in the block where it ran.
+  across a block switch counts in the block where it ran. On the CPU device the model's own
+  compute threads are in it too (tens of ms a step against the tracer's tens of µs), so it says
+  something only on CUDA.
 * ``gc``: the wall time of the cyclic garbage collections that ran on the engine thread inside
   ``run_step`` (``gc.callbacks``), reported as a mean per steady step and kind: a collection
   runs in whichever step crosses its threshold, so the median says nothing, and the tracer's
