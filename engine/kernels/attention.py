@@ -362,6 +362,24 @@ def _launch_inputs(
     return q.contiguous(), num_reqs, q.shape[1] // kv_cache.shape[3]
 
 
+def _kernel_args(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    attn_metadata: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+    num_reqs: int,
+) -> tuple[Any, ...]:
+    """The positional arguments the decode and varlen kernels share (pointers, counts, the scale
+    in log2 units, strides)."""
+    md = attn_metadata
+    return (
+        q, kv_cache[0], kv_cache[1], out, md.query_start_loc, md.seq_lens, md.block_table,
+        num_reqs, q.shape[0], scale * 1.4426950408889634, q.stride(0), q.stride(1),
+        md.block_table.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+    )  # fmt: skip
+
+
 @functools.cache
 def _paged_decode_kernel() -> Any:
     return _jit(_paged_decode_kernel_src)
@@ -416,10 +434,7 @@ def _launch_decode(
     if head_major:
         grid = (grid[1], grid[0])
     _paged_decode_kernel()[grid](
-        q, kv_cache[0], kv_cache[1], out,
-        attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
-        num_reqs, num_tokens, scale * 1.4426950408889634, q.stride(0), q.stride(1),
-        attn_metadata.block_table.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        *_kernel_args(q, kv_cache, attn_metadata, scale, out, num_reqs),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n or launch["BLOCK_N"],
@@ -606,10 +621,7 @@ def _launch_varlen(
     head_major = bool(launch.get("head_major", False)) and num_q_blocks <= MAX_GRID_Y
     grid = (num_kv_heads, num_q_blocks) if head_major else (num_q_blocks, num_kv_heads)
     _paged_attention_kernel()[grid](
-        q, kv_cache[0], kv_cache[1], out,
-        attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table,
-        num_reqs, num_tokens, scale * 1.4426950408889634, q.stride(0), q.stride(1),
-        attn_metadata.block_table.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+        *_kernel_args(q, kv_cache, attn_metadata, scale, out, num_reqs),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, GROUP=group,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=int(launch["BLOCK_N"]),
         SMALL_M=max(small_m, 16), SMALL_Q=small_q, SMALL_N=int(launch["SMALL_N"]),

@@ -177,20 +177,28 @@ def test_varlen_kernel_any_launch_matches_torch(name: str, monkeypatch: pytest.M
     """Decodes, a 3-token verify, prompts of several q blocks and a chunk after 30 cached
     tokens, padded to 56 tokens / 7 requests: real rows equal the torch reference and padding
     rows are 0 even when the output buffer starts as NaN (the kernel writes every row)."""
+    block_m, block_n, small_m, small_n, reverse, head_major = VARLEN_LAUNCHES[name]
+    launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SMALL_M": small_m, "SMALL_N": small_n,
+              "num_warps": 4, "num_stages": 2, "reverse": reverse, "head_major": head_major}  # fmt: skip
+    case = make_case([1, 19, 3, 1, 11], [40, 19, 9, 1, 41], 4, 2, 16, 4, seed=6,
+                     num_padded_tokens=56, num_padded_reqs=7)  # fmt: skip
+    _check_varlen_writes_every_row(case, launch, monkeypatch)
+
+
+def _check_varlen_writes_every_row(
+    case: PagedCase, launch: dict, monkeypatch: pytest.MonkeyPatch
+) -> torch.Tensor:
+    """The varlen launch on ``case`` with outputs that start as NaN: real rows equal the torch
+    reference, padding rows are 0. Returns the output."""
     from engine.kernels.attention import paged_varlen_attention_triton
 
     empty_like = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t: empty_like(t).fill_(float("nan")))
-    block_m, block_n, small_m, small_n, reverse, head_major = VARLEN_LAUNCHES[name]
-    launch = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SMALL_M": small_m, "SMALL_N": small_n,
-              "num_warps": 4, "num_stages": 2, "reverse": reverse, "head_major": head_major}  # fmt: skip
-    q_lens, seq_lens = [1, 19, 3, 1, 11], [40, 19, 9, 1, 41]
-    case = make_case(q_lens, seq_lens, 4, 2, 16, 4, seed=6, num_padded_tokens=56,
-                     num_padded_reqs=7)  # fmt: skip
     expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
     out = paged_varlen_attention_triton(case.q, case.kv_cache, case.metadata, 0.25, launch)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    assert torch.all(out[sum(q_lens) :] == 0)
+    assert torch.all(out[sum(case.q_lens) :] == 0)
+    return out
 
 
 @pytest.mark.parametrize("small_m", [16, 0])
@@ -198,19 +206,12 @@ def test_varlen_split_decodes_matches_torch(small_m: int, monkeypatch: pytest.Mo
     """``split_decodes``: the decode kernel attends the one-token requests (at their own token
     rows, between longer ones) and the varlen kernel the rest; together they write every row,
     padding included (the output starts as NaN), and equal the torch reference."""
-    from engine.kernels.attention import paged_varlen_attention_triton
-
-    empty_like = torch.empty_like
-    monkeypatch.setattr(torch, "empty_like", lambda t: empty_like(t).fill_(float("nan")))
     launch = {"BLOCK_M": 16, "BLOCK_N": 16, "SMALL_M": small_m, "SMALL_N": 16, "num_warps": 4,
               "num_stages": 2, "reverse": True, "split_decodes": True}  # fmt: skip
     q_lens, seq_lens = [1, 19, 1, 3, 1, 11, 1], [40, 19, 7, 9, 1, 41, 23]
     case = make_case(q_lens, seq_lens, 4, 2, 16, 4, seed=8, num_padded_tokens=48,
                      num_padded_reqs=9)  # fmt: skip
-    expected = paged_attention_torch(case.q, case.kv_cache, case.metadata, 0.25)
-    out = paged_varlen_attention_triton(case.q, case.kv_cache, case.metadata, 0.25, launch)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    assert torch.all(out[sum(q_lens) :] == 0)
+    out = _check_varlen_writes_every_row(case, launch, monkeypatch)
     dense = dense_attention_f64(case, 0.25)[: sum(q_lens)]
     torch.testing.assert_close(out[: sum(q_lens)].double(), dense, rtol=1e-4, atol=1e-4)
 
