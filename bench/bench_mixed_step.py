@@ -17,7 +17,10 @@ eager / graph step by step after ``--warmup`` untimed steps each. Per step:
 
 Medians (p10/p90) over ``--steps`` steps (>= 50). ``prefill tok/s`` = tokens / step_ms. The
 target of issue 17: a 2048-token mixed step <= 4 ms on the H200 for the Qwen3-0.6B shape.
-``--profile``: top kernels of one eager step (torch.profiler device time).
+``--profile``: top kernels of one eager step (torch.profiler device time), per eager mode.
+``--modes``: the modes timed, alternately (default ``eager,graph``); a ``+split`` suffix runs
+that mode with the varlen launch's ``split_decodes`` key on (the step's one-token requests
+attended by the decode kernel; docs/design.md §2.6), e.g. ``--modes graph,graph+split``.
 
 Usage (CUDA): python bench/bench_mixed_step.py [--json bench/results/h200/mixed_step.json]
 CPU smoke test (graph mode = the padded path run eagerly):
@@ -28,6 +31,7 @@ CPU smoke test (graph mode = the padded path run eagerly):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,6 +39,7 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from engine.config import CacheConfig, SchedulerConfig  # noqa: E402
 from engine.device import CpuDevice, CudaDevice, Device  # noqa: E402
 from engine.engine_parts import DTYPES, load_model_config  # noqa: E402
+from engine.kernels.attention import VARLEN_LAUNCH  # noqa: E402
 from engine.kernels.backend import create_kernel_backend  # noqa: E402
 from engine.model.loader import build_random_model  # noqa: E402
 from engine.runner.model_runner import ModelRunner  # noqa: E402
@@ -180,13 +186,32 @@ class Mode:
     name: str
     runner: ModelRunner
     work: Workload
+    split: bool  # the varlen launch's split_decodes key, set around every call of this mode
     samples: dict[str, list[float]] = field(default_factory=dict)
     tokens: list[list[int]] = field(default_factory=list)  # decode tokens per timed step
     error: str | None = None
 
 
+@contextlib.contextmanager
+def _split_decodes(on: bool) -> Iterator[None]:
+    """The bf16 varlen launch entry with ``split_decodes`` set to ``on`` for the block (captures
+    and eager launches alike read the table when they launch)."""
+    entry = VARLEN_LAUNCH[2]
+    before = entry.get("split_decodes", False)
+    entry["split_decodes"] = on
+    try:
+        yield
+    finally:
+        entry["split_decodes"] = before
+
+
 def _time_step(mode: Mode, device: Device, hold: bool) -> dict[str, float]:
     """One isolated step: host, step (or device, with ``hold``) and wall time."""
+    with _split_decodes(mode.split):
+        return _time_step_in(mode, device, hold)
+
+
+def _time_step_in(mode: Mode, device: Device, hold: bool) -> dict[str, float]:
     out = mode.work.mixed_step()
     cuda = device.is_cuda
     device.synchronize()
@@ -247,6 +272,20 @@ def _build(args: argparse.Namespace) -> tuple[Device, Any, Any, Any]:
 def _make_mode(
     name: str, args: argparse.Namespace, device: Device, model: Any, kernels: Any, work: Workload
 ) -> Mode:
+    split = name.endswith("+split")
+    with _split_decodes(split):
+        return _make_mode_in(name, split, args, device, model, kernels, work)
+
+
+def _make_mode_in(
+    name: str,
+    split: bool,
+    args: argparse.Namespace,
+    device: Device,
+    model: Any,
+    kernels: Any,
+    work: Workload,
+) -> Mode:
     limits = SchedulerConfig(
         max_num_seqs=max(args.max_num_seqs, args.decode_reqs + len(work.prompt_lens) + 1),
         max_model_len=work.max_model_len,
@@ -260,13 +299,13 @@ def _make_mode(
         CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=work.num_blocks),
         kernels=kernels,
         cuda_graphs=True,  # decode graphs on in both modes, as the engine runs them
-        mixed_graph_max_tokens=args.tokens if name == "graph" else 0,
+        mixed_graph_max_tokens=args.tokens if name.startswith("graph") else 0,
     )
     graphs = runner.graphs
     print(f"[{name}] runner built in {time.perf_counter() - t0:.1f} s: decode sizes "
           f"{len(graphs.sizes)}, mixed buckets {graphs.buckets}, failure={graphs.failure}, "
           f"mixed_failure={graphs.mixed_failure}", flush=True)  # fmt: skip
-    mode = Mode(name, runner, dataclasses.replace(work, frontier={}, live_prompts=[]))
+    mode = Mode(name, runner, dataclasses.replace(work, frontier={}, live_prompts=[]), split)
     for out in mode.work.setup_steps():
         runner.execute_model(out).get()
     for _ in range(args.warmup):
@@ -280,7 +319,10 @@ def _profile_eager_step(mode: Mode, device: Device, top: int = 15) -> list[dict[
     from torch.profiler import ProfilerActivity, profile
 
     device.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with (
+        _split_decodes(mode.split),
+        profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof,
+    ):
         mode.runner.execute_model(mode.work.mixed_step()).get()
         device.synchronize()
     by_name: dict[str, list[float]] = {}
@@ -319,11 +361,22 @@ def main() -> None:
     p.add_argument("--triton", action="store_true", help="Triton kernels on the CPU (interpret)")
     p.add_argument("--profile", action="store_true", help="top kernels of one eager step")
     p.add_argument(
+        "--modes",
+        default="eager,graph",
+        help="modes timed alternately: eager, graph, and either with +split (the varlen "
+        "launch's split_decodes key on)",
+    )
+    p.add_argument(
         "--json", default=None, help="default on CUDA: bench/results/h200/mixed_step.json"
     )
     args = p.parse_args()
     if not 0 <= args.decode_reqs < args.tokens or args.decode_ctx > args.tokens:
         p.error("need 0 <= --decode-reqs < --tokens and --decode-ctx <= --tokens")
+    args.modes = [m for m in args.modes.split(",") if m]
+    if not args.modes or any(
+        m.removesuffix("+split") not in ("eager", "graph") for m in args.modes
+    ):
+        p.error("--modes: a comma list of eager, graph, eager+split, graph+split")
     prompt_lens = [int(x) for x in args.prompt_lens.split(",") if x]
     if any(n < 1 for n in prompt_lens):
         p.error("--prompt-lens must be positive integers")
@@ -380,7 +433,7 @@ def _run(
     print(f"\n=== mixed step: {work.describe()}; {args.model_config} {dtype} on "
           f"{_machine(args.device)['device']}", flush=True)  # fmt: skip
     modes: list[Mode] = []
-    for name in ("eager", "graph"):
+    for name in args.modes:
         try:
             modes.append(_make_mode(name, args, device, model, kernels, work))
         except Exception:  # noqa: BLE001 -- report the other mode anyway
@@ -412,18 +465,22 @@ def _run(
         }
     _agreement(modes, report)
     _print_table(args, report)
-    if args.profile and device.is_cuda and modes:
+    for mode in modes if args.profile and device.is_cuda else []:
+        if not mode.name.startswith("eager") or mode.error is not None:
+            continue
+        key = "profile_" + mode.name.replace("+", "_")
         try:
-            report["profile_eager"] = _profile_eager_step(modes[0], device)
+            report[key] = _profile_eager_step(mode, device)
         except Exception:  # noqa: BLE001
-            report["profile_error"] = traceback.format_exc()
-            print(report["profile_error"], file=sys.stderr)
+            report[key + "_error"] = traceback.format_exc()
+            print(report[key + "_error"], file=sys.stderr)
     for mode in modes:
         mode.runner.close()
 
 
 def _agreement(modes: list[Mode], report: dict[str, Any]) -> None:
-    """Greedy sampled tokens of the same steps, eager vs graph (bf16: a few may differ)."""
+    """Greedy sampled tokens of the same steps, the first mode vs the second (bf16: a few may
+    differ)."""
     if len(modes) < 2:
         return
     pairs = list(zip(modes[0].tokens, modes[1].tokens, strict=False))
@@ -434,19 +491,19 @@ def _agreement(modes: list[Mode], report: dict[str, Any]) -> None:
 
 def _print_table(args: argparse.Namespace, report: dict[str, Any]) -> None:
     print(f"\n{report['workload']}: median (p10-p90) over {args.steps} steps per mode (ms)")
-    head = f"{'mode':<6} {'host launch':>20} {'step (events)':>20} {'device only':>20} " \
+    head = f"{'mode':<11} {'host launch':>20} {'step (events)':>20} {'device only':>20} " \
         f"{'wall':>20} {'prefill tok/s':>14} {'replays':>8}"  # fmt: skip
     print(head)
     print("-" * len(head))
     for name, m in report["modes"].items():
         if "stats" not in m:
-            print(f"{name:<6} failed (see the JSON)")
+            print(f"{name:<11} failed (see the JSON)")
             continue
         s = m["stats"]
         cells = [_cell(s, k) for k in ("host_ms", "step_ms", "device_ms", "wall_ms")]
         step = s.get("step_ms", {}).get("p50")
         rate = f"{args.tokens / step * 1e3:,.0f}" if step else "-"
-        print(f"{name:<6} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20} {cells[3]:>20} "
+        print(f"{name:<11} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20} {cells[3]:>20} "
               f"{rate:>14} {m['mixed_replays']:>8}")  # fmt: skip
     graph = report["modes"].get("graph", {}).get("stats", {}).get("step_ms", {}).get("p50")
     eager = report["modes"].get("eager", {}).get("stats", {}).get("step_ms", {}).get("p50")
@@ -457,9 +514,19 @@ def _print_table(args: argparse.Namespace, report: dict[str, Any]) -> None:
             report["target_met"] = graph <= TARGET_MS
             print(f"target (2048-token step <= {TARGET_MS} ms): "
                   f"{'met' if graph <= TARGET_MS else 'NOT met'} ({graph:.2f} ms)")  # fmt: skip
+    for name in report["modes"]:
+        base = name.removesuffix("+split")
+        split = report["modes"][name].get("stats", {}).get("device_ms", {}).get("p50")
+        plain = report["modes"].get(base, {}).get("stats", {}).get("device_ms", {}).get("p50")
+        if name != base and split and plain:
+            report[f"split_decodes_{base}"] = plain / split
+            print(f"{base}: split_decodes on vs off, device only: {plain:.3f} -> {split:.3f} ms "
+                  f"({plain / split:.3f}x)")  # fmt: skip
     agree = report.get("decode_tokens_equal")
     if agree:
-        print(f"greedy sampled tokens equal eager vs graph: {agree['equal']}/{agree['total']}")
+        first, second = list(report["modes"])[:2]
+        print(f"greedy sampled tokens equal {first} vs {second}: "
+              f"{agree['equal']}/{agree['total']}")  # fmt: skip
 
 
 def _cell(stats: dict[str, Any], key: str) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest cold poll-ab
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest cold poll-ab split
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -96,6 +96,11 @@ for stage in $stages; do
           grep -E "engine CPU|process CPU|throughput traced|polls due|garbage" "$OUT/poll_ab/il_${p}_$r.log"; done; done
         tar czf "$OUT/poll_ab.tgz" -C "$OUT" poll_ab && rm -rf "$OUT/poll_ab" ;;
     cold) timeout ${COLD_TIMEOUT:-300} python3 bench/bench_cold_start.py ${COLD_ARGS:-} --out "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.log" | tail -12 ;;
+    split) # the varlen launch's split_decodes key (docs/design.md §2.6): its GPU test, phase 3 of the tuner around the table's entry, then a mixed step with it off/on alternated step by step
+      timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_attention_gpu.py 2>&1 | tee "$OUT/attention_gpu.log" | tail -4
+      timeout ${SPLIT_TUNE_TIMEOUT:-150} python3 bench/tune_varlen_attention.py --block-m 64 --block-n 64 --warps 4 --stages 2 --small 16x128 --budget-s 100 --json "$OUT/tune_varlen_split.json" 2>&1 | tee "$OUT/tune_varlen_split.log" | tail -22
+      timeout ${SPLIT_MIXED_TIMEOUT:-280} python3 bench/bench_mixed_step.py --profile --modes graph,graph+split,eager,eager+split --prompt-lens ${SPLIT_PROMPTS:-128,1984} --json "$OUT/mixed_step_split.json" 2>&1 | tee "$OUT/mixed_step_split.log" | grep -v "^  " | tail -30
+      grep -A18 "one eager" "$OUT/mixed_step_split.log" | head -60 ;;
     e2e-8b) timeout 590 python3 bench/bench_e2e.py --device cuda --workloads 8b-256x128-128 ${E2E_ARGS:-} --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
