@@ -771,6 +771,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def _helper_threads(timeline: Any, tracer: Any, inter: Any) -> dict[str, float]:
+    """The CPU time of the tracer's own threads (the device timeline's poller, the flush thread)
+    over the run, per traced step: what a traced step costs the process besides the engine
+    thread (each thread counts its own time: ``thread_time_ns`` around its polls, its flushes)."""
+    traced = sum(1 for s in inter.samples if s.traced)
+    row = {"traced_steps": traced,
+           "poller_us_per_traced_step": timeline.poller_cpu_ns / 1e3 / max(1, traced),
+           "flush_us_per_traced_step": tracer.flush_cpu_ns / 1e3 / max(1, traced)}  # fmt: skip
+    print(f"tracer threads' CPU per traced step (all {traced} traced steps): poller "
+          f"{row['poller_us_per_traced_step']:.1f} us, flush thread "
+          f"{row['flush_us_per_traced_step']:.1f} us")  # fmt: skip
+    return row
+
+
 def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> dict[str, Any]:
     """``--interleaved``: per traced mode, one engine warmed up, then run for ``--min-run-s`` with
     tracing switched every ``--block-steps`` steps (``bench/_interleaved.py``); one table per
@@ -812,6 +826,7 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
                            "policy": args.poll}  # fmt: skip
         print(f"{name}: device timeline polls due: {timeline.polls_inline} on the engine thread, "
               f"{timeline.polls_woken} handed to the poller thread (--poll {args.poll})")  # fmt: skip
+        result["helper_threads"] = _helper_threads(timeline, mode.tracer, inter)
         result["elapsed_s"] = time.perf_counter() - start
         print_summary(name, result, args.block_steps, args.skip_steps)
         if args.profile:

@@ -378,6 +378,7 @@ class DeviceTimeline:
         # or handed to the poller thread.
         self.polls_inline = 0
         self.polls_woken = 0
+        self.poller_cpu_ns = 0  # the poller thread's CPU time in its polls (thread_time_ns)
         self._poller: threading.Thread | None = None
         self._kick = threading.Lock()  # held while the poller is idle; released: poll once
         self._stopping = False
@@ -705,6 +706,7 @@ class DeviceTimeline:
             if self._stopping:
                 kick.release()
                 return
+            cpu_ns = time.thread_time_ns()
             try:
                 # Chunks, with a sleep between them: a query or an elapsed_time keeps the GIL
                 # (torch's C methods do not release it), so one long poll would stall an engine
@@ -714,6 +716,8 @@ class DeviceTimeline:
             except BaseException as exc:  # kept for the engine thread: never lost
                 self.poller_error = exc
                 return
+            finally:
+                self.poller_cpu_ns += time.thread_time_ns() - cpu_ns
 
     def _stop_poller(self) -> None:
         """Stop and join the poller thread (a poll it is running finishes first)."""

@@ -201,6 +201,7 @@ class Tracer:
         self._close_lock = threading.Lock()
         self._flush_interval_s = flush_interval_s
         self.dropped: dict[str, int] = {}
+        self.flush_cpu_ns = 0  # the flush thread's CPU time in its flushes (thread_time_ns)
         # Rules 1-3 of the capture config on the engine thread (``trace_step``); None: they keep
         # every step. ``paused``: recording is off only for a step they drop (``pause``).
         self.step_rule: StepRule | None = None
@@ -464,7 +465,9 @@ class Tracer:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval_s):
+            cpu_ns = time.thread_time_ns()
             self._flush_once()
+            self.flush_cpu_ns += time.thread_time_ns() - cpu_ns
 
     @contextmanager
     def muted(self) -> Iterator[None]:

@@ -120,6 +120,9 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     assert sampled["kept"]["event_records"]["per_step"] == 5.0
     assert sampled["dropped"]["event_records"]["per_step"] == 3.0
     assert "sampled" not in r  # a full trace skips no step
+    helpers = r["helper_threads"]  # the poller's and the flush thread's CPU per traced step
+    assert helpers["traced_steps"] >= r["steady_steps"]["traced"] > 0
+    assert helpers["poller_us_per_traced_step"] >= 0 and helpers["flush_us_per_traced_step"] >= 0
     assert records["traced"]["us_per_record"] > 0 and records["untraced"]["us_per_record"] > 0
     assert r["steady_steps"]["traced"] > 0 and r["steady_steps"]["untraced"] > 0
     for q in ("host_us", "cpu_us", "wall_us"):

@@ -383,6 +383,7 @@ def test_background_poller_writes_the_same_slices(tmp_path):
     # the counts say where due polls went: handed over, and none at the wait on this thread
     assert timeline.polls_woken > 0
     assert timeline.polls_inline == sum(1 for bg in polled_in_background if not bg)
+    assert timeline.poller_cpu_ns > 0  # its polls' CPU time, counted on its own thread
     tracer.close()
     assert timeline.num_recorded == timeline.num_emitted == 5 * num_steps
     assert timeline.num_dropped == 0 and timeline.num_pending == 0

@@ -340,3 +340,18 @@ def test_a_stage_slice_expands_to_the_args_a_dict_would_hold():
         "host_end_ns": 2,
     }
     assert site == {"lane_arg": "x"} and own == {"flow_in": 5, "graph": True}
+
+
+def test_the_flush_thread_counts_its_cpu_time(tmp_path):
+    # bench/bench_trace_overhead.py --interleaved prints it per traced step: the tracer's cost
+    # to the process besides the engine thread.
+    tracer = Tracer(tmp_path / "t.pftrace", flush_interval_s=0.01)
+    assert tracer.flush_cpu_ns == 0
+    deadline = time.monotonic() + 10
+    while tracer.flush_cpu_ns == 0 and time.monotonic() < deadline:
+        for i in range(200):
+            tracer.counter("c", float(i))
+        time.sleep(0.02)
+    tracer.close()
+    assert tracer.flush_cpu_ns > 0
+    assert sum(e.type == TE.TYPE_COUNTER for e in read_trace(tmp_path / "t.pftrace").events) >= 200
