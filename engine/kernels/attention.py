@@ -534,13 +534,15 @@ def paged_attention_triton(
 # grid is [KV heads, q blocks], so the heads of one q block (reading neighbouring KV bytes) run
 # together, as the decode kernel's head_major; split_decodes (optional, default False): a second
 # launch, the decode kernel, attends the one-token requests and the varlen kernel skips them (a
-# mixed step's decodes read their KV at the decode kernel's bandwidth; not yet timed on the H200:
-# bench/tune_varlen_attention.py's phase 3 tries it).
+# mixed step's decodes read their KV at the decode kernel's bandwidth; on the H200 it was slower:
+# the decode kernel took 35 us a layer for 64 decodes at context 256, bench/README.md session 16).
 VARLEN_LAUNCH: dict[int, dict[str, Any]] = {
-    # bench/tune_varlen_attention.py on the H200 (bench/results/h200/tune_varlen.json): best
-    # overall, 1.04x of each shape's best on average.
+    # bench/tune_varlen_attention.py on the H200 (bench/results/h200/tune_varlen.json; head_major
+    # from its phase 3, tune_varlen_split_session16.json): best overall, 1.003x of each shape's
+    # best on average; head-major cut a 1984-token prompt's layer from 105 to 85 us and a
+    # 2048-token one's from 79 to 56 us. split_decodes measured slower there (0.96x on mix128).
     2: {"BLOCK_M": 64, "BLOCK_N": 64, "SMALL_M": 16, "SMALL_N": 128, "num_warps": 4,
-        "num_stages": 2, "reverse": True},
+        "num_stages": 2, "reverse": True, "head_major": True},
     4: {"BLOCK_M": 64, "BLOCK_N": 32, "SMALL_M": 16, "SMALL_N": 32, "num_warps": 4,
         "num_stages": 2, "reverse": True},
 }  # fmt: skip
