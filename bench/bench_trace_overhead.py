@@ -645,6 +645,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "driver-held = the driver's, the poller's queries and conversions keeping the GIL: "
         "no driver-lock contention with the engine thread's records and launches)",
     )
+    p.add_argument("--poll-chunk", type=int, default=None, metavar="N",
+                   help="--interleaved: stages the poller thread emits per stretch before it "
+                   "sleeps (instrument.device_timeline.POLL_CHUNK; default: the engine's)")  # fmt: skip
     p.add_argument("--poll", choices=("auto", "background", "inline"), default="auto",
                    help="--interleaved: where the device timeline's polls run: auto = the "
                    "engine's policy (the poller thread while the engine waits, the engine thread "
@@ -792,6 +795,8 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _interleaved import Interleaver, print_summary, profile_diff, summarize
 
+    from instrument import device_timeline
+
     if not names:
         raise SystemExit("--interleaved needs a traced mode in --modes (e.g. off,trace)")
     if args.device.startswith("cuda"):
@@ -805,6 +810,11 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         mode = build_mode(name, args, trace_dir)
         assert mode.tracer is not None
         timeline = mode.llm.engine.runner.timeline
+        if args.poll_chunk is not None:
+            if args.poll_chunk < 1:
+                raise SystemExit("--poll-chunk must be >= 1")
+            device_timeline.POLL_CHUNK = args.poll_chunk  # read by the poller at each stretch
+        print(f"{name}: poller chunk {device_timeline.POLL_CHUNK} stages")
         if args.poll != "auto":  # auto: the engine's own policy
             timeline.background = args.poll == "background"
             timeline.inline_when_host_bound = False
