@@ -79,7 +79,12 @@ __all__ = [
 
 POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
 MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (background: wakes)
-POLL_CHUNK = 16  # stages the poller thread emits per stretch of holding the GIL
+# Stages the poller thread emits per stretch before it sleeps (hands the GIL over). 256, not 16:
+# alternated 5 times on H200s, the poller's CPU per traced step fell in every pair (median 71 ->
+# 57 us) with the step wall unchanged; each stretch's lock, queries and sleep cost ~50 us
+# (bench/README.md session 16). The price, a longer GIL hold while a stretch's slices are
+# emitted, is paid where the engine waits for the device (host-bound: the engine polls inline).
+POLL_CHUNK = 256
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 # How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event

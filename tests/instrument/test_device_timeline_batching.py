@@ -10,9 +10,10 @@ import time
 import pytest
 
 from analysis import load_trace
+from instrument import device_timeline
 from instrument.cuda_driver import StandInDriver
 from instrument.device_events import StandInCudaEvent, StandInStream
-from instrument.device_timeline import POLL_CHUNK, DeviceTimeline
+from instrument.device_timeline import DeviceTimeline
 from instrument.tracer import Tracer
 
 # The runner's stages per step, as model_runner records them: (name, lane, stream, contiguous,
@@ -464,7 +465,7 @@ def test_given_back_ready_events_return_to_the_pool(tmp_path, background):
 
 @pytest.mark.parametrize("inline_when_host_bound", [True, False])
 def test_host_bound_engine_polls_on_its_own_thread_only_when_asked(
-    tmp_path, inline_when_host_bound
+    tmp_path, monkeypatch, inline_when_host_bound
 ):
     """A host-bound engine: every step's output is ready when the engine reaches its wait, so
     the wait never wakes the poller. By default the hot-path hook then polls on the engine thread
@@ -473,6 +474,8 @@ def test_host_bound_engine_polls_on_its_own_thread_only_when_asked(
     ``inline_when_host_bound=False`` (the earlier behaviour) it wakes the poller thread instead,
     which emits in chunks of ``POLL_CHUNK``, and no query runs on the engine thread before drain.
     Either way every stage is emitted once with exact times."""
+    chunk = 16  # below the backlogs of this loop (40 stages), so they are emitted chunk by chunk
+    monkeypatch.setattr(device_timeline, "POLL_CHUNK", chunk)
     path = str(tmp_path / "t.pftrace")
     tracer = Tracer(path)
     loop = EngineLoop(
@@ -506,8 +509,8 @@ def test_host_bound_engine_polls_on_its_own_thread_only_when_asked(
         assert not chunks and timeline._poller is None  # the poller never started
         assert on_main and all(on_main)  # every query ran on the engine thread
     else:
-        assert chunks and all(limit == POLL_CHUNK and n <= POLL_CHUNK for limit, n in chunks)
-        assert max(n for _, n in chunks) == POLL_CHUNK  # a backlog is emitted chunk by chunk
+        assert chunks and all(limit == chunk and n <= chunk for limit, n in chunks)
+        assert max(n for _, n in chunks) == chunk  # a backlog is emitted chunk by chunk
         assert not any(on_main)  # every poll ran on the poller thread
     assert timeline.num_emitted > 0
     for stream in loop.streams.values():
