@@ -823,16 +823,18 @@ class DeviceTimeline:
         times = self._host_ns_many(events)
         self._resolve_held()
         free, last, observer = self._free, self._last, self.observer
-        both = self._derive and self._record_begins
+        derive = self._derive
+        both = derive and self._record_begins
         shared_ns = self._end_ns
         out: list[RawEvent] = []
+        emit = out.append
         i = 0
         prev_end = _NO_EVENT
         end_ns = 0
         for stage in stages:
             begin, end = stage.begin, stage.end
             if begin is None:
-                start_ns = -1  # derived below, once every end of the batch is known
+                start_ns = -1  # derived below, once its end is known
             elif begin is prev_end:
                 start_ns = end_ns
                 shared_ns.pop(id(begin), None)  # stored just now, with its predecessor
@@ -841,7 +843,9 @@ class DeviceTimeline:
                 i += 1
                 if shared_ns:  # begins at an end an earlier poll emitted: at that very time
                     start_ns = shared_ns.pop(id(begin), start_ns)
-            end_ns = max(times[i], start_ns)
+            end_ns = times[i]
+            if end_ns < start_ns:
+                end_ns = start_ns
             i += 1
             prev_end = end
             # Read: free to record again; a shared end goes with the stage that shares it, a lent
@@ -861,20 +865,54 @@ class DeviceTimeline:
                 stage.emitted = True
                 name, track = stage.name, self._track_of(stage.lane, None)
                 args = {_STEP: stage.step, _HOST_END_NS: stage.host_end_ns, **stage.args}
-                out.append((EV_SLICE_AT, track, name, start_ns, end_ns, args))
+                emit((EV_SLICE_AT, track, name, start_ns, end_ns, args))
                 continue
             site = stage.site
             track = site.track
             if track is None:  # the site's first slice
                 track = site.track = self._track_of(site.lane, site.stream)
             stage.end_ns = end_ns  # a later stage that waited for it reads it here
-            event = (EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
-                     stage.step, stage.host_end_ns)  # fmt: skip
-            # No dict of its own (the writer merges the site's args and the stage's), but with
-            # ``both``: the derived begin becomes an arg of the slice's own dict.
-            out.append(expand_stage(event) if both else event)
-        if self._derive:
-            self._derive_begins(stages, out)
+            if not derive:
+                emit((EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
+                            stage.step, stage.host_end_ns))  # fmt: skip
+                continue
+            # Derived begins (docs/design.md §4.3), in the same pass: the latest of the host time
+            # the stage's enqueue began, the end of the slice before it on its stream and the end
+            # of its ``after`` stage; never after its own end. The stream could not reach the
+            # stage earlier, so this is a lower bound of its recorded begin, and it keeps one
+            # stream's slices from overlapping. The runner's sites are made in stream order
+            # (h2d, compute, d2h), so an ``after`` stage of this batch was emitted above; one
+            # that is not (a poll's limit left it pending) is read from its own end event.
+            queue = site.queue
+            if type(stage) is _DerivedScope:
+                derived = stage.host_begin_ns
+                if queue.end_ns > derived:
+                    derived = queue.end_ns
+                dep = stage.after
+                if dep is not None:
+                    stage.after = None  # resolved: keep no earlier stage
+                    dep_end = getattr(dep, "end_ns", None)
+                    if dep_end is None:  # not emitted yet
+                        dep_end = self._pending_end_ns(dep)
+                    if dep_end > derived:
+                        derived = dep_end
+                if derived > end_ns:
+                    derived = end_ns
+                if both:  # the recorded begin stays; the derived one is an arg of its own dict
+                    event = expand_stage((EV_STAGE, track, site.name, start_ns, end_ns, site.args,
+                                          stage.args, stage.step, stage.host_end_ns))  # fmt: skip
+                    event[5][_DERIVED_BEGIN_NS] = derived
+                    emit(event)
+                else:
+                    emit((EV_STAGE, track, site.name, derived, end_ns, site.args,
+                                stage.args, stage.step, stage.host_end_ns))  # fmt: skip
+            elif both:
+                emit(expand_stage((EV_STAGE, track, site.name, start_ns, end_ns, site.args,
+                                         stage.args, stage.step, stage.host_end_ns)))  # fmt: skip
+            else:
+                emit((EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
+                            stage.step, stage.host_end_ns))  # fmt: skip
+            queue.end_ns = end_ns
         if observer is not None:
             for stage, event in zip(stages, out, strict=True):
                 observer(stage.lane, event[2], stage.step, event[3], event[4])
@@ -895,39 +933,6 @@ class DeviceTimeline:
         others = sum(1 for other, _ in tracks if other == lane)
         track = tracks[(lane, id(stream))] = name if others == 0 else (name, others)
         return track
-
-    def _derive_begins(self, stages: list[Any], out: list[RawEvent]) -> None:
-        """Derived begins of a batch (``out[j]`` is ``stages[j]``'s slice): the latest of the
-        host time the stage's enqueue began, the end of the slice before it on its stream and
-        the end of its ``after`` stage. The stream could not reach the stage earlier, so this is
-        a lower bound of its recorded begin (docs/design.md §4.3); it also keeps the slices of
-        one stream from overlapping. ``derived``: the slice's begin; ``both``: the
-        ``derived_begin_ns`` arg (the slice keeps its recorded begin)."""
-        replace = not self._record_begins
-        for j, stage in enumerate(stages):
-            if isinstance(stage, PendingStage):  # add(): no stream order known, begin recorded
-                continue
-            queue = stage.site.queue
-            event = out[j]
-            end_ns = event[4]
-            if isinstance(stage, _DerivedScope):
-                begin_ns = stage.host_begin_ns
-                if queue.end_ns > begin_ns:
-                    begin_ns = queue.end_ns
-                dep = stage.after
-                if dep is not None:
-                    stage.after = None  # resolved: keep no earlier stage
-                    dep_end = getattr(dep, "end_ns", None)
-                    if dep_end is None:  # not emitted yet (a poll's limit left it pending)
-                        dep_end = self._pending_end_ns(dep)
-                    if dep_end > begin_ns:
-                        begin_ns = dep_end
-                begin_ns = min(begin_ns, end_ns)
-                if replace:
-                    out[j] = (*event[:3], begin_ns, *event[4:])
-                else:
-                    event[5][_DERIVED_BEGIN_NS] = begin_ns  # both: an EV_SLICE_AT's own dict
-            queue.end_ns = end_ns
 
     def _pending_end_ns(self, stage: Any) -> int:
         """The end time of an ``after`` stage no poll has emitted yet (its stream's queue was cut
