@@ -148,6 +148,40 @@ def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(
     )
 
 
+# The device timeline's poll, per slice it emits (derived begins, the default; on CUDA it runs on
+# the poller thread, where it holds the GIL the engine thread wants: bench/README.md session 16):
+# 208 measured on this tree, 241 before the derived begins moved into the emit pass.
+MAX_POLL_BYTECODES_PER_SLICE = 225
+
+
+def test_the_poll_emits_a_slice_in_a_bounded_number_of_bytecodes(tmp_path, tiny_model_config):
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    llm = _tiny_llm(tracer, tiny_model_config, trace_begins="derived")
+    timeline = llm.engine.runner.timeline
+    poll = timeline.poll
+    totals = {"bytecodes": 0, "slices": 0}
+
+    def counted_poll(limit: int | None = None) -> int:
+        n, count = _count_opcodes(lambda: poll(limit))
+        totals["bytecodes"] += count
+        totals["slices"] += n
+        return n
+
+    timeline.poll = counted_poll  # whichever thread polls (the poller, or the engine inline)
+    prompts = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
+    try:
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    finally:
+        llm.close()
+        tracer.close()
+    assert totals["slices"] >= 50, totals
+    per_slice = totals["bytecodes"] / totals["slices"]
+    assert per_slice <= MAX_POLL_BYTECODES_PER_SLICE, (
+        f"the poll takes {per_slice:.0f} bytecodes per slice it emits "
+        f"(bound {MAX_POLL_BYTECODES_PER_SLICE}): new per-stage Python in the poll?"
+    )
+
+
 # A step a sampled trace drops costs what an untraced step costs, but for asking the capture rule
 # (``Tracer.trace_step``, once per step: ~48) and pausing / resuming the tracer around the step's
 # two phases (~68), less the untraced iteration's own call of the rule (~19): measured 103 added
