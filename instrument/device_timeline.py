@@ -39,6 +39,7 @@ Events are made, recorded, queried and read through an :class:`~instrument.devic
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -754,8 +755,10 @@ class DeviceTimeline:
         for queue in list(self._queues.values()):  # the engine thread may add a stream
             stages = queue.stages
             left = len(stages) if limit is None else limit - len(done)
-            for _ in range(self._completed(stages, left)):
-                done.append(stages.popleft())
+            # The completed ones popped in one C-level loop (only polls pop, under the lock).
+            done.extend(
+                itertools.islice(iter(stages.popleft, _NO_EVENT), self._completed(stages, left))
+            )
         if self._unordered:
             query = self._query
             still: list[Any] = []
