@@ -42,8 +42,13 @@ def test_driver_calls_write_the_same_slices(tmp_path):
     # Through torch only an event's first record (which creates it): the lent ``ready`` events
     # are not given back here, so one is made per step.
     assert driver.calls["torch_record"] <= StandInCudaEvent.calls["create"] < 1.5 * num_steps
-    anchors = clock.num_anchor_records
-    assert 8 * num_steps <= driver.calls["elapsed_time"] - 2 * anchors <= 8.2 * num_steps
+    # Every distinct event converted once, and a few twice (a begin that is an end an earlier
+    # poll read); besides the stages' events, one conversion per anchor the clock adopted. (With
+    # 256-stage poll stretches there are so few repeats that subtracting two per anchor recorded
+    # took the count under 8 a step.)
+    stage_conversions = driver.calls["elapsed_time"] - clock.num_anchors
+    assert 8 * num_steps <= stage_conversions <= 8.2 * num_steps
+    assert clock.num_anchors <= clock.num_anchor_records
     assert StandInCudaEvent.calls["elapsed_time"] == 0  # no torch-style conversion at all
     assert loop.timeline.num_recorded == loop.timeline.num_emitted == 5 * num_steps
     written = _device_slices(path)
