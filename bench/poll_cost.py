@@ -34,7 +34,9 @@ from instrument.tracer import Tracer  # noqa: E402
 POLLER = "stepscope-device-poll"
 
 
-def _count_opcodes(fn: Any) -> tuple[Any, int]:
+def count_opcodes(fn: Any) -> tuple[Any, int]:
+    """``fn()`` and the bytecodes it executed on this thread (``sys.settrace`` opcode events; a C
+    call counts as its one call instruction). tests/engine/test_trace_cost.py counts with it too."""
     count = 0
 
     def local(frame: Any, event: str, arg: object) -> Any:
@@ -66,7 +68,7 @@ def one_round(args: argparse.Namespace, path: str) -> dict[str, float]:
         if threading.current_thread().name != POLLER:
             return poll(limit)
         if args.bytecodes:
-            n, count = _count_opcodes(lambda: poll(limit))
+            n, count = count_opcodes(lambda: poll(limit))
             totals["bytecodes"] += count
         else:
             t0 = time.thread_time_ns()

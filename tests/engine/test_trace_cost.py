@@ -10,13 +10,12 @@ C calls such as an event record count as one call instruction).
 from __future__ import annotations
 
 import statistics
-import sys
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import pytest
 
+from bench.poll_cost import count_opcodes as _count_opcodes
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from instrument.tracer import Tracer
@@ -41,26 +40,6 @@ MAX_ADDED_BYTECODES_DERIVED = 920
 # counter frame and the stamped forward's graph lookup went, 918 before the span calls);
 # input_prep and the forward end at stamps, so two end records fewer.
 MAX_ADDED_BYTECODES_STAMPED = 790
-
-
-def _count_opcodes(fn: Callable[[], Any]) -> tuple[Any, int]:
-    count = 0
-
-    def local(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal count
-        if event == "opcode":
-            count += 1
-        return local
-
-    def start(frame: FrameType, event: str, arg: object) -> Any:
-        frame.f_trace_opcodes = True
-        return local
-
-    sys.settrace(start)
-    try:
-        return fn(), count
-    finally:
-        sys.settrace(None)
 
 
 def _tiny_llm(tracer: Tracer, model_config: Any, **engine_kw: Any) -> LLM:
