@@ -877,7 +877,7 @@ class DeviceTimeline:
             stage.end_ns = end_ns  # a later stage that waited for it reads it here
             if not derive:
                 emit((EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
-                            stage.step, stage.host_end_ns))  # fmt: skip
+                      stage.step, stage.host_end_ns))  # fmt: skip
                 continue
             # Derived begins (docs/design.md §4.3), in the same pass: the latest of the host time
             # the stage's enqueue began, the end of the slice before it on its stream and the end
@@ -907,14 +907,14 @@ class DeviceTimeline:
                     event[5][_DERIVED_BEGIN_NS] = derived
                     emit(event)
                 else:
-                    emit((EV_STAGE, track, site.name, derived, end_ns, site.args,
-                                stage.args, stage.step, stage.host_end_ns))  # fmt: skip
+                    emit((EV_STAGE, track, site.name, derived, end_ns, site.args, stage.args,
+                          stage.step, stage.host_end_ns))  # fmt: skip
             elif both:
                 emit(expand_stage((EV_STAGE, track, site.name, start_ns, end_ns, site.args,
                                          stage.args, stage.step, stage.host_end_ns)))  # fmt: skip
             else:
                 emit((EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
-                            stage.step, stage.host_end_ns))  # fmt: skip
+                      stage.step, stage.host_end_ns))  # fmt: skip
             queue.end_ns = end_ns
         if observer is not None:
             for stage, event in zip(stages, out, strict=True):
