@@ -911,7 +911,7 @@ class DeviceTimeline:
                           stage.step, stage.host_end_ns))  # fmt: skip
             elif both:
                 emit(expand_stage((EV_STAGE, track, site.name, start_ns, end_ns, site.args,
-                                         stage.args, stage.step, stage.host_end_ns)))  # fmt: skip
+                                   stage.args, stage.step, stage.host_end_ns)))  # fmt: skip
             else:
                 emit((EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
                       stage.step, stage.host_end_ns))  # fmt: skip
