@@ -778,13 +778,27 @@ def _helper_threads(timeline: Any, tracer: Any, inter: Any) -> dict[str, float]:
     """The CPU time of the tracer's own threads (the device timeline's poller, the flush thread)
     over the run, per traced step: what a traced step costs the process besides the engine
     thread (each thread counts its own time: ``thread_time_ns`` around its polls, its flushes)."""
+    from instrument.device_timeline import POLL_SECTIONS
+
     traced = sum(1 for s in inter.samples if s.traced)
-    row = {"traced_steps": traced,
-           "poller_us_per_traced_step": timeline.poller_cpu_ns / 1e3 / max(1, traced),
-           "flush_us_per_traced_step": tracer.flush_cpu_ns / 1e3 / max(1, traced)}  # fmt: skip
+    row: dict[str, Any] = {
+        "traced_steps": traced,
+        "poller_us_per_traced_step": timeline.poller_cpu_ns / 1e3 / max(1, traced),
+        "poller_wall_us_per_traced_step": timeline.poller_wall_ns / 1e3 / max(1, traced),
+        "flush_us_per_traced_step": tracer.flush_cpu_ns / 1e3 / max(1, traced),
+    }
     print(f"tracer threads' CPU per traced step (all {traced} traced steps): poller "
-          f"{row['poller_us_per_traced_step']:.1f} us, flush thread "
+          f"{row['poller_us_per_traced_step']:.1f} us (wall "
+          f"{row['poller_wall_us_per_traced_step']:.1f}), flush thread "
           f"{row['flush_us_per_traced_step']:.1f} us")  # fmt: skip
+    sections = timeline.poll_sections_ns
+    if sections is not None:  # every poll, on whichever thread it ran
+        named = dict(zip(POLL_SECTIONS, sections, strict=True))
+        stages, events = named.pop("stages"), named.pop("events")
+        row["poll_sections"] = named | {"stages": stages, "events": events}
+        print(f"the polls' CPU per stage ({stages} stages, {events / max(1, stages):.2f} events "
+              "converted a stage): " + ", ".join(
+                  f"{k} {v / 1e3 / max(1, stages):.2f} us" for k, v in named.items()))  # fmt: skip
     return row
 
 
@@ -818,6 +832,7 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         if args.poll != "auto":  # auto: the engine's own policy
             timeline.background = args.poll == "background"
             timeline.inline_when_host_bound = False
+        timeline.poll_sections_ns = [0] * len(device_timeline.POLL_SECTIONS)
         ops = timeline.ops
         print(f"{name}: device timeline event calls: {getattr(ops, 'api', type(ops).__name__)} "
               f"{getattr(ops, 'api_reason', '')}")  # fmt: skip

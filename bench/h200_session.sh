@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest cold poll-ab split poll-chunk-ab
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests timeline-tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest cold poll-ab split poll-chunk-ab
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -18,6 +18,7 @@ for stage in $stages; do
   echo "=== $stage"
   case $stage in
     tests) timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/dashboard tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    timeline-tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/instrument tests/engine/test_graph_stamps_gpu.py tests/engine/test_kernel_window_gpu.py tests/engine/test_runner_gpu.py 2>&1 | tee "$OUT/timeline_gpu_tests.log" | tail -12 ;;
     instrument) timeout 120 python3 bench/bench_gpu_instrument.py --steps 1000 --json "$OUT/gpu_instrument.json" 2>&1 | tee "$OUT/gpu_instrument.log" ;;
     decode) mkdir -p "$OUT/kineto" && timeout 330 python3 bench/bench_decode.py --kineto-dir "$OUT/kineto" --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | grep -v "^     " | tail -14; tar czf "$OUT/kineto.tgz" -C "$OUT" kineto && rm -rf "$OUT/kineto" ;;
     tune) timeout 240 python3 bench/tune_decode_attention.py --block-n 32,64,128 --warps 2,4,8 --stages 2,3 --json "$OUT/tune_attention.json" 2>&1 | tee "$OUT/tune_attention.log" | grep -v "^    " ;;

@@ -75,6 +75,7 @@ __all__ = [
     "POLL_BATCH",
     "MAX_DEFERRED",
     "POLL_CHUNK",
+    "POLL_SECTIONS",
     "BEGINS",
 ]
 
@@ -86,6 +87,11 @@ MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (back
 # (bench/README.md session 16). The price, a longer GIL hold while a stretch's slices are
 # emitted, is paid where the engine waits for the device (host-bound: the engine polls inline).
 POLL_CHUNK = 256
+# DeviceTimeline.poll_sections_ns: thread CPU ns in the queries (finding the completed stages),
+# the conversions to host times, building the slices, handing them to the tracer; then how many
+# stages and events those covered.
+POLL_SECTIONS = ("query", "convert", "build", "hand", "stages", "events")
+_QUERY, _CONVERT, _BUILD, _HAND, _STAGES, _EVENTS = range(len(POLL_SECTIONS))
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 # How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event
@@ -385,6 +391,10 @@ class DeviceTimeline:
         self.polls_inline = 0
         self.polls_woken = 0
         self.poller_cpu_ns = 0  # the poller thread's CPU time in its polls (thread_time_ns)
+        self.poller_wall_ns = 0  # and their wall time (more than the CPU: waits for the GIL)
+        # Set to a list of POLL_SECTIONS zeros (a bench, bench/bench_trace_overhead.py): every
+        # poll adds its thread CPU ns per section to it (a few clock reads per poll, not per stage).
+        self.poll_sections_ns: list[int] | None = None
         self._poller: threading.Thread | None = None
         self._kick = threading.Lock()  # held while the poller is idle; released: poll once
         self._stopping = False
@@ -712,7 +722,7 @@ class DeviceTimeline:
             if self._stopping:
                 kick.release()
                 return
-            cpu_ns = time.thread_time_ns()
+            cpu_ns, wall_ns = time.thread_time_ns(), time.monotonic_ns()
             try:
                 # Chunks, with a sleep between them: a query or an elapsed_time keeps the GIL
                 # (torch's C methods do not release it), so one long poll would stall an engine
@@ -724,6 +734,7 @@ class DeviceTimeline:
                 return
             finally:
                 self.poller_cpu_ns += time.thread_time_ns() - cpu_ns
+                self.poller_wall_ns += time.monotonic_ns() - wall_ns
 
     def _stop_poller(self) -> None:
         """Stop and join the poller thread (a poll it is running finishes first)."""
@@ -751,6 +762,9 @@ class DeviceTimeline:
             self._take_back()
         if self.num_recorded == self.num_emitted + self.num_dropped:
             return 0
+        sections = self.poll_sections_ns
+        if sections is not None:
+            sections[_QUERY] -= time.thread_time_ns()
         done: list[Any] = []
         for queue in list(self._queues.values()):  # the engine thread may add a stream
             stages = queue.stages
@@ -765,6 +779,9 @@ class DeviceTimeline:
             for stage in self._unordered:
                 (done if query(stage.end) else still).append(stage)
             self._unordered = still
+        if sections is not None:
+            sections[_QUERY] += time.thread_time_ns()
+            sections[_STAGES] += len(done)
         if done:
             self._emit(done)
         return len(done)
@@ -823,7 +840,15 @@ class DeviceTimeline:
                 events.append(begin)  # (None: a derived begin, no event)
             events.append(stage.end)
             prev_end = stage.end
+        sections = self.poll_sections_ns
+        if sections is not None:
+            sections[_CONVERT] -= time.thread_time_ns()
         times = self._host_ns_many(events)
+        if sections is not None:
+            now = time.thread_time_ns()
+            sections[_CONVERT] += now
+            sections[_BUILD] -= now
+            sections[_EVENTS] += len(events)
         self._resolve_held()
         free, last, observer = self._free, self._last, self.observer
         derive = self._derive
@@ -921,7 +946,13 @@ class DeviceTimeline:
                 observer(stage.lane, event[2], stage.step, event[3], event[4])
         self.num_emitted += len(stages)
         self._drop_above += len(stages)
+        if sections is None:
+            self.tracer.append_slices(out)
+            return
+        now = time.thread_time_ns()
+        sections[_BUILD] += now
         self.tracer.append_slices(out)
+        sections[_HAND] += time.thread_time_ns() - now
 
     def _track_of(self, lane: str, stream: Any) -> Any:
         """The track of a (lane, stream), made on first use (a stage queued through :meth:`add`
