@@ -100,7 +100,7 @@ for stage in $stages; do
       mkdir -p "$OUT/poll_chunk_ab"
       for r in $(seq ${PCA_ROUNDS:-2}); do for v in ${PCA_VARIANTS:-driver:16 driver:256 driver-held:256}; do api=${v%%:*}; chunk=${v##*:}; echo "--- round $r, --event-api $api --poll-chunk $chunk"
         timeout ${PCA_TIMEOUT:-100} python3 bench/bench_trace_overhead.py --interleaved --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s ${PCA_RUN_S:-45} --block-steps ${IL_BLOCK_STEPS:-64} --modes off,trace --event-api $api --poll-chunk $chunk --out "$OUT/poll_chunk_ab/il_${api}_${chunk}_$r.json" > "$OUT/poll_chunk_ab/il_${api}_${chunk}_$r.log" 2>&1
-        grep -E "engine CPU|process CPU|throughput traced|tracer threads" "$OUT/poll_chunk_ab/il_${api}_${chunk}_$r.log"; done; done
+        grep -E "engine CPU|process CPU|host wall|throughput traced|tracer threads|polls. CPU" "$OUT/poll_chunk_ab/il_${api}_${chunk}_$r.log"; done; done
       tar czf "$OUT/poll_chunk_ab.tgz" -C "$OUT" poll_chunk_ab && rm -rf "$OUT/poll_chunk_ab" ;;
     cold) timeout ${COLD_TIMEOUT:-300} python3 bench/bench_cold_start.py ${COLD_ARGS:-} --out "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.log" | tail -12 ;;
     split) # the varlen launch's split_decodes key (docs/design.md §2.6): its GPU test, phase 3 of the tuner around the table's entry, then a mixed step with it off/on alternated step by step
