@@ -722,7 +722,8 @@ class DeviceTimeline:
             if self._stopping:
                 kick.release()
                 return
-            cpu_ns, wall_ns = time.thread_time_ns(), time.monotonic_ns()
+            wall_ns = time.monotonic_ns()  # the wall interval encloses the CPU one
+            cpu_ns = time.thread_time_ns()
             try:
                 # Chunks, with a sleep between them: a query or an elapsed_time keeps the GIL
                 # (torch's C methods do not release it), so one long poll would stall an engine

@@ -123,6 +123,11 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     helpers = r["helper_threads"]  # the poller's and the flush thread's CPU per traced step
     assert helpers["traced_steps"] >= r["steady_steps"]["traced"] > 0
     assert helpers["poller_us_per_traced_step"] >= 0 and helpers["flush_us_per_traced_step"] >= 0
+    # the polls' CPU by section, on whichever thread they ran: every emitted stage counted
+    sections = helpers["poll_sections"]
+    assert set(sections) == {"query", "convert", "build", "hand", "stages", "events"}
+    assert sections["stages"] >= 5 * r["steady_steps"]["traced"] > 0
+    assert sections["stages"] <= sections["events"] and sections["build"] > 0
     assert records["traced"]["us_per_record"] > 0 and records["untraced"]["us_per_record"] > 0
     assert r["steady_steps"]["traced"] > 0 and r["steady_steps"]["untraced"] > 0
     for q in ("host_us", "cpu_us", "wall_us"):

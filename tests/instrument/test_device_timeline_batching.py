@@ -588,3 +588,26 @@ def test_a_contiguous_stage_after_untraced_work_records_its_own_begin(tmp_path):
     assert second is not first and second.begin is not first.end
     assert second.begin.ns > first.end.ns
     tracer.close()
+
+
+def test_poll_sections_count_every_emitted_stage_and_converted_event(tmp_path):
+    """``poll_sections_ns`` (set by a bench): every poll adds its CPU per section and the stages
+    and events it covered; over a run the stages are every emitted slice and the events every
+    conversion the driver made (begins read once where a stage is contiguous), and the poller's
+    wall time is counted beside its CPU time."""
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    driver = StandInDriver()
+    loop = EngineLoop(tracer, wait_only=True, driver=driver, background=True)
+    timeline = loop.timeline
+    sections = timeline.poll_sections_ns = [0] * len(device_timeline.POLL_SECTIONS)
+    clock = timeline.ops
+    _run_async(loop, 400, wait_s=0.0002)
+    tracer.close()
+    named = dict(zip(device_timeline.POLL_SECTIONS, sections, strict=True))
+    assert named["stages"] == timeline.num_emitted == 5 * 400
+    converted = driver.calls["elapsed_time"] - clock.num_anchors  # an anchor's own conversion
+    assert named["events"] == converted
+    assert named["stages"] < named["events"] <= 2 * named["stages"]
+    assert all(named[k] > 0 for k in ("query", "convert", "build", "hand"))
+    assert timeline.poller_cpu_ns > 0
+    assert timeline.poller_wall_ns >= 0.99 * timeline.poller_cpu_ns  # two clocks' readings
