@@ -648,6 +648,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--poll-chunk", type=int, default=None, metavar="N",
                    help="--interleaved: stages the poller thread emits per stretch before it "
                    "sleeps (instrument.device_timeline.POLL_CHUNK; default: the engine's)")  # fmt: skip
+    p.add_argument("--poll-batch", type=int, default=None, metavar="N",
+                   help="--interleaved: pending stages at which the engine's wait polls "
+                   "(DeviceTimeline.poll_batch, at most its max_deferred; default: the engine's, "
+                   "instrument.device_timeline.POLL_BATCH)")  # fmt: skip
     p.add_argument("--poll", choices=("auto", "background", "inline"), default="auto",
                    help="--interleaved: where the device timeline's polls run: auto = the "
                    "engine's policy (the poller thread while the engine waits, the engine thread "
@@ -794,10 +798,11 @@ def _helper_threads(timeline: Any, tracer: Any, inter: Any) -> dict[str, float]:
     sections = timeline.poll_sections_ns
     if sections is not None:  # every poll, on whichever thread it ran
         named = dict(zip(POLL_SECTIONS, sections, strict=True))
-        stages, events = named.pop("stages"), named.pop("events")
-        row["poll_sections"] = named | {"stages": stages, "events": events}
+        stages, events, queries = named.pop("stages"), named.pop("events"), named.pop("queries")
+        row["poll_sections"] = named | {"stages": stages, "events": events, "queries": queries}
         print(f"the polls' CPU per stage ({stages} stages, {events / max(1, stages):.2f} events "
-              "converted a stage): " + ", ".join(
+              f"converted and {queries / max(1, stages):.2f} end events queried a stage): "
+              + ", ".join(
                   f"{k} {v / 1e3 / max(1, stages):.2f} us" for k, v in named.items()))  # fmt: skip
     return row
 
@@ -828,7 +833,12 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
             if args.poll_chunk < 1:
                 raise SystemExit("--poll-chunk must be >= 1")
             device_timeline.POLL_CHUNK = args.poll_chunk  # read by the poller at each stretch
-        print(f"{name}: poller chunk {device_timeline.POLL_CHUNK} stages")
+        if args.poll_batch is not None:
+            if not 1 <= args.poll_batch <= timeline.max_deferred:
+                raise SystemExit(f"--poll-batch must be in 1..{timeline.max_deferred}")
+            timeline.poll_batch = args.poll_batch
+        print(f"{name}: poller chunk {device_timeline.POLL_CHUNK} stages, polls at "
+              f"{timeline.poll_batch} pending")  # fmt: skip
         if args.poll != "auto":  # auto: the engine's own policy
             timeline.background = args.poll == "background"
             timeline.inline_when_host_bound = False

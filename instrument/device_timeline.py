@@ -89,9 +89,9 @@ MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (back
 POLL_CHUNK = 256
 # DeviceTimeline.poll_sections_ns: thread CPU ns in the queries (finding the completed stages),
 # the conversions to host times, building the slices, handing them to the tracer; then how many
-# stages and events those covered.
-POLL_SECTIONS = ("query", "convert", "build", "hand", "stages", "events")
-_QUERY, _CONVERT, _BUILD, _HAND, _STAGES, _EVENTS = range(len(POLL_SECTIONS))
+# stages, events and end-event queries those covered.
+POLL_SECTIONS = ("query", "convert", "build", "hand", "stages", "events", "queries")
+_QUERY, _CONVERT, _BUILD, _HAND, _STAGES, _EVENTS, _QUERIES = range(len(POLL_SECTIONS))
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 # How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event
@@ -789,20 +789,40 @@ class DeviceTimeline:
 
     def _completed(self, stages: deque[Any], limit: int) -> int:
         """How many of a stream's oldest ``limit`` pending stages have completed (stream order:
-        a completed end event vouches for every earlier one)."""
+        a completed end event vouches for every earlier one).
+
+        Searched from the newest back, in steps of 1, 2, 4, ... then by bisection: a poll runs
+        while the device works on the newest step or two, so the first incomplete stage is
+        usually among the last few (2-4 queries, against ~log2(n) + 1 for a bisection of all n).
+        """
         n = min(len(stages), limit)  # the engine thread may append meanwhile: these n only
         if n == 0:
             return 0
         query = self._query
+        sections = self.poll_sections_ns
+        queries = 1
         if query(stages[n - 1].end):
+            if sections is not None:
+                sections[_QUERIES] += queries
             return n
         lo, hi = -1, n - 1  # stages[hi] is incomplete; stages[lo] complete (or none, at -1)
+        back = 1
+        while hi - back > lo:  # gallop back from the newest
+            i = hi - back
+            queries += 1
+            if query(stages[i].end):
+                lo = i
+                break
+            hi, back = i, back * 2
         while hi - lo > 1:
             mid = (lo + hi) // 2
+            queries += 1
             if query(stages[mid].end):
                 lo = mid
             else:
                 hi = mid
+        if sections is not None:
+            sections[_QUERIES] += queries
         return lo + 1
 
     def drain(self) -> int:

@@ -125,7 +125,8 @@ def test_interleaved_mode_runs_on_the_cpu(tmp_path) -> None:
     assert helpers["poller_us_per_traced_step"] >= 0 and helpers["flush_us_per_traced_step"] >= 0
     # the polls' CPU by section, on whichever thread they ran: every emitted stage counted
     sections = helpers["poll_sections"]
-    assert set(sections) == {"query", "convert", "build", "hand", "stages", "events"}
+    assert set(sections) == {"query", "convert", "build", "hand", "stages", "events", "queries"}
+    assert 0 < sections["queries"] <= sections["stages"]
     assert sections["stages"] >= 5 * r["steady_steps"]["traced"] > 0
     assert sections["stages"] <= sections["events"] and sections["build"] > 0
     assert records["traced"]["us_per_record"] > 0 and records["untraced"]["us_per_record"] > 0

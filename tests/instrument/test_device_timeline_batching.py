@@ -611,3 +611,28 @@ def test_poll_sections_count_every_emitted_stage_and_converted_event(tmp_path):
     assert all(named[k] > 0 for k in ("query", "convert", "build", "hand"))
     assert timeline.poller_cpu_ns > 0
     assert timeline.poller_wall_ns >= 0.99 * timeline.poller_cpu_ns  # two clocks' readings
+
+
+def test_the_completed_count_is_exact_and_cheap_near_the_newest(tmp_path):
+    """``_completed`` against every boundary of every queue length up to 40 (brute force): the
+    count of completed stages is exact, a queue done through its newest stage costs one query,
+    and a boundary within the newest few costs at most 2 + 2 log2(distance) queries (a poll runs
+    while the device works on the newest step), never more than a bisection's log2(n) + 3."""
+    import math
+    from collections import deque
+    from types import SimpleNamespace
+
+    timeline = DeviceTimeline(Tracer(str(tmp_path / "t.pftrace")), 0, StandInCudaEvent.clock())
+    for n in range(1, 41):
+        for done in range(n + 1):
+            stages = deque(SimpleNamespace(end=i) for i in range(n))
+            asked: list[int] = []
+            timeline._query = lambda end, done=done, asked=asked: asked.append(end) or end < done
+            assert timeline._completed(stages, n) == done
+            distance = n - done  # incomplete stages at the newest end
+            if distance == 0:
+                assert len(asked) == 1
+            else:
+                assert len(asked) <= 2 + 2 * math.log2(distance)
+            assert len(asked) <= 2 * math.log2(n) + 2
+            assert timeline._completed(stages, done) == done  # a limit below: those only
