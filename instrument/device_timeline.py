@@ -22,9 +22,10 @@ What the engine thread pays per stage is kept small (docs/design.md §4.3):
   engine thread instead: a poller would only take the GIL from it, and each handoff costs the
   engine more than the poll (on the H200, tracing a host-bound run added a median +163 µs of
   engine CPU a step with the poller, +19 µs without it; bench/README.md, session 9);
-* a poll queries each stream's pending stages newest first, then galloping back (events on one stream
-  complete in stream order, so one completed event vouches for every earlier one), converts the
-  completed ones to host times in one pass and hands their slices to the tracer in one call.
+* a poll queries each stream's pending stages newest first, then galloping back (events on one
+  stream complete in stream order, so one completed event vouches for every earlier one),
+  converts the completed ones to host times in one pass and hands their slices to the tracer in
+  one call.
 * with ``begins="derived"`` a stage that is not contiguous records no begin event at all: it
   stamps the host time when its enqueue begins, and the poll places its begin at the latest of
   that time, the end of the slice before it on its stream and the end of the stage its stream was
@@ -753,7 +754,8 @@ class DeviceTimeline:
         never blocks (but for another poll in progress).
 
         Per stream, the newest pending end event is queried first (complete: so is every earlier
-        one), else the boundary is found galloping back from it. Returns how many slices were emitted.
+        one), else the boundary is found galloping back from it. Returns how many slices were
+        emitted.
         """
         with self._lock:
             return self._poll_locked(limit)
