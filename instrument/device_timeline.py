@@ -392,7 +392,9 @@ class DeviceTimeline:
         self.polls_inline = 0
         self.polls_woken = 0
         self.poller_cpu_ns = 0  # the poller thread's CPU time in its polls (thread_time_ns)
-        self.poller_wall_ns = 0  # and their wall time (more than the CPU: waits for the GIL)
+        # ... and their wall time: above the CPU time by its waits for the GIL (and the sleeps
+        # between stretches, only when a wake-up finds over POLL_CHUNK stages done).
+        self.poller_wall_ns = 0
         # Set to a list of POLL_SECTIONS zeros (a bench, bench/bench_trace_overhead.py): every
         # poll adds its thread CPU ns per section to it (a few clock reads per poll, not per stage).
         self.poll_sections_ns: list[int] | None = None
