@@ -3,9 +3,12 @@ and batched, bisected polls that lose no stage and read every time exactly."""
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
+from collections import deque
+from types import SimpleNamespace
 
 import pytest
 
@@ -617,11 +620,8 @@ def test_the_completed_count_is_exact_and_cheap_near_the_newest(tmp_path):
     """``_completed`` against every boundary of every queue length up to 40 (brute force): the
     count of completed stages is exact, a queue done through its newest stage costs one query,
     and a boundary within the newest few costs at most 2 + 2 log2(distance) queries (a poll runs
-    while the device works on the newest step), never more than a bisection's log2(n) + 3."""
-    import math
-    from collections import deque
-    from types import SimpleNamespace
-
+    while the device works on the newest step); a far one at most 2 log2(n) + 2, about twice a
+    bisection of all n (the host runs a step or two ahead, so far boundaries are rare)."""
     timeline = DeviceTimeline(Tracer(str(tmp_path / "t.pftrace")), 0, StandInCudaEvent.clock())
     for n in range(1, 41):
         for done in range(n + 1):
