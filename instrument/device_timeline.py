@@ -925,10 +925,6 @@ class DeviceTimeline:
             if track is None:  # the site's first slice
                 track = site.track = self._track_of(site.lane, site.stream)
             stage.end_ns = end_ns  # a later stage that waited for it reads it here
-            if not derive:
-                emit((EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
-                      stage.step, stage.host_end_ns))  # fmt: skip
-                continue
             # Derived begins (docs/design.md §4.3), in the same pass: the latest of the host time
             # the stage's enqueue began, the end of the slice before it on its stream and the end
             # of its ``after`` stage; never after its own end. The stream could not reach the
@@ -936,36 +932,33 @@ class DeviceTimeline:
             # stream's slices from overlapping. The runner's sites are made in stream order
             # (h2d, compute, d2h), so an ``after`` stage of this batch was emitted above; one
             # that is not (a poll's limit left it pending) is read from its own end event.
-            queue = site.queue
-            if type(stage) is _DerivedScope:
-                derived = stage.host_begin_ns
-                if queue.end_ns > derived:
-                    derived = queue.end_ns
-                dep = stage.after
-                if dep is not None:
-                    stage.after = None  # resolved: keep no earlier stage
-                    dep_end = getattr(dep, "end_ns", None)
-                    if dep_end is None:  # not emitted yet
-                        dep_end = self._pending_end_ns(dep)
-                    if dep_end > derived:
-                        derived = dep_end
-                if derived > end_ns:
-                    derived = end_ns
-                if both:  # the recorded begin stays; the derived one is an arg of its own dict
-                    event = expand_stage((EV_STAGE, track, site.name, start_ns, end_ns, site.args,
-                                          stage.args, stage.step, stage.host_end_ns))  # fmt: skip
+            derived = None
+            if derive:
+                queue = site.queue
+                if type(stage) is _DerivedScope:
+                    derived = stage.host_begin_ns
+                    if queue.end_ns > derived:
+                        derived = queue.end_ns
+                    dep = stage.after
+                    if dep is not None:
+                        stage.after = None  # resolved: keep no earlier stage
+                        dep_end = getattr(dep, "end_ns", None)
+                        if dep_end is None:  # not emitted yet
+                            dep_end = self._pending_end_ns(dep)
+                        if dep_end > derived:
+                            derived = dep_end
+                    if derived > end_ns:
+                        derived = end_ns
+                    if not both:
+                        start_ns = derived
+                queue.end_ns = end_ns
+            event = (EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
+                     stage.step, stage.host_end_ns)  # fmt: skip
+            if both:  # the recorded begin stays; a derived one is an arg of the slice's own dict
+                event = expand_stage(event)
+                if derived is not None:
                     event[5][_DERIVED_BEGIN_NS] = derived
-                    emit(event)
-                else:
-                    emit((EV_STAGE, track, site.name, derived, end_ns, site.args, stage.args,
-                          stage.step, stage.host_end_ns))  # fmt: skip
-            elif both:
-                emit(expand_stage((EV_STAGE, track, site.name, start_ns, end_ns, site.args,
-                                   stage.args, stage.step, stage.host_end_ns)))  # fmt: skip
-            else:
-                emit((EV_STAGE, track, site.name, start_ns, end_ns, site.args, stage.args,
-                      stage.step, stage.host_end_ns))  # fmt: skip
-            queue.end_ns = end_ns
+            emit(event)
         if observer is not None:
             for stage, event in zip(stages, out, strict=True):
                 observer(stage.lane, event[2], stage.step, event[3], event[4])
