@@ -679,6 +679,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "host time is the event calls; adds a frame and two clock reads per record)",
     )
     p.add_argument(
+        "--time-driver-reads",
+        action="store_true",
+        help="--interleaved, CUDA: also time the device timeline's reads, on whichever thread "
+        "polls: each cuEventElapsedTime call (the ctypes call alone) and each end-event query "
+        "(its Python too, ~0.3 us); wall time, so with --event-api driver it includes waiting "
+        "for the GIL after the call and with driver-held it does not",
+    )
+    p.add_argument(
         "--trace-begins",
         choices=("recorded", "derived", "both"),
         default="derived",
@@ -807,6 +815,56 @@ def _helper_threads(timeline: Any, tracer: Any, inter: Any) -> dict[str, float]:
     return row
 
 
+def _time_driver_reads(timeline: Any) -> dict[str, int]:
+    """``--time-driver-reads``: wrap the timeline's end-event query and its driver's
+    ``cuEventElapsedTime`` with wall clocks (left wrapped: the engine is closed after its run).
+    Graph stamps' queries are memory reads, not driver calls: counted apart, untimed."""
+    from instrument.graph_stamps import StampEvent
+
+    driver = getattr(timeline.ops, "driver", None)
+    if driver is None:
+        raise SystemExit("--time-driver-reads needs the CUDA driver's event calls (--event-api)")
+    totals = {"elapsed_calls": 0, "elapsed_ns": 0, "query_calls": 0, "query_ns": 0,
+              "stamp_queries": 0}  # fmt: skip
+    clock, elapsed, query = time.perf_counter_ns, driver._elapsed_fn, timeline._query
+
+    def timed_elapsed(ref: Any, start: int, end: int) -> int:
+        t0 = clock()
+        code = elapsed(ref, start, end)
+        totals["elapsed_ns"] += clock() - t0
+        totals["elapsed_calls"] += 1
+        return int(code)
+
+    def timed_query(event: Any) -> bool:
+        if type(event) is StampEvent:
+            totals["stamp_queries"] += 1
+            return bool(query(event))
+        t0 = clock()
+        done = query(event)
+        totals["query_ns"] += clock() - t0
+        totals["query_calls"] += 1
+        return bool(done)
+
+    driver._elapsed_fn, timeline._query = timed_elapsed, timed_query
+    return totals
+
+
+def _print_driver_reads(totals: dict[str, int]) -> dict[str, float]:
+    """The per-call wall times ``_time_driver_reads`` summed, printed and returned."""
+    row = {
+        "elapsed_calls": totals["elapsed_calls"],
+        "elapsed_us_per_call": totals["elapsed_ns"] / 1e3 / max(1, totals["elapsed_calls"]),
+        "query_calls": totals["query_calls"],
+        "query_us_per_call": totals["query_ns"] / 1e3 / max(1, totals["query_calls"]),
+        "stamp_queries": totals["stamp_queries"],
+    }
+    print(f"driver reads (wall, every poll of the run): {row['elapsed_calls']} "
+          f"cuEventElapsedTime calls, {row['elapsed_us_per_call']:.2f} us each; "
+          f"{row['query_calls']} end-event queries, {row['query_us_per_call']:.2f} us each "
+          f"({row['stamp_queries']} graph-stamp queries apart)")  # fmt: skip
+    return row
+
+
 def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> dict[str, Any]:
     """``--interleaved``: per traced mode, one engine warmed up, then run for ``--min-run-s`` with
     tracing switched every ``--block-steps`` steps (``bench/_interleaved.py``); one table per
@@ -847,6 +905,7 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         print(f"{name}: device timeline event calls: {getattr(ops, 'api', type(ops).__name__)} "
               f"{getattr(ops, 'api_reason', '')}")  # fmt: skip
         mode.llm.run_workload(workload(args, next(seeds)))  # warm-up
+        reads = _time_driver_reads(timeline) if args.time_driver_reads else None
         inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)
         inter.time_records = args.time_records
         start = time.perf_counter()
@@ -862,6 +921,8 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         print(f"{name}: device timeline polls due: {timeline.polls_inline} on the engine thread, "
               f"{timeline.polls_woken} handed to the poller thread (--poll {args.poll})")  # fmt: skip
         result["helper_threads"] = _helper_threads(timeline, mode.tracer, inter)
+        if reads is not None:
+            result["driver_reads"] = _print_driver_reads(reads)
         result["elapsed_s"] = time.perf_counter() - start
         print_summary(name, result, args.block_steps, args.skip_steps)
         if args.profile:

@@ -184,3 +184,28 @@ def test_the_direct_measure_splits_off_collections_inside_the_tracers_calls() ->
         out["tracer_us_per_step"] - out["gc_in_calls_us_per_step"]
     )
     assert out["tracer_us_per_step_no_gc"] >= 0
+
+
+def test_time_driver_reads_counts_every_driver_read_of_a_run(tmp_path) -> None:
+    """``--time-driver-reads``: the wrapped reads still answer as the driver does, every
+    ``cuEventElapsedTime`` of the run is counted (the anchors' too: the same driver call), and
+    every end-event query the polls make is timed, none of them twice."""
+    from bench.bench_trace_overhead import _print_driver_reads, _time_driver_reads
+    from instrument.cuda_driver import StandInDriver
+    from instrument.tracer import Tracer
+    from tests.instrument.test_device_timeline_batching import EngineLoop, _run_async
+
+    tracer = Tracer(str(tmp_path / "t.pftrace"))
+    driver = StandInDriver()
+    loop = EngineLoop(tracer, wait_only=True, driver=driver, background=True)
+    totals = _time_driver_reads(loop.timeline)
+    _run_async(loop, 200, wait_s=0.0002)
+    tracer.close()
+    assert loop.timeline.num_emitted == 5 * 200  # the wrapped reads answered correctly
+    assert totals["elapsed_calls"] == driver.calls["elapsed_time"] > 0
+    # The clock queries its anchors itself (not through the timeline's query): not timed here.
+    assert 0 < totals["query_calls"] <= driver.calls["query"]
+    assert totals["stamp_queries"] == 0  # no graph stamps in this loop
+    row = _print_driver_reads(totals)
+    assert row["elapsed_us_per_call"] > 0 and row["query_us_per_call"] > 0
+    assert row["elapsed_calls"] == totals["elapsed_calls"]
