@@ -652,6 +652,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--interleaved: pending stages at which the engine's wait polls "
                    "(DeviceTimeline.poll_batch, at most its max_deferred; default: the engine's, "
                    "instrument.device_timeline.POLL_BATCH)")  # fmt: skip
+    p.add_argument("--max-deferred", type=int, default=None, metavar="N",
+                   help="--interleaved: pending stages at which the engine's once-a-step hook "
+                   "polls (or wakes the poller) without waiting (DeviceTimeline.max_deferred, at "
+                   "least --poll-batch; default: the engine's, MAX_DEFERRED)")  # fmt: skip
     p.add_argument("--poll", choices=("auto", "background", "inline"), default="auto",
                    help="--interleaved: where the device timeline's polls run: auto = the "
                    "engine's policy (the poller thread while the engine waits, the engine thread "
@@ -891,12 +895,17 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
             if args.poll_chunk < 1:
                 raise SystemExit("--poll-chunk must be >= 1")
             device_timeline.POLL_CHUNK = args.poll_chunk  # read by the poller at each stretch
+        if args.max_deferred is not None:
+            if not timeline.poll_batch <= args.max_deferred <= timeline.max_pending:
+                raise SystemExit(f"--max-deferred must be in {timeline.poll_batch}.."
+                                 f"{timeline.max_pending}")  # fmt: skip
+            timeline.max_deferred = args.max_deferred
         if args.poll_batch is not None:
             if not 1 <= args.poll_batch <= timeline.max_deferred:
                 raise SystemExit(f"--poll-batch must be in 1..{timeline.max_deferred}")
             timeline.poll_batch = args.poll_batch
         print(f"{name}: poller chunk {device_timeline.POLL_CHUNK} stages, polls at "
-              f"{timeline.poll_batch} pending")  # fmt: skip
+              f"{timeline.poll_batch} pending at a wait, {timeline.max_deferred} otherwise")  # fmt: skip
         if args.poll != "auto":  # auto: the engine's own policy
             timeline.background = args.poll == "background"
             timeline.inline_when_host_bound = False

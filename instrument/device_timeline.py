@@ -80,7 +80,11 @@ __all__ = [
     "BEGINS",
 ]
 
-POLL_BATCH = 64  # pending stages before the engine's wait polls: ~13 engine steps of 5 stages
+# Pending stages before the engine's wait polls: ~25 engine steps of 5 stages. 128, not 64:
+# alternated 3 times on one H200, the poller's CPU per traced step fell in every pair (median
+# 70.9 -> 64.1 us; half the end-event queries a stage) and so did the process's added CPU
+# (bench/README.md session 18).
+POLL_BATCH = 128
 MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (background: wakes)
 # Stages the poller thread emits per stretch before it sleeps (hands the GIL over). 256, not 16:
 # alternated 5 times on H200s, the poller's CPU per traced step fell in every pair (median 71 ->
