@@ -89,7 +89,7 @@ def test_batched_device_polls_lose_no_stage(tmp_path, tiny_model_config):
     )
     timeline = llm.engine.runner.timeline
     prompts = [[(5 * i + j) % 120 + 2 for j in range(8 + i)] for i in range(8)]
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
     batched_polls = timeline.num_emitted  # emitted before the run's end (by batched polls)
     llm.close()
     tracer.close()
