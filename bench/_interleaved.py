@@ -17,6 +17,12 @@ within a pair). Every iteration is timed on the engine thread:
   across a block switch counts in the block where it ran. On the CPU device the model's own
   compute threads are in it too (tens of ms a step against the tracer's tens of µs), so it says
   something only on CUDA.
+* ``crit``: ``host`` less the device timeline's polls that ran on the engine thread while the
+  output it was about to wait for was not ready yet (``DeviceTimeline.in_wait``, ``--poll wait``:
+  time the engine would otherwise spend blocked in the wait), plus each such poll's last chunk
+  when the output was ready by its end (the most that poll can have delayed the step: an upper
+  bound). Equal to ``host`` under the other policies. The engine thread's time on the critical
+  path; ``host``, ``cpu`` and ``proc`` keep those polls.
 * ``gc``: the wall time of the cyclic garbage collections that ran on the engine thread inside
   ``run_step`` (``gc.callbacks``), reported as a mean per steady step and kind: a collection
   runs in whichever step crosses its threshold, so the median says nothing, and the tracer's
@@ -53,7 +59,7 @@ from engine.runner.async_output import AsyncOutput
 
 __all__ = ["Interleaver", "StepSample", "summarize"]
 
-QUANTITIES = ("host_us", "cpu_us", "wall_us", "proc_us")
+QUANTITIES = ("host_us", "cpu_us", "wall_us", "proc_us", "crit_us")
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,9 @@ class StepSample:
     gc_us: float = 0.0  # cyclic collections on the engine thread inside the call (wall)
     gc_runs: int = 0  # how many
     proc_us: float = 0.0  # the process's CPU (every thread) in the call, less the wait's spin
+    # host_us less the engine thread's polls while its output was not ready, plus their overrun
+    # bound (module docstring); None: not measured (then not summarized)
+    crit_us: float | None = None
 
 
 @dataclass
@@ -127,6 +136,14 @@ class Interleaver:
         )
         was_enabled = self.tracer.enabled
         engine_thread = threading.get_ident()
+        # The device timeline's in-wait poll counters (``crit``); an engine without one: none.
+        runner = getattr(engine, "runner", None)
+        polls = getattr(runner, "timeline", None)
+
+        def in_wait_ns() -> int:
+            if polls is None:
+                return 0
+            return int(polls.wait_poll_wall_ns - polls.wait_poll_overrun_ns)
 
         def on_gc(phase: str, info: dict[str, int]) -> None:
             if threading.get_ident() != engine_thread:
@@ -167,24 +184,27 @@ class Interleaver:
                 profiler = self.profilers[traced]  # decode steps only: like for like
                 self.profiled_steps[traced] += 1
                 profiler.enable()
+            in_wait0 = in_wait_ns()
             start, cpu0, proc0 = clock(), cpu_clock(), proc_clock()
             try:
                 return run_step()
             finally:
                 wall = clock() - start
+                in_wait = in_wait_ns() - in_wait0
                 proc = proc_clock() - proc0 - (self._wait_cpu_ns - wait_cpu0)
                 if profiler is not None:
                     profiler.disable()
                 cpu = cpu_clock() - cpu0 - (self._wait_cpu_ns - wait_cpu0)
                 steady = previous_decode and self._scheduled_decode and offset >= self.skip_steps
                 self._calls += 1
+                host = wall - (self._wait_ns - wait0)
                 self.samples.append(
                     StepSample(
-                        block, traced, steady, wall / 1e3,
-                        (wall - (self._wait_ns - wait0)) / 1e3, cpu / 1e3,
+                        block, traced, steady, wall / 1e3, host / 1e3, cpu / 1e3,
                         self._records - records0, (self._record_ns - record_ns0) / 1e3,
                         previous_skipped + self._scheduled_skipped,
                         (self._gc_ns - gc_ns0) / 1e3, self._gc_runs - gc_runs0, proc / 1e3,
+                        (host - in_wait) / 1e3,
                     )
                 )  # fmt: skip
 
@@ -272,6 +292,8 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     if not pairs:
         return out
     for q in QUANTITIES:
+        if getattr(steady[0], q) is None:  # not measured (a StepSample's optional quantity)
+            continue
         on = statistics.median(getattr(s, q) for s in steady if s.traced)
         off = statistics.median(getattr(s, q) for s in steady if not s.traced)
         diffs = [
@@ -339,7 +361,7 @@ def _sampled(
         ]
         entry["pairs"] = len(usable)
         for q in QUANTITIES:
-            if not mine:
+            if not mine or getattr(mine[0], q) is None:
                 continue
             diffs = [
                 statistics.median(getattr(s, q) for s in t)
@@ -363,6 +385,8 @@ def _tails(steady: list[StepSample]) -> dict[str, dict[str, dict[str, float]]]:
     its lead over the device)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for q in QUANTITIES:
+        if steady and getattr(steady[0], q) is None:
+            continue
         out[q] = {}
         for kind, traced in (("traced", True), ("untraced", False)):
             values = sorted(getattr(s, q) for s in steady if s.traced == traced)
@@ -385,7 +409,7 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
     print(f"    {'per step (median)':<22} {'traced':>9} {'untraced':>9} {'diff, pairs':>11} "
           f"{'95% CI':>19} {'ratio':>6}")  # fmt: skip
     labels = {"host_us": "host wall us", "cpu_us": "engine CPU us", "wall_us": "step wall us",
-              "proc_us": "process CPU us"}  # fmt: skip
+              "proc_us": "process CPU us", "crit_us": "critical host us"}  # fmt: skip
     for q, label in labels.items():
         if q not in result:  # an older result (no process CPU)
             continue

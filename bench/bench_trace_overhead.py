@@ -656,11 +656,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--interleaved: pending stages at which the engine's once-a-step hook "
                    "polls (or wakes the poller) without waiting (DeviceTimeline.max_deferred, at "
                    "least --poll-batch; default: the engine's, MAX_DEFERRED)")  # fmt: skip
-    p.add_argument("--poll", choices=("auto", "background", "inline"), default="auto",
+    p.add_argument("--poll", choices=("auto", "background", "inline", "wait"), default="auto",
                    help="--interleaved: where the device timeline's polls run: auto = the "
                    "engine's policy (the poller thread while the engine waits, the engine thread "
                    "when its outputs are ready: host-bound); background = always the poller "
-                   "thread (the earlier policy); inline = always the engine thread")  # fmt: skip
+                   "thread (the earlier policy); inline = always the engine thread; wait = the "
+                   "engine thread at its wait, in chunks, only while the output is not ready "
+                   "(DeviceTimeline.in_wait)")  # fmt: skip
     p.add_argument(
         "--interleaved",
         action="store_true",
@@ -895,18 +897,17 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
             if args.poll_chunk < 1:
                 raise SystemExit("--poll-chunk must be >= 1")
             device_timeline.POLL_CHUNK = args.poll_chunk  # read by the poller at each stretch
-        if args.max_deferred is not None:
-            if not timeline.poll_batch <= args.max_deferred <= timeline.max_pending:
-                raise SystemExit(f"--max-deferred must be in {timeline.poll_batch}.."
-                                 f"{timeline.max_pending}")  # fmt: skip
-            timeline.max_deferred = args.max_deferred
-        if args.poll_batch is not None:
-            if not 1 <= args.poll_batch <= timeline.max_deferred:
-                raise SystemExit(f"--poll-batch must be in 1..{timeline.max_deferred}")
-            timeline.poll_batch = args.poll_batch
+        batch = timeline.poll_batch if args.poll_batch is None else args.poll_batch
+        deferred = timeline.max_deferred if args.max_deferred is None else args.max_deferred
+        if not 1 <= batch <= deferred <= timeline._max_pending:
+            raise SystemExit(f"need 1 <= --poll-batch ({batch}) <= --max-deferred ({deferred}) "
+                             f"<= {timeline._max_pending}")  # fmt: skip
+        timeline.poll_batch, timeline.max_deferred = batch, deferred
         print(f"{name}: poller chunk {device_timeline.POLL_CHUNK} stages, polls at "
               f"{timeline.poll_batch} pending at a wait, {timeline.max_deferred} otherwise")  # fmt: skip
-        if args.poll != "auto":  # auto: the engine's own policy
+        if args.poll == "wait":
+            timeline.in_wait = True
+        elif args.poll != "auto":  # auto: the engine's own policy
             timeline.background = args.poll == "background"
             timeline.inline_when_host_bound = False
         timeline.poll_sections_ns = [0] * len(device_timeline.POLL_SECTIONS)
@@ -925,10 +926,24 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
                     break
         _sync(args.device)
         result = summarize(inter.samples)
+        traced_steps = max(1, sum(1 for s in inter.samples if s.traced))
         result["polls"] = {"inline": timeline.polls_inline, "woken": timeline.polls_woken,
-                           "policy": args.poll}  # fmt: skip
+                           "in_wait": timeline.polls_in_wait, "policy": args.poll,
+                           "in_wait_cpu_us_per_traced_step":
+                               timeline.wait_poll_cpu_ns / 1e3 / traced_steps,
+                           "in_wait_wall_us_per_traced_step":
+                               timeline.wait_poll_wall_ns / 1e3 / traced_steps,
+                           "in_wait_overrun_us_per_traced_step":
+                               timeline.wait_poll_overrun_ns / 1e3 / traced_steps}  # fmt: skip
         print(f"{name}: device timeline polls due: {timeline.polls_inline} on the engine thread, "
-              f"{timeline.polls_woken} handed to the poller thread (--poll {args.poll})")  # fmt: skip
+              f"{timeline.polls_woken} handed to the poller thread, {timeline.polls_in_wait} on "
+              f"the engine thread while its output was not ready (--poll {args.poll})")  # fmt: skip
+        if timeline.polls_in_wait:
+            p = result["polls"]
+            print(f"{name}: in-wait polls per traced step: CPU "
+                  f"{p['in_wait_cpu_us_per_traced_step']:.1f} us, wall "
+                  f"{p['in_wait_wall_us_per_traced_step']:.1f} us, of which past the output's "
+                  f"readiness at most {p['in_wait_overrun_us_per_traced_step']:.1f} us")  # fmt: skip
         result["helper_threads"] = _helper_threads(timeline, mode.tracer, inter)
         if reads is not None:
             result["driver_reads"] = _print_driver_reads(reads)

@@ -76,6 +76,7 @@ __all__ = [
     "POLL_BATCH",
     "MAX_DEFERRED",
     "POLL_CHUNK",
+    "WAIT_CHUNK",
     "POLL_SECTIONS",
     "BEGINS",
 ]
@@ -92,6 +93,11 @@ MAX_DEFERRED = 256  # pending stages before the hot-path hook polls anyway (back
 # (bench/README.md session 16). The price, a longer GIL hold while a stretch's slices are
 # emitted, is paid where the engine waits for the device (host-bound: the engine polls inline).
 POLL_CHUNK = 256
+# ``in_wait`` polls: stages the engine thread emits between two checks of the output it is about
+# to wait for. Once that output is ready the engine stops polling, so a step's launch is late by
+# at most one chunk's emission (~30 stages x ~6 us on the H200; the chunk's wall is counted as
+# ``wait_poll_overrun_ns``, an upper bound of that delay).
+WAIT_CHUNK = 32
 # DeviceTimeline.poll_sections_ns: thread CPU ns in the queries (finding the completed stages),
 # the conversions to host times, building the slices, handing them to the tracer; then how many
 # stages, events and end-event queries those covered.
@@ -345,6 +351,9 @@ class DeviceTimeline:
             ``both`` (the recorded begin, plus the derived one as the slice's
             ``derived_begin_ns`` arg; to measure the bound).
             Not ``recorded``: written into the trace's metadata as ``device_begins``.
+        in_wait: :meth:`poll_while_waiting` polls on the calling (engine) thread, in chunks of
+            ``WAIT_CHUNK`` stages, only while the output it is about to wait for is not ready
+            (time the engine would spend blocked); ``background`` is then not used for it.
     """
 
     def __init__(
@@ -358,6 +367,7 @@ class DeviceTimeline:
         background: bool = False,
         inline_when_host_bound: bool = True,
         begins: str = DeviceBegins.RECORDED.value,
+        in_wait: bool = False,
     ) -> None:
         if begins not in BEGINS:
             raise ValueError(f"begins must be one of {BEGINS}, got {begins!r}")
@@ -391,6 +401,14 @@ class DeviceTimeline:
         self._drop_above = max_pending
         self._lock = threading.Lock()  # one poll at a time; a drop or add() waits for it
         self.background = background
+        self.in_wait = in_wait
+        # ``in_wait`` polls: how many ran, their thread CPU and wall (a bench reads them), and the
+        # wall of the last chunk of each that stopped because the output had become ready (the
+        # most that poll can have delayed the engine past its output: an upper bound).
+        self.polls_in_wait = 0
+        self.wait_poll_cpu_ns = 0
+        self.wait_poll_wall_ns = 0
+        self.wait_poll_overrun_ns = 0
         # Where due polls ran (bench/bench_trace_overhead.py prints them): on the engine thread,
         # or handed to the poller thread.
         self.polls_inline = 0
@@ -688,12 +706,42 @@ class DeviceTimeline:
         ready = self._output_was_ready = done()
         if ready:
             return 0
-        if self.background and self.observer is None:
+        if self.observer is not None:
+            self.polls_inline += 1
+            return self.poll()
+        if self.in_wait:
+            return self._poll_in_wait(done)
+        if self.background:
             self._wake()
             self.polls_woken += 1
             return 0
         self.polls_inline += 1
         return self.poll()
+
+    def _poll_in_wait(self, done: Callable[[], bool]) -> int:
+        """``in_wait``: emit completed stages ``WAIT_CHUNK`` at a time on this thread until none
+        is left or ``done()`` (the output the engine is about to block on is ready). The poller
+        thread is started too, idle: it only keeps the clock's reference recent when the engine
+        pauses (its polls are never woken)."""
+        if self._poller is None:
+            self._start_poller()
+        self.polls_in_wait += 1
+        wall0, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+        emitted = 0
+        chunk_start = wall0
+        while True:
+            n = self.poll(WAIT_CHUNK)
+            emitted += n
+            if done():  # the output is ready: its step goes on; the rest waits for a later wait
+                # It became ready during this chunk (or the query after it): the most it waited.
+                self.wait_poll_overrun_ns += time.monotonic_ns() - chunk_start
+                break
+            if n < WAIT_CHUNK:  # nothing completed is left: block in the wait
+                break
+            chunk_start = time.monotonic_ns()
+        self.wait_poll_cpu_ns += time.thread_time_ns() - cpu0
+        self.wait_poll_wall_ns += time.monotonic_ns() - wall0
+        return emitted
 
     def _wake(self) -> None:
         """Wake the poller thread (start it on first use); raise what it failed with."""

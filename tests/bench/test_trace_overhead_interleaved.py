@@ -7,6 +7,8 @@ import os
 import random
 import statistics
 
+import pytest
+
 from bench._interleaved import Interleaver, StepSample, summarize
 from bench.bench_trace_overhead import main
 from tests.instrument.conftest import read_trace
@@ -209,3 +211,31 @@ def test_time_driver_reads_counts_every_driver_read_of_a_run(tmp_path) -> None:
     row = _print_driver_reads(totals)
     assert row["elapsed_us_per_call"] > 0 and row["query_us_per_call"] > 0
     assert row["elapsed_calls"] == totals["elapsed_calls"]
+
+
+def test_interleaved_in_wait_policy_reports_the_critical_host_time(tmp_path) -> None:
+    """``--poll wait`` with ``--poll-batch`` / ``--max-deferred``: the engine thread's polls at
+    its wait are counted (CPU, wall, overrun bound), the critical host time is the host time
+    less those polls' wall plus their overrun (brute force over the steps), and the traced and
+    untraced tokens still agree (every output digest the same)."""
+    from bench._interleaved import QUANTITIES
+
+    out = tmp_path / "il.json"
+    result = main(
+        ["--interleaved", "--modes", "off,trace", "--num-requests", "4", "--max-num-seqs", "4",
+         "--in-len", "8", "--out-len", "72", "--block-steps", "16", "--skip-steps", "2",
+         "--min-run-s", "0", "--poll", "wait", "--poll-batch", "20", "--max-deferred", "40",
+         "--out", str(out)]
+    )  # fmt: skip
+    r = result["interleaved"]["trace"]
+    assert "crit_us" in QUANTITIES and r["pairs"] >= 1
+    polls = r["polls"]
+    assert polls["policy"] == "wait" and polls["in_wait"] > 0 and polls["woken"] == 0
+    assert polls["in_wait_wall_us_per_traced_step"] >= polls["in_wait_overrun_us_per_traced_step"]
+    # Critical host time never exceeds the host time (the polls' wall less their overrun >= 0);
+    # untraced, no poll runs, so the two are the same.
+    assert r["crit_us"]["untraced"] == r["host_us"]["untraced"]
+    assert r["crit_us"]["traced"] <= r["host_us"]["traced"] + 1e-9
+    with pytest.raises(SystemExit, match="max-deferred"):
+        main(["--interleaved", "--modes", "off,trace", "--poll-batch", "20",
+              "--max-deferred", "10", "--num-requests", "2", "--out-len", "4"])  # fmt: skip

@@ -637,3 +637,49 @@ def test_the_completed_count_is_exact_and_cheap_near_the_newest(tmp_path):
                 assert len(asked) <= 2 + 2 * math.log2(distance)
             assert len(asked) <= 2 * math.log2(n) + 2
             assert timeline._completed(stages, done) == done  # a limit below: those only
+
+
+def test_in_wait_polls_emit_in_chunks_until_the_output_is_ready(tmp_path):
+    """``in_wait``: the engine thread's poll at its wait emits ``WAIT_CHUNK`` stages at a time
+    and stops as soon as the output it waits for is ready, leaving the rest pending for a later
+    wait; over a run every stage is still written exactly once with its exact times. The polls'
+    CPU, wall and overrun bound are counted (the overrun only for polls the output cut short)."""
+    path = str(tmp_path / "t.pftrace")
+    tracer = Tracer(path)
+    loop = EngineLoop(tracer, wait_only=True, in_wait=True, poll_batch=200, max_deferred=400)
+    timeline = loop.timeline
+    chunk = device_timeline.WAIT_CHUNK
+    launched: dict[str, int] = {}
+    cut_short = 0
+    for step in range(300):
+        loop.launch(step)
+        checks = {"n": 0}
+        ready_after = 1 + step % 3  # the output becomes ready after 1-3 chunks
+
+        def done(checks=checks, ready_after=ready_after) -> bool:
+            checks["n"] += 1  # the first check is poll_while_waiting's own, before any chunk
+            return checks["n"] > ready_after
+
+        pending = timeline.num_pending
+        emitted = timeline.poll_while_waiting(done)
+        if pending >= timeline.poll_batch:
+            assert emitted <= chunk * ready_after  # stopped once done() said ready
+            if emitted == chunk * ready_after:
+                cut_short += 1
+        else:
+            assert emitted == 0
+        for name, stream in loop.streams.items():
+            stream.num_done = launched.get(name, 0)
+            launched[name] = stream.num_recorded
+    assert timeline.polls_in_wait > 0 and timeline.polls_woken == 0
+    assert cut_short > 0  # some polls left completed stages for a later wait
+    assert timeline.wait_poll_wall_ns >= timeline.wait_poll_overrun_ns > 0
+    assert timeline.wait_poll_cpu_ns > 0
+    loop.finish()
+    tracer.close()
+    assert timeline.num_emitted == timeline.num_recorded == 5 * 300
+    written = _device_slices(path)
+    assert written.keys() == loop.expected.keys()
+    for key, (start, end) in loop.expected.items():
+        got = written[key]
+        assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
