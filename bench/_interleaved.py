@@ -267,10 +267,11 @@ def _bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tupl
 
 
 def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
-    """Per quantity (``host_us``, ``cpu_us``, ``wall_us``): the median over steady traced and
-    untraced steps, their ratio, and per block pair (both blocks with ≥ ``min_steps`` steady
-    steps) the difference traced − untraced of the blocks' medians: its median over pairs with
-    a 95 % bootstrap interval. ``throughput_ratio``: per pair, untraced over traced mean wall
+    """Per quantity (``QUANTITIES``): the median over steady traced and untraced steps, their
+    ratio, and per block pair (both blocks with ≥ ``min_steps`` steady steps) the difference
+    traced − untraced of the blocks' medians: its median over pairs with a 95 % bootstrap
+    interval; ``mean_diff_*`` the same with the blocks' means (a cost paid in one step of many,
+    such as a poll, moves the mean, not the median). ``throughput_ratio``: per pair, untraced over traced mean wall
     per step (= traced tok/s over untraced: a steady decode step yields one token per request
     in either kind), median over pairs with its interval."""
     steady = [s for s in samples if s.steady]
@@ -302,9 +303,17 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
             for t, u in pairs
         ]
         lo, hi = _bootstrap_median(diffs)
+        # The same with each block's mean: what a cost paid in a few steps of a block (a poll
+        # every ~20 steps) adds per step; the median of a block misses it.
+        mean_diffs = [
+            statistics.fmean(getattr(s, q) for s in t) - statistics.fmean(getattr(s, q) for s in u)
+            for t, u in pairs
+        ]
+        mlo, mhi = _bootstrap_median(mean_diffs)
         out[q] = {"traced": on, "untraced": off, "ratio": on / off if off else float("nan"),
                   "diff_median": statistics.median(diffs), "diff_ci95": [lo, hi],
-                  "diff_per_pair": diffs}  # fmt: skip
+                  "diff_per_pair": diffs, "mean_diff_median": statistics.median(mean_diffs),
+                  "mean_diff_ci95": [mlo, mhi]}  # fmt: skip
     ratios = [
         statistics.fmean(s.wall_us for s in u) / statistics.fmean(s.wall_us for s in t)
         for t, u in pairs
@@ -407,7 +416,7 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
         print("    no block pair with enough steady decode steps: run longer")
         return
     print(f"    {'per step (median)':<22} {'traced':>9} {'untraced':>9} {'diff, pairs':>11} "
-          f"{'95% CI':>19} {'ratio':>6}")  # fmt: skip
+          f"{'95% CI':>19} {'ratio':>6} {'mean diff':>10} {'95% CI':>19}")  # fmt: skip
     labels = {"host_us": "host wall us", "cpu_us": "engine CPU us", "wall_us": "step wall us",
               "proc_us": "process CPU us", "crit_us": "critical host us"}  # fmt: skip
     for q, label in labels.items():
@@ -415,8 +424,12 @@ def print_summary(name: str, result: dict[str, Any], block_steps: int, skip_step
             continue
         r = result[q]
         lo, hi = r["diff_ci95"]
-        print(f"    {label:<22} {r['traced']:>9.1f} {r['untraced']:>9.1f} "
-              f"{r['diff_median']:>+11.1f} [{lo:>+7.1f}, {hi:>+7.1f}] {r['ratio']:>6.3f}")  # fmt: skip
+        line = (f"    {label:<22} {r['traced']:>9.1f} {r['untraced']:>9.1f} "
+                f"{r['diff_median']:>+11.1f} [{lo:>+7.1f}, {hi:>+7.1f}] {r['ratio']:>6.3f}")  # fmt: skip
+        if "mean_diff_median" in r:  # older results have none
+            mlo, mhi = r["mean_diff_ci95"]
+            line += f" {r['mean_diff_median']:>+10.1f} [{mlo:>+7.1f}, {mhi:>+7.1f}]"
+        print(line)
     t = result["throughput_ratio"]
     print(f"    throughput traced / untraced (per pair: mean step wall, median of pairs): "
           f"{t['median']:.4f} [{t['ci95'][0]:.4f}, {t['ci95'][1]:.4f}]")  # fmt: skip

@@ -239,3 +239,27 @@ def test_interleaved_in_wait_policy_reports_the_critical_host_time(tmp_path) -> 
     with pytest.raises(SystemExit, match="max-deferred"):
         main(["--interleaved", "--modes", "off,trace", "--poll-batch", "20",
               "--max-deferred", "10", "--num-requests", "2", "--out-len", "4"])  # fmt: skip
+
+
+def test_summarize_sees_a_cost_paid_in_one_step_of_many_in_the_mean_only() -> None:
+    """A traced cost of 480 µs in every 16th step (30 µs a step on average, as a poll every ~20
+    steps is): the pairs' median difference misses it, their mean difference finds it."""
+    rng = random.Random(2)
+    inter = Interleaver(engine=None, tracer=None, block_steps=32, skip_steps=4)
+    samples = []
+    for i in range(40 * 32):
+        b = i // 32
+        traced = inter.traced_block(b)
+        host = (
+            1000
+            + 200 * i / (40 * 32)
+            + rng.gauss(0, 5)
+            + (480.0 if traced and i % 16 == 7 else 0.0)
+        )
+        samples.append(StepSample(b, traced, i % 32 >= 4, host + 3000, host, host, proc_us=host))
+    result = summarize(samples)
+    assert abs(result["host_us"]["diff_median"]) < 5.0
+    assert abs(result["host_us"]["mean_diff_median"] - 480.0 / 16 * 32 / 28) < 8.0
+    lo, hi = result["host_us"]["mean_diff_ci95"]
+    assert lo <= result["host_us"]["mean_diff_median"] <= hi
+    assert "crit_us" not in result  # not measured in these samples
