@@ -271,9 +271,9 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     ratio, and per block pair (both blocks with ≥ ``min_steps`` steady steps) the difference
     traced − untraced of the blocks' medians: its median over pairs with a 95 % bootstrap
     interval; ``mean_diff_*`` the same with the blocks' means (a cost paid in one step of many,
-    such as a poll, moves the mean, not the median). ``throughput_ratio``: per pair, untraced over traced mean wall
-    per step (= traced tok/s over untraced: a steady decode step yields one token per request
-    in either kind), median over pairs with its interval."""
+    such as a poll, moves the mean, not the median). ``throughput_ratio``: per pair, untraced
+    over traced mean wall per step (= traced tok/s over untraced: a steady decode step yields
+    one token per request in either kind), median over pairs with its interval."""
     steady = [s for s in samples if s.steady]
     blocks: dict[int, list[StepSample]] = {}
     for s in steady:

@@ -694,9 +694,10 @@ class DeviceTimeline:
         With ``background``, the poll runs on the timeline's poller thread instead (started on
         first use; a C-level lock release wakes it): the engine thread only checks and wakes,
         then blocks in its wait, which releases the GIL, while the poller queries, converts and
-        emits, ``POLL_CHUNK`` stages per stretch of holding the GIL. Inline still when an
-        ``observer`` is set (a kernel window reads its stages on the engine thread).
-        docs/design.md §4.3."""
+        emits, ``POLL_CHUNK`` stages per stretch of holding the GIL. With ``in_wait``, on this
+        thread in chunks of ``WAIT_CHUNK`` stages, asking ``done()`` after each and stopping once
+        it is True (:meth:`_poll_in_wait`). Inline, whole, when an ``observer`` is set (a kernel
+        window reads its stages on the engine thread). docs/design.md §4.3."""
         pending = self.num_recorded - self.num_emitted - self.num_dropped
         if pending < self.poll_batch:  # no poll due (untraced: none pending): no query either
             return 0
