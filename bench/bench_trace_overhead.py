@@ -903,6 +903,7 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
             raise SystemExit(f"need 1 <= --poll-batch ({batch}) <= --max-deferred ({deferred}) "
                              f"<= {timeline._max_pending}")  # fmt: skip
         timeline.poll_batch, timeline.max_deferred = batch, deferred
+        timeline._inline_limit = max(deferred, timeline._max_pending // 2)  # as __init__ sets it
         print(f"{name}: poller chunk {device_timeline.POLL_CHUNK} stages, polls at "
               f"{timeline.poll_batch} pending at a wait, {timeline.max_deferred} otherwise")  # fmt: skip
         if args.poll == "wait":
