@@ -266,6 +266,11 @@ def _bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tupl
     return _percentile(meds, 0.025), _percentile(meds, 0.975)
 
 
+def _measured(steps: list[StepSample]) -> list[str]:
+    """The ``QUANTITIES`` these steps carry (an optional one is None where not measured)."""
+    return [q for q in QUANTITIES if steps and getattr(steps[0], q) is not None]
+
+
 def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     """Per quantity (``QUANTITIES``): the median over steady traced and untraced steps, their
     ratio, and per block pair (both blocks with ≥ ``min_steps`` steady steps) the difference
@@ -292,9 +297,7 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     }  # fmt: skip
     if not pairs:
         return out
-    for q in QUANTITIES:
-        if getattr(steady[0], q) is None:  # not measured (a StepSample's optional quantity)
-            continue
+    for q in _measured(steady):
         on = statistics.median(getattr(s, q) for s in steady if s.traced)
         off = statistics.median(getattr(s, q) for s in steady if not s.traced)
         diffs = [
@@ -369,9 +372,7 @@ def _sampled(
             if sum(s.skipped_steps == skipped for s in t) >= min_steps
         ]
         entry["pairs"] = len(usable)
-        for q in QUANTITIES:
-            if not mine or getattr(mine[0], q) is None:
-                continue
+        for q in _measured(mine):
             diffs = [
                 statistics.median(getattr(s, q) for s in t)
                 - statistics.median(getattr(s, q) for s in u)
@@ -393,9 +394,7 @@ def _tails(steady: list[StepSample]) -> dict[str, dict[str, dict[str, float]]]:
     far above the median is a tail of long steps, which this shows (e.g. the host stalled past
     its lead over the device)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for q in QUANTITIES:
-        if steady and getattr(steady[0], q) is None:
-            continue
+    for q in _measured(steady):
         out[q] = {}
         for kind, traced in (("traced", True), ("untraced", False)):
             values = sorted(getattr(s, q) for s in steady if s.traced == traced)

@@ -707,15 +707,13 @@ class DeviceTimeline:
         ready = self._output_was_ready = done()
         if ready:
             return 0
-        if self.observer is not None:
-            self.polls_inline += 1
-            return self.poll()
-        if self.in_wait:
-            return self._poll_in_wait(done)
-        if self.background:
-            self._wake()
-            self.polls_woken += 1
-            return 0
+        if self.observer is None:  # a kernel window reads its stages on this thread: inline
+            if self.in_wait:
+                return self._poll_in_wait(done)
+            if self.background:
+                self._wake()
+                self.polls_woken += 1
+                return 0
         self.polls_inline += 1
         return self.poll()
 
