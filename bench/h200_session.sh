@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the H200 (device tool): GPU tests, then the GPU benchmarks.
 # Expects the wheels of the packages the device lacks in .whl/ (see bench/README.md).
-# Usage: bash bench/h200_session.sh [stage ...]   stages: tests timeline-tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest cold poll-ab split poll-chunk-ab
+# Usage: bash bench/h200_session.sh [stage ...]   stages: tests timeline-tests instrument decode tune profile launch cpuprof async spec specphases specgraph structured kernelwin overhead eventcost overhead-il overhead-hb mixed phases ops e2e-short e2e-long e2etrace sampled samplekernel gemm decvar hostbound e2e-8b repro begins specdev specexact overhead-ab overhead-begins repro-digest cold poll-ab split poll-chunk-ab core-ab
 set -uo pipefail
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT"
@@ -12,6 +12,9 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+# The compiled stage core (instrument/native.py) for this machine's Python; without it the device
+# timeline runs its Python stage classes (every trace's metadata says which: stage_core).
+python3 -m instrument.native build > "$OUT/stage_core_build.log" 2>&1 && echo "stage core: $(python3 -m instrument.native status)" || { echo "stage core not built:"; cat "$OUT/stage_core_build.log"; }
 stages=${*:-tests instrument decode async}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for stage in $stages; do
@@ -102,6 +105,13 @@ for stage in $stages; do
         timeout ${PCA_TIMEOUT:-100} python3 bench/bench_trace_overhead.py --interleaved --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s ${PCA_RUN_S:-45} --block-steps ${IL_BLOCK_STEPS:-64} --modes off,trace --event-api $api --poll-chunk $chunk --poll-batch $batch --max-deferred $deferred ${PCA_ARGS:-} --out "$OUT/poll_chunk_ab/il_${api}_${chunk}_${batch}_${deferred}_$r.json" > "$OUT/poll_chunk_ab/il_${api}_${chunk}_${batch}_${deferred}_$r.log" 2>&1
         grep -E "engine CPU|process CPU|host wall|step wall us  |throughput traced|tracer threads|polls. CPU|polls due|driver reads|event records" "$OUT/poll_chunk_ab/il_${api}_${chunk}_${batch}_${deferred}_$r.log"; done; done
       tar czf "$OUT/poll_chunk_ab.tgz" -C "$OUT" poll_chunk_ab && rm -rf "$OUT/poll_chunk_ab" ;;
+    core-ab) # the compiled stage core against the Python one: the no-device micro bench, then the interleaved traced/untraced A/B with each core (STEPSCOPE_STAGE_CORE), alternated CORE_ROUNDS times
+      timeout 120 python3 bench/bench_stage_core.py --steps 3000 --rounds 7 --out "$OUT/stage_core_micro.json" 2>&1 | tee "$OUT/stage_core_micro.log"
+      mkdir -p "$OUT/core_ab"
+      for r in $(seq ${CORE_ROUNDS:-3}); do for c in ${CORE_VARIANTS:-python c}; do echo "--- round $r, stage core $c"
+        STEPSCOPE_STAGE_CORE=$c timeout ${CORE_TIMEOUT:-95} python3 bench/bench_trace_overhead.py --interleaved --device cuda --dtype bfloat16 --model-config qwen3-0.6b --random-weights --tokenizer samples/models/pycoder-14m --num-requests 1024 --in-len 128 --out-len 128 --num-kv-blocks 16384 --max-num-seqs 256 --max-num-batched-tokens 8192 --min-run-s ${CORE_RUN_S:-20} --block-steps ${IL_BLOCK_STEPS:-64} --modes off,trace ${CORE_ARGS:-} --out "$OUT/core_ab/il_${c}_$r.json" > "$OUT/core_ab/il_${c}_$r.log" 2>&1
+        grep -E "stage core|engine CPU|process CPU|host wall|step wall us  |throughput traced|tracer threads|polls. CPU|polls due" "$OUT/core_ab/il_${c}_$r.log"; done; done
+      tar czf "$OUT/core_ab.tgz" -C "$OUT" core_ab && rm -rf "$OUT/core_ab" ;;
     cold) timeout ${COLD_TIMEOUT:-300} python3 bench/bench_cold_start.py ${COLD_ARGS:-} --out "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.log" | tail -12 ;;
     split) # the varlen launch's split_decodes key (docs/design.md §2.6): its GPU test, phase 3 of the tuner around the table's entry, then a mixed step with it off/on alternated step by step
       timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_attention_gpu.py 2>&1 | tee "$OUT/attention_gpu.log" | tail -4

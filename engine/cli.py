@@ -139,6 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
         "the trace's metadata says graph_stamps and the calibration error)",
     )
     p.add_argument(
+        "--trace-core",
+        choices=["auto", "c", "python"],
+        default=None,
+        help="where the device timeline's per-stage work runs: 'auto' (the compiled stage core "
+        "when it is built: python -m instrument.native build, which scripts/setup.sh runs; "
+        "else the Python classes), 'c' (the compiled core, or an error saying why not), "
+        "'python' (default: the STEPSCOPE_STAGE_CORE environment variable, else auto; the "
+        "trace's metadata says stage_core)",
+    )
+    p.add_argument(
         "--detect-syncs",
         action="store_true",
         help="record every host<-device sync as a trace instant (slower)",
@@ -209,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         trace_kernel_steps=_kernel_steps(args),
         trace_begins=args.trace_begins,
         graph_stamps=args.trace_graph_stamps == "on",
+        trace_core=args.trace_core,
     )
 
 

@@ -399,8 +399,15 @@ class TracingConfig:
     # --trace-graph-stamps: a traced run's forward CUDA graphs write their own begin and end
     # times (instrument.graph_stamps; two event records fewer per traced decode step).
     graph_stamps: bool = True
+    # --trace-core: where the device timeline's per-stage work runs: "auto" (the compiled stage
+    # core when it is built, else Python), "c" (the compiled one or an error), "python"; None: the
+    # STEPSCOPE_STAGE_CORE environment variable, else auto (instrument/native.py, docs/design.md
+    # §4.3). The flag is engine.cli's.
+    trace_core: str | None = None
 
     def __post_init__(self) -> None:
+        if self.trace_core not in (None, "auto", "c", "python"):
+            raise ConfigError(f"trace_core must be auto, c or python, got {self.trace_core!r}")
         if self.trace_kernel_steps is not None:
             first, end = self.trace_kernel_steps
             if first < 0 or end <= first:

@@ -182,6 +182,7 @@ def build_runner(
         spec_cuda_graphs=features.spec_cuda_graphs and features.cuda_graphs,
         trace_begins=config.tracing.trace_begins,
         graph_stamps=config.tracing.graph_stamps,
+        trace_core=config.tracing.trace_core,
     )
     graphs = runner.graphs
     fallen: list[tuple[str, str, str]] = []  # (feature, reason, what runs eagerly)

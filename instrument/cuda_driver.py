@@ -29,6 +29,10 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
 
 
+# cuEventRecord's C signature: CUresult (CUevent, CUstream).
+_RECORD_FN_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
 class CudaDriverError(RuntimeError):
     """A driver call returned an error code."""
 
@@ -46,6 +50,8 @@ class CudaDriver:
             a ``CUresult``.
         torch_record: records an event that has no handle yet.
         name: where the calls come from (``libcuda``, a stand-in).
+        record_addr: the C address of ``record_fn`` (0: none), which the compiled stage core
+            (``instrument/_stagecore.c``) calls directly, the GIL kept, as ``record`` does.
     """
 
     def __init__(
@@ -55,8 +61,10 @@ class CudaDriver:
         elapsed_fn: Callable[[Any, int, int], int],
         torch_record: Callable[[Any, Any], None],
         name: str = "libcuda",
+        record_addr: int = 0,
     ) -> None:
         self.name = name
+        self.record_addr = record_addr
         self._elapsed_fn = elapsed_fn
         self._ms = ctypes.c_float()
         self._ms_ref = ctypes.byref(self._ms)
@@ -128,7 +136,8 @@ class CudaDriver:
             event.record(stream)
 
         name = "libcuda, reads keep the GIL" if reads_keep_gil else "libcuda"
-        return cls(record_fn, query_fn, elapsed_fn, torch_record, name=name)
+        address = ctypes.cast(record_fn, ctypes.c_void_p).value or 0
+        return cls(record_fn, query_fn, elapsed_fn, torch_record, name=name, record_addr=address)
 
     def self_test(
         self,
@@ -198,4 +207,10 @@ class StandInDriver(CudaDriver):
             calls["torch_record"] += 1
             event.record(stream)
 
-        super().__init__(record_fn, query_fn, elapsed_fn, torch_record, name="stand-in")
+        # ``record_fn`` as a C function pointer too (a ctypes callback; handles arrive as ints,
+        # 0 as None): the compiled stage core's direct call reaches the same stand-in.
+        self._record_c = _RECORD_FN_TYPE(lambda handle, stream: record_fn(handle, stream or 0))
+        address = ctypes.cast(self._record_c, ctypes.c_void_p).value or 0
+        super().__init__(
+            record_fn, query_fn, elapsed_fn, torch_record, name="stand-in", record_addr=address
+        )

@@ -41,13 +41,17 @@ Events are made, recorded, queried and read through an :class:`~instrument.devic
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any, Literal
 
+from instrument import native
+from instrument.cuda_driver import CudaDriverError
 from instrument.device_events import (
     CudaClock,
     CudaTimedEvent,
@@ -77,6 +81,7 @@ __all__ = [
     "MAX_DEFERRED",
     "POLL_CHUNK",
     "WAIT_CHUNK",
+    "DEFAULT_CORE",
     "POLL_SECTIONS",
     "BEGINS",
 ]
@@ -105,6 +110,9 @@ POLL_SECTIONS = ("query", "convert", "build", "hand", "stages", "events", "queri
 _QUERY, _CONVERT, _BUILD, _HAND, _STAGES, _EVENTS, _QUERIES = range(len(POLL_SECTIONS))
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
+# DeviceTimeline's ``core`` when none is given: the compiled stage core when it is built and
+# current ("auto"); STEPSCOPE_STAGE_CORE=python rules it out, =c requires it.
+DEFAULT_CORE = os.environ.get("STEPSCOPE_STAGE_CORE") or "auto"
 # How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event
 # (``recorded``), the lower bound of the times the timeline already has (``derived``), or both
 # (the recorded begin, the derived one as the ``derived_begin_ns`` arg: to measure the bound).
@@ -320,13 +328,23 @@ class _DerivedScope(_StageScope):
     after: Any  # the stage whose end the stream was made to wait for just before; or None
 
 
+# The stage classes of both cores (the compiled one's when it is built: instrument/native.py).
+_SCOPE_TYPES: tuple[type, ...] = (_StageScope,)
+_DERIVED_TYPES: tuple[type, ...] = (_DerivedScope,)
+_compiled, _ = native.load()
+if _compiled is not None:
+    _SCOPE_TYPES += (_compiled.Scope,)
+    _DERIVED_TYPES += (_compiled.DerivedScope,)
+    _compiled.set_null_scope(_NULL_SCOPE)
+
+
 def _forget(stage: Any) -> None:
     """A stage that will have no slice (dropped, or still pending at the end): a stage that
     waited for it derives its begin from its other terms, and it keeps no earlier stage."""
-    if isinstance(stage, _StageScope):
-        stage.end_ns = -1
-        if isinstance(stage, _DerivedScope):
-            stage.after = None
+    if isinstance(stage, _SCOPE_TYPES):  # either core's stage classes
+        setattr(stage, "end_ns", -1)  # noqa: B010 -- isinstance of a tuple narrows to object
+        if isinstance(stage, _DERIVED_TYPES):
+            setattr(stage, "after", None)  # noqa: B010
 
 
 class DeviceTimeline:
@@ -354,7 +372,20 @@ class DeviceTimeline:
         in_wait: :meth:`poll_while_waiting` polls on the calling (engine) thread, in chunks of
             ``WAIT_CHUNK`` stages, only while the output it is about to wait for is not ready
             (time the engine would spend blocked); ``background`` is then not used for it.
+        core: where the stages' hot path runs (``instrument.native.CORES``): ``auto`` (the
+            compiled stage core when it is built and current, else the Python classes), ``c``
+            (the compiled one, or an error saying why not), ``python``; None: ``DEFAULT_CORE``
+            (the ``STEPSCOPE_STAGE_CORE`` environment variable, else ``auto``). Which one ran,
+            and why not the compiled one, is :attr:`core` and :attr:`core_reason`, and goes
+            into the trace's metadata (``stage_core``). docs/design.md §4.3.
     """
+
+    def __new__(cls, *args: Any, core: str | None = None, **kwargs: Any) -> DeviceTimeline:
+        # The compiled core keeps the hot state in a C object: a subclass reads it there.
+        module, _ = native.resolve(core or DEFAULT_CORE)
+        if cls is DeviceTimeline and module is not None:
+            cls = _CompiledTimeline
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -368,7 +399,18 @@ class DeviceTimeline:
         inline_when_host_bound: bool = True,
         begins: str = DeviceBegins.RECORDED.value,
         in_wait: bool = False,
+        core: str | None = None,
     ) -> None:
+        module, reason = native.resolve(core or DEFAULT_CORE)
+        if not isinstance(self, _CompiledTimeline):
+            module = None
+        elif module is None:  # an instance __new__ made compiled, re-initialised with python
+            raise ValueError("a compiled timeline cannot be re-initialised with the Python core")
+        self._stage_core = module
+        self.core = "c" if module is not None else "python"
+        self.core_reason = reason  # why not the compiled core ("" when it is used)
+        if module is not None:
+            self._core = module.Core()  # before any attribute the subclass keeps in it
         if begins not in BEGINS:
             raise ValueError(f"begins must be one of {BEGINS}, got {begins!r}")
         if not 1 <= poll_batch <= max_deferred <= max_pending:
@@ -379,6 +421,8 @@ class DeviceTimeline:
         self.tracer = tracer
         self.device_index = device_index
         self.ops = as_ops(event_factory)
+        # The compiled core calls the driver's cuEventRecord itself where the ops have one.
+        self._record_addr = int(getattr(getattr(self.ops, "driver", None), "record_addr", 0))
         self._new, self._record, self._query = self.ops.new, self.ops.record, self.ops.query
         self._host_ns_many = self.ops.host_ns_many
         self._max_pending = max_pending
@@ -455,6 +499,9 @@ class DeviceTimeline:
         self._record_begins = begins != DeviceBegins.DERIVED.value  # record begin events
         if self._derive:  # a recorded-begins trace stays as it was (absent: recorded)
             tracer.metadata(**{Arg.DEVICE_BEGINS.value: begins})
+        if isinstance(self, _CompiledTimeline):
+            self._fill_core()
+        tracer.metadata(**{Arg.STAGE_CORE.value: self.core + (f" ({reason})" if reason else "")})
 
     @property
     def enabled(self) -> bool:
@@ -502,6 +549,10 @@ class DeviceTimeline:
         ``args``, decided once instead of at every stage."""
         if stream is None:
             stream = self.ops.default_stream()
+        if self._stage_core is not None:
+            return self._stage_core.Site(  # type: ignore[no-any-return]
+                self._core, self, name, lane, stream, args, self._queue_of(stream)
+            )
         return StageSite(self, name, lane, stream, args)
 
     def stage(
@@ -986,7 +1037,7 @@ class DeviceTimeline:
             derived = None
             if derive:
                 queue = site.queue
-                if type(stage) is _DerivedScope:
+                if type(stage) in _DERIVED_TYPES:
                     derived = stage.host_begin_ns
                     if queue.end_ns > derived:
                         derived = queue.end_ns
@@ -1045,3 +1096,65 @@ class DeviceTimeline:
         if end is None or not self._query(end):
             return -1
         return self._host_ns_many([end])[0]
+
+
+def _core_attr(name: str, doc: str) -> property:
+    """A timeline attribute kept in the compiled core (the C stage code reads it there)."""
+
+    def get(self: _CompiledTimeline) -> Any:
+        return getattr(self._core, name)
+
+    def set_(self: _CompiledTimeline, value: Any) -> None:
+        setattr(self._core, name, value)
+
+    return property(get, set_, doc=doc)
+
+
+class _CompiledTimeline(DeviceTimeline):
+    """A :class:`DeviceTimeline` whose stages run in the compiled stage core
+    (``instrument/_stagecore.c``): the state its C code reads and writes per stage lives in a
+    ``Core`` object, and these properties read it there for the Python code (the polls, the
+    caller's sync events). Made by ``DeviceTimeline(...)`` itself when the core is used."""
+
+    _last = _core_attr("last", "the stage recorded last (for ``contiguous``)")
+    num_recorded = _core_attr("num_recorded", "stages queued")
+    _drop_above = _core_attr("drop_above", "a stage's exit drops the oldest pending one past this")
+    _new = _core_attr("new_event", "makes a fresh event")
+    num_emitted = _core_attr("num_emitted", "stages emitted as slices")
+    num_dropped = _core_attr("num_dropped", "stages dropped (counted, no slice)")
+    poll_batch = _core_attr("poll_batch", "pending stages at which the engine's wait polls")
+    max_deferred = _core_attr("max_deferred", "pending stages at which the hot-path hook polls")
+
+    @property
+    def _record(self) -> Any:
+        return self._core.record
+
+    @_record.setter
+    def _record(self, record: Any) -> None:
+        # A caller's own ``record`` (a bench or test counting the calls) must see every record:
+        # the direct driver call is used only while ``record`` is the ops' own.
+        core = self._core
+        core.record = record
+        core.record_fn = self._record_addr if record is self.ops.record else 0
+
+    @property
+    def direct_records(self) -> int:
+        """Records the compiled core made through the driver's ``cuEventRecord`` directly."""
+        return int(self._core.direct_records)
+
+    def _fill_core(self) -> None:
+        core = self._core
+        core.tracer = self.tracer
+        core.derive, core.record_begins = self._derive, self._record_begins
+        core.free = self._free
+        core.bounded, core.drop_oldest = self._bounded, self._drop_oldest
+        core.error_cls = CudaDriverError
+        self._record = self._record  # sets record_fn too
+        core.lent = self._lent
+        core.returned_append, core.spare_append = self._returned.append, self._spare.append
+        # The once-per-step hooks: the core's methods (their common case in C) shadow the
+        # class's, which stay their slow paths.
+        for name in ("poll_if_due", "poll_while_waiting", "event_after_stage"):
+            setattr(core, "slow_" + name, MethodType(getattr(DeviceTimeline, name), self))
+            setattr(self, name, getattr(core, name))
+        self.give_back = core.give_back  # type: ignore[method-assign]

@@ -237,6 +237,10 @@ class Arg(str, Enum):
     # Such a step's input_prep ends where its forward's first stamp says the forward began.
     GRAPH_STAMPS = "graph_stamps"
     GRAPH_STAMP_ERROR_NS = "graph_stamp_error_ns"
+    # trace_metadata: where the device timeline's per-stage work ran: "c" (the compiled stage
+    # core, instrument/native.py) or "python", with why not the compiled one in parentheses
+    # ("python (asked for)", "python (not built ...)"); docs/design.md §4.3.
+    STAGE_CORE = "stage_core"
 
 
 class ConfigArg(str, Enum):

@@ -14,6 +14,10 @@ VPY=.venv/bin/python
 # Pin the CPU build: an unpinned torch pulls a multi-GB CUDA build.
 "$VPY" -c "import torch" 2>/dev/null || "$VPY" -m pip install -q "torch==2.13.0"
 "$VPY" -m pip install -q -e ".[dev,structured]"
+# The compiled stage core (instrument/native.py): one cc call, redone only when its source changed.
+# Without a C compiler the device timeline runs its Python classes (the trace's metadata says so).
+"$VPY" -m instrument.native status >/dev/null 2>&1 || "$VPY" -m instrument.native build \
+  || echo "warning: the compiled stage core was not built; tracing uses the Python stage path" >&2
 
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \

@@ -127,6 +127,7 @@ class ModelRunner:
         spec_cuda_graphs: bool = False,
         trace_begins: str = "recorded",
         graph_stamps: bool = True,
+        trace_core: str | None = None,
     ) -> None:
         """``limits`` / ``cache``: the engine config's scheduler part (``max_model_len``
         resolved) and KV cache part, as they are; ``seed``: the engine seed (unseeded requests'
@@ -138,7 +139,9 @@ class ModelRunner:
         ``trace_begins``: the device timeline's ``begins`` (``--trace-begins``: how device
         slices get their begins, docs/design.md §4.3); ``graph_stamps``
         (``--trace-graph-stamps``): when tracing, the forward graphs write their own begin and
-        end times (``instrument.graph_stamps``; ``graph_stamps_off`` says why not)."""
+        end times (``instrument.graph_stamps``; ``graph_stamps_off`` says why not);
+        ``trace_core`` (``--trace-core``): the device timeline's ``core`` (the compiled stage
+        core or the Python classes, ``instrument.native``)."""
         if not 0 <= mixed_graph_max_tokens <= max_num_tokens(limits):
             raise ValueError(
                 f"mixed_graph_max_tokens must be in [0, {max_num_tokens(limits)}], "
@@ -167,6 +170,7 @@ class ModelRunner:
             device.timed_event_factory(),
             background=True,
             begins=trace_begins,
+            core=trace_core,
         )
         self._sites = _StageSites(self.timeline, device)
         self.vocab_size = int(model.config.vocab_size)

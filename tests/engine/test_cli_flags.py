@@ -40,6 +40,7 @@ def test_every_flag_kept_and_every_flagged_field_has_one():
         "--trace-begins",
         "--batch-invariant",  # issue 19
         "--trace-graph-stamps",  # issue 15: forward graphs write their own device times
+        "--trace-core",  # issue 15: the compiled stage core or the Python one
     }
     assert _flags() == FLAGS_BEFORE | FLAGS_ADDED | added_later
     parser = build_parser()
@@ -47,13 +48,14 @@ def test_every_flag_kept_and_every_flagged_field_has_one():
     every = [f for part in EngineConfig.part_types().values() for f in dataclasses.fields(part)]
     flagged = {f.name for f in every if CLI in f.metadata}
     assert flagged <= dests
-    assert len(flagged) == 28  # every field of the parts but six with no flag
+    assert len(flagged) == 28  # every field of the parts but seven with no flag
     assert {f.name for f in every} - flagged == {
         "deferred_sampling",
         "debug_invariants",
         "trace_kernel_steps",
         "trace_begins",
         "graph_stamps",
+        "trace_core",
         "long_prefill_token_threshold",
     }
 

@@ -92,7 +92,7 @@ ENGINE_CONFIG_KEYS = {
     "triton_kernels", "pinned_memory", "deferred_sampling", "spec_method", "spec_model",
     "num_spec_tokens", "spec_sync_accepted", "debug_invariants", "tensor_parallel_size",
     "trace_kernel_steps", "gpu_memory_utilization", "mixed_graph_max_tokens", "warmup",
-    "spec_cuda_graphs", "trace_begins", "graph_stamps", "batch_invariant",
+    "spec_cuda_graphs", "trace_begins", "graph_stamps", "trace_core", "batch_invariant",
 }  # fmt: skip
 
 

@@ -157,3 +157,7 @@ def test_driver_load_and_api_choice_fail_clearly():
     assert CudaDriver.load("libstepscope-no-such-driver.so") is None  # then torch's calls
     with pytest.raises(ValueError, match="api must be one of auto, driver, driver-held, torch"):
         CudaClock.calibrate(api="nvml")
+
+
+# Each test runs with both cores of the stages (tests/instrument/conftest.py).
+pytestmark = pytest.mark.usefixtures("stage_core")

@@ -386,3 +386,7 @@ def test_two_streams_of_one_lane_overlap_on_tracks_of_their_own(tmp_path, begins
     got = {name: (start, end) for _, name, start, end, _ in copy}
     assert got["d2h_output"][1] == t + 10_000 and got["h2d_inputs"][1] == t + 20_000, got
     assert got["h2d_inputs"][0] < got["d2h_output"][1]  # they do overlap in time
+
+
+# Each test runs with both cores of the stages (tests/instrument/conftest.py).
+pytestmark = pytest.mark.usefixtures("stage_core")

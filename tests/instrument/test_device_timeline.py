@@ -180,3 +180,7 @@ def test_a_stage_site_writes_what_timeline_stage_writes(tmp_path, begins):
     assert len(written[0]) == 9 and written[0] == written[1]
     own = [keys for _, _, _, keys in written[1] if "n" in keys]
     assert own and all(keys[:4] == ["graph_replay", "n", "step", "host_end_ns"] for keys in own)
+
+
+# Each test runs with both cores of the stages (tests/instrument/conftest.py).
+pytestmark = pytest.mark.usefixtures("stage_core")

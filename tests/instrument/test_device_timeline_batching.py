@@ -683,3 +683,7 @@ def test_in_wait_polls_emit_in_chunks_until_the_output_is_ready(tmp_path):
     for key, (start, end) in loop.expected.items():
         got = written[key]
         assert abs(got[0] - start) <= 1 and abs(got[1] - end) <= 1, key
+
+
+# Each test runs with both cores of the stages (tests/instrument/conftest.py).
+pytestmark = pytest.mark.usefixtures("stage_core")

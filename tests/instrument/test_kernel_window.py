@@ -149,3 +149,7 @@ def test_marker_brackets_intersect_so_the_tight_one_wins() -> None:
     # Brackets that do not meet (drift): the midpoints' mean, bounded by both spreads.
     offset, error = combine_brackets([(0, 10), (100, 110)])
     assert offset == 55 and error == 5 + 50
+
+
+# Each test runs with both cores of the stages (tests/instrument/conftest.py).
+pytestmark = pytest.mark.usefixtures("stage_core")
