@@ -258,6 +258,7 @@ def tracer_from_args(args: argparse.Namespace, path: str, capture: CaptureConfig
         install_signal_handlers=True,
         capture=capture,
         writer=args.trace_writer,
+        core=args.trace_core,
     )
 
 

@@ -27,7 +27,7 @@
 typedef int (*record_fn_t)(void *event, void *stream);
 
 static PyObject *str_enabled, *str_known, *str_cuda_event, *str_cuda_stream;
-static PyObject *str_after, *str_contiguous, *str_args, *str_end;
+static PyObject *str_after, *str_contiguous, *str_args, *str_end, *str_key;
 
 static inline long long
 monotonic_ns(void)
@@ -903,6 +903,163 @@ static PyMethodDef core_methods[] = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
+/* SpanEnd: Tracer.span_end, compiled (instrument/tracer.py).                                  */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *tracer;          /* its .enabled */
+    PyObject *extend;          /* the tracer's flat buffer's extend */
+    PyObject *tls;             /* the tracer module's threading.local: .key, the thread's key */
+    PyObject *register_thread; /* callable() -> a new thread's key */
+    PyObject *ev_span;         /* instrument.events.EV_SPAN */
+} SpanEnd;
+
+static int
+span_end_traverse(SpanEnd *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->tracer);
+    Py_VISIT(self->extend);
+    Py_VISIT(self->tls);
+    Py_VISIT(self->register_thread);
+    Py_VISIT(self->ev_span);
+    return 0;
+}
+
+static int
+span_end_clear(SpanEnd *self)
+{
+    Py_CLEAR(self->tracer);
+    Py_CLEAR(self->extend);
+    Py_CLEAR(self->tls);
+    Py_CLEAR(self->register_thread);
+    Py_CLEAR(self->ev_span);
+    return 0;
+}
+
+static void
+span_end_dealloc(SpanEnd *self)
+{
+    PyObject_GC_UnTrack(self);
+    span_end_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* span_end(name, start_ns, step, args=None): a slice ``name`` on this thread's track from
+ * ``start_ns`` to now, buffered flat as (EV_SPAN, key, name, start_ns, now, step, args);
+ * nothing while the tracer is off. */
+static PyObject *
+span_end_vectorcall(SpanEnd *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *vals[4] = {NULL, NULL, NULL, Py_None};
+    static const char *names[4] = {"name", "start_ns", "step", "args"};
+    if (nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "span_end() takes name, start_ns, step, args");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        vals[i] = args[i];
+    if (kwnames != NULL) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nk; k++) {
+            PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+            int found = 0;
+            for (int j = 0; j < 4; j++) {
+                if (PyUnicode_CompareWithASCIIString(key, names[j]) == 0) {
+                    vals[j] = args[nargs + k];
+                    found = 1;
+                    break;
+                }
+            }
+            if (!found) {
+                PyErr_Format(PyExc_TypeError, "span_end() got an unexpected keyword argument %R",
+                             key);
+                return NULL;
+            }
+        }
+    }
+    if (vals[0] == NULL || vals[1] == NULL || vals[2] == NULL) {
+        PyErr_SetString(PyExc_TypeError, "span_end() missing name, start_ns or step");
+        return NULL;
+    }
+    PyObject *enabled_o = PyObject_GetAttr(self->tracer, str_enabled);
+    if (enabled_o == NULL)
+        return NULL;
+    int enabled = PyObject_IsTrue(enabled_o);
+    Py_DECREF(enabled_o);
+    if (enabled < 0)
+        return NULL;
+    if (!enabled)
+        Py_RETURN_NONE;
+    PyObject *key = PyObject_GetAttr(self->tls, str_key);
+    if (key == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear(); /* the thread's first event */
+        key = PyObject_CallNoArgs(self->register_thread);
+        if (key == NULL)
+            return NULL;
+    }
+    PyObject *now = PyLong_FromLongLong(monotonic_ns());
+    if (now == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *event = PyTuple_Pack(7, self->ev_span, key, vals[0], vals[1], now, vals[2],
+                                   vals[3]);
+    Py_DECREF(key);
+    Py_DECREF(now);
+    if (event == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallOneArg(self->extend, event);
+    Py_DECREF(event);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+span_end_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"tracer", "extend", "tls", "register_thread", "ev_span", NULL};
+    PyObject *tracer, *extend, *tls, *register_thread, *ev_span;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO", kwlist, &tracer, &extend, &tls,
+                                     &register_thread, &ev_span))
+        return NULL;
+    SpanEnd *self = (SpanEnd *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = (vectorcallfunc)span_end_vectorcall;
+    Py_INCREF(tracer);
+    self->tracer = tracer;
+    Py_INCREF(extend);
+    self->extend = extend;
+    Py_INCREF(tls);
+    self->tls = tls;
+    Py_INCREF(register_thread);
+    self->register_thread = register_thread;
+    Py_INCREF(ev_span);
+    self->ev_span = ev_span;
+    return (PyObject *)self;
+}
+
+static PyTypeObject SpanEndType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "instrument._stagecore.SpanEnd",
+    .tp_basicsize = sizeof(SpanEnd),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "SpanEnd(tracer, extend, tls, register_thread, ev_span): Tracer.span_end, compiled.",
+    .tp_new = span_end_new,
+    .tp_dealloc = (destructor)span_end_dealloc,
+    .tp_traverse = (traverseproc)span_end_traverse,
+    .tp_clear = (inquiry)span_end_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(SpanEnd, vectorcall),
+};
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyObject *
 set_null_scope(PyObject *module, PyObject *scope)
@@ -954,13 +1111,15 @@ PyInit__stagecore(void)
     INTERN(str_contiguous, "contiguous");
     INTERN(str_args, "args");
     INTERN(str_end, "end");
+    INTERN(str_key, "key");
 #undef INTERN
     Py_INCREF(Py_None);
     null_scope = Py_None;
     DerivedScopeType.tp_base = &ScopeType;
     CoreType.tp_methods = core_methods;
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&SiteType) < 0 ||
-        PyType_Ready(&ScopeType) < 0 || PyType_Ready(&DerivedScopeType) < 0)
+        PyType_Ready(&ScopeType) < 0 || PyType_Ready(&DerivedScopeType) < 0 ||
+        PyType_Ready(&SpanEndType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&stagecore_module);
     if (m == NULL)
@@ -969,6 +1128,7 @@ PyInit__stagecore(void)
         PyModule_AddObjectRef(m, "Site", (PyObject *)&SiteType) < 0 ||
         PyModule_AddObjectRef(m, "Scope", (PyObject *)&ScopeType) < 0 ||
         PyModule_AddObjectRef(m, "DerivedScope", (PyObject *)&DerivedScopeType) < 0 ||
+        PyModule_AddObjectRef(m, "SpanEnd", (PyObject *)&SpanEndType) < 0 ||
         PyModule_AddStringConstant(m, "SOURCE_HASH", STAGECORE_SOURCE_HASH) < 0 ||
         PyModule_AddObject(m, "NULL_RECORD_ADDR",
                            PyLong_FromUnsignedLongLong((uintptr_t)&null_record)) < 0) {

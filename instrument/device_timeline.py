@@ -41,7 +41,6 @@ Events are made, recorded, queried and read through an :class:`~instrument.devic
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from collections import deque
@@ -81,7 +80,6 @@ __all__ = [
     "MAX_DEFERRED",
     "POLL_CHUNK",
     "WAIT_CHUNK",
-    "DEFAULT_CORE",
     "POLL_SECTIONS",
     "BEGINS",
 ]
@@ -110,9 +108,6 @@ POLL_SECTIONS = ("query", "convert", "build", "hand", "stages", "events", "queri
 _QUERY, _CONVERT, _BUILD, _HAND, _STAGES, _EVENTS, _QUERIES = range(len(POLL_SECTIONS))
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
-# DeviceTimeline's ``core`` when none is given: the compiled stage core when it is built and
-# current ("auto"); STEPSCOPE_STAGE_CORE=python rules it out, =c requires it.
-DEFAULT_CORE = os.environ.get("STEPSCOPE_STAGE_CORE") or "auto"
 # How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event
 # (``recorded``), the lower bound of the times the timeline already has (``derived``), or both
 # (the recorded begin, the derived one as the ``derived_begin_ns`` arg: to measure the bound).
@@ -374,7 +369,7 @@ class DeviceTimeline:
             (time the engine would spend blocked); ``background`` is then not used for it.
         core: where the stages' hot path runs (``instrument.native.CORES``): ``auto`` (the
             compiled stage core when it is built and current, else the Python classes), ``c``
-            (the compiled one, or an error saying why not), ``python``; None: ``DEFAULT_CORE``
+            (the compiled one, or an error saying why not), ``python``; None: ``native.DEFAULT_CORE``
             (the ``STEPSCOPE_STAGE_CORE`` environment variable, else ``auto``). Which one ran,
             and why not the compiled one, is :attr:`core` and :attr:`core_reason`, and goes
             into the trace's metadata (``stage_core``). docs/design.md §4.3.
@@ -382,7 +377,7 @@ class DeviceTimeline:
 
     def __new__(cls, *args: Any, core: str | None = None, **kwargs: Any) -> DeviceTimeline:
         # The compiled core keeps the hot state in a C object: a subclass reads it there.
-        module, _ = native.resolve(core or DEFAULT_CORE)
+        module, _ = native.resolve(core)
         if cls is DeviceTimeline and module is not None:
             cls = _CompiledTimeline
         return object.__new__(cls)
@@ -401,7 +396,7 @@ class DeviceTimeline:
         in_wait: bool = False,
         core: str | None = None,
     ) -> None:
-        module, reason = native.resolve(core or DEFAULT_CORE)
+        module, reason = native.resolve(core)
         if not isinstance(self, _CompiledTimeline):
             module = None
         elif module is None:  # an instance __new__ made compiled, re-initialised with python

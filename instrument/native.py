@@ -27,14 +27,27 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["SOURCE", "CORES", "target", "source_hash", "build", "load", "main"]
+__all__ = [
+    "SOURCE",
+    "CORES",
+    "DEFAULT_CORE",
+    "target",
+    "source_hash",
+    "build",
+    "load",
+    "resolve",
+    "main",
+]
 
 SOURCE = Path(__file__).with_name("_stagecore.c")
 MODULE = "instrument._stagecore"
-# DeviceTimeline's ``core`` argument (``stepscope run --trace-core``): "auto" (the compiled core
-# when it is built and current, else Python), "c" (the compiled core, or an error saying why
-# not), "python".
+# DeviceTimeline's and Tracer's ``core`` argument (``stepscope run --trace-core``): "auto" (the
+# compiled core when it is built and current, else Python), "c" (the compiled core, or an error
+# saying why not), "python".
 CORES = ("auto", "c", "python")
+# The ``core`` when none is given: STEPSCOPE_STAGE_CORE=python rules the compiled core out, =c
+# requires it; else auto.
+DEFAULT_CORE = os.environ.get("STEPSCOPE_STAGE_CORE") or "auto"
 
 _loaded: tuple[ModuleType | None, str] | None = None
 
@@ -101,9 +114,11 @@ def load() -> tuple[ModuleType | None, str]:
     return _loaded
 
 
-def resolve(core: str) -> tuple[ModuleType | None, str]:
-    """``core`` (one of :data:`CORES`) as the module to use (None: the Python classes) and, when
-    the compiled core was asked for or allowed but is not used, why."""
+def resolve(core: str | None) -> tuple[ModuleType | None, str]:
+    """``core`` (one of :data:`CORES`; None: :data:`DEFAULT_CORE`) as the module to use (None:
+    the Python classes) and, when the compiled core was asked for or allowed but is not used,
+    why."""
+    core = core or DEFAULT_CORE
     if core not in CORES:
         raise ValueError(f"core must be one of {CORES}, got {core!r}")
     if core == "python":

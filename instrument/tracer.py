@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Literal, TypeVar
 
+from instrument import native
 from instrument import nvtx as _nvtx
 from instrument.capture import STEP_REASONS, CaptureConfig, StepRule
 from instrument.events import (
@@ -159,6 +160,10 @@ class Tracer:
         writer: ``"thread"``: the flush thread encodes the protobuf itself (sharing the GIL with
             the engine); ``"process"``: it only hands raw batches to a child process that encodes
             and writes them (:mod:`instrument.writer_process`; what ``stepscope run`` uses).
+        core: :meth:`span_end` compiled (``instrument/_stagecore.c``: the compiled stage core's
+            module) or Python: ``auto``, ``c`` or ``python`` as ``DeviceTimeline``'s ``core``
+            (None: ``instrument.native.DEFAULT_CORE``). Not with ``nvtx``. Which one:
+            :attr:`span_core`.
     """
 
     def __init__(
@@ -171,6 +176,7 @@ class Tracer:
         install_signal_handlers: bool = False,
         capture: CaptureConfig | None = None,
         writer: str = "thread",
+        core: str | None = None,
     ) -> None:
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {WRITERS}, got {writer!r}")
@@ -184,9 +190,19 @@ class Tracer:
         self._buffer: deque[Any] = deque()
         self._extend = self._buffer.extend
         self._nvtx = _nvtx.NvtxRanges() if (enabled and nvtx) else None
+        self.span_core = "python"
         if self._nvtx is not None:  # the hot-path span calls push and pop the range too
             self.span_begin = self._span_begin_nvtx  # type: ignore[method-assign,assignment]
             self.span_end = self._span_end_nvtx  # type: ignore[method-assign,assignment]
+        else:
+            # The compiled span_end (instrument/native.py: the stage core's module), the same
+            # event buffered; ``core`` as DeviceTimeline's (None: native.DEFAULT_CORE).
+            compiled, _ = native.resolve(core)
+            if compiled is not None:
+                self.span_end = compiled.SpanEnd(  # type: ignore[method-assign]
+                    self, self._extend, _tls, _register_thread, EV_SPAN
+                )
+                self.span_core = "c"
         base = _NvtxSpan if self._nvtx is not None else _Span
         self._span_cls: type[_Span] = type(
             "_TracerSpan",

@@ -18,7 +18,7 @@ import pytest
 from bench.poll_cost import count_opcodes as _count_opcodes
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from instrument import device_timeline
+from instrument import native
 from instrument.tracer import Tracer
 from tests.engine.test_spec_graphs import _force_spec_graphs
 
@@ -42,12 +42,13 @@ MAX_ADDED_BYTECODES_DERIVED = 920
 # input_prep and the forward end at stamps, so two end records fewer.
 MAX_ADDED_BYTECODES_STAMPED = 790
 # With the compiled stage core (instrument/_stagecore.c, docs/design.md §4.3) the stages, their
-# sync events, give_back and the two poll hooks are C calls: 358 measured with recorded begins (of
-# which the CPU device's five CpuEvent.record calls, Python here, one driver call on CUDA) and
-# 104 as a traced H200 decode step runs (derived begins, stamped forward): the six CPU spans,
-# their args and the counters.
-MAX_ADDED_BYTECODES_C = 380
-MAX_ADDED_BYTECODES_STAMPED_C = 125
+# sync events, give_back, the two poll hooks and the spans' ends are C calls: 232 measured with
+# recorded begins (the CPU device's five CpuEvent.record calls, Python here, one driver call on
+# CUDA) and -22 as a traced H200 decode step runs (derived begins, stamped forward): fewer than
+# untraced, whose three sync events the timeline records through its Python path. (358 and 104
+# before the spans' ends were compiled.) A bound only: a C call counts as one instruction.
+MAX_ADDED_BYTECODES_C = 250
+MAX_ADDED_BYTECODES_STAMPED_C = 20
 
 
 # The wait's poll batch in these runs. They last ~60-120 steps of 5 stages: at the engine's
@@ -107,7 +108,7 @@ def _generate_counted(
 def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(
     tmp_path, tiny_model_config, monkeypatch, core, begins, graphs, bound
 ):
-    monkeypatch.setattr(device_timeline, "DEFAULT_CORE", core)
+    monkeypatch.setattr(native, "DEFAULT_CORE", core)
     if graphs:
         _force_spec_graphs(monkeypatch, {"cuda_graphs"})
     tracer = Tracer(str(tmp_path / "t.pftrace"))
@@ -143,7 +144,7 @@ def test_tracing_adds_a_bounded_number_of_bytecodes_per_step(
     assert len(counts[True]) >= 10 and len(counts[False]) >= 10, counts
     added = statistics.median(counts[True]) - statistics.median(counts[False])
     print(f"{core} core, {begins} begins, stamped {graphs}: {added} added bytecodes a step")
-    assert 0 < added <= bound, (
+    assert (0 if core == "python" else -200) < added <= bound, (
         f"tracing ({core} core, {begins} begins) adds {added} bytecodes per steady decode step on the engine "
         f"thread (bound {bound}): new per-step Python work on the traced hot path?"
     )
@@ -199,7 +200,7 @@ def test_a_dropped_step_costs_what_an_untraced_step_costs(tmp_path, tiny_model_c
     from instrument.capture import CaptureConfig
 
     # The Python core: a kept step's stages are Python work there, which the bound below reads.
-    monkeypatch.setattr(device_timeline, "DEFAULT_CORE", "python")
+    monkeypatch.setattr(native, "DEFAULT_CORE", "python")
     tracer = Tracer(str(tmp_path / "t.pftrace"), capture=CaptureConfig(every=2, run_length=4))
     llm = _tiny_llm(tracer, tiny_model_config)
     engine = llm.engine

@@ -93,10 +93,10 @@ def stage_core(request, monkeypatch):
     """Run a test with each core of the device timeline's stages (``instrument/native.py``):
     the Python classes and the compiled core, which must behave the same. The compiled one must
     be built and current (``scripts/setup.sh`` builds it: ``python -m instrument.native build``)."""
-    from instrument import device_timeline, native
+    from instrument import native
 
     if request.param == "c":
         module, reason = native.load()
         assert module is not None, f"the compiled stage core is {reason}"
-    monkeypatch.setattr(device_timeline, "DEFAULT_CORE", request.param)
+    monkeypatch.setattr(native, "DEFAULT_CORE", request.param)
     return request.param
