@@ -120,11 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         print(f"the compiled stage core is {reason}", file=sys.stderr)
         return 2
-    driver = _driver(module.NULL_RECORD_ADDR)
     per_step: dict[str, list[float]] = {core: [] for core in CORES}
     with tempfile.TemporaryDirectory() as tmp:
         tracer = Tracer(Path(tmp) / "stage_core.pftrace")
-        loops = {core: _Loop(tracer, core, driver) for core in CORES}
+        loops = {core: _Loop(tracer, core, _driver(module.NULL_RECORD_ADDR)) for core in CORES}
         for loop in loops.values():  # warm: the pools fill, the poller starts
             loop.run(args.steps)
         for _ in range(args.rounds):

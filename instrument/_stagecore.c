@@ -25,6 +25,7 @@
 #endif
 
 typedef int (*record_fn_t)(void *event, void *stream);
+typedef int (*elapsed_fn_t)(float *ms, void *start, void *end);
 
 static PyObject *str_enabled, *str_known, *str_cuda_event, *str_cuda_stream;
 static PyObject *str_after, *str_contiguous, *str_args, *str_end, *str_key;
@@ -1084,7 +1085,101 @@ null_record(void *event, void *stream)
     return 0;
 }
 
+/* The raw handle of an event (its cuda_event; None or 0: none). 0 with an exception on error. */
+static int
+event_handle(PyObject *event, void **out)
+{
+    PyObject *h = PyObject_GetAttr(event, str_cuda_event);
+    if (h == NULL)
+        return -1;
+    *out = (h == Py_None) ? NULL : PyLong_AsVoidPtr(h);
+    Py_DECREF(h);
+    if (*out == NULL && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+/* elapsed_ms_many(fn, start, events, release_gil, error_cls): cuEventElapsedTime(&ms, start, e)
+ * for each event, in order, as a list of floats; the handles are read first, then every call
+ * is made in one stretch, without the GIL when release_gil (one handoff per batch, where the
+ * ctypes calls hand it over once per event). A nonzero CUresult raises error_cls. */
+static PyObject *
+elapsed_ms_many(PyObject *module, PyObject *args)
+{
+    unsigned long long fn;
+    PyObject *start, *events, *error_cls;
+    int release;
+    if (!PyArg_ParseTuple(args, "KOO!pO", &fn, &start, &PyList_Type, &events, &release,
+                          &error_cls))
+        return NULL;
+    if (fn == 0) {
+        PyErr_SetString(PyExc_ValueError, "no cuEventElapsedTime address");
+        return NULL;
+    }
+    void *start_handle;
+    if (event_handle(start, &start_handle) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    void **handles = PyMem_Malloc((n > 0 ? n : 1) * sizeof(void *));
+    float *ms = PyMem_Malloc((n > 0 ? n : 1) * sizeof(float));
+    if (handles == NULL || ms == NULL) {
+        PyMem_Free(handles);
+        PyMem_Free(ms);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (event_handle(PyList_GET_ITEM(events, i), &handles[i]) < 0) {
+            PyMem_Free(handles);
+            PyMem_Free(ms);
+            return NULL;
+        }
+    }
+    elapsed_fn_t call = (elapsed_fn_t)(uintptr_t)fn;
+    int rc = 0;
+    Py_ssize_t done = 0;
+    if (release) {
+        Py_BEGIN_ALLOW_THREADS
+        for (; done < n; done++) {
+            rc = call(&ms[done], start_handle, handles[done]);
+            if (rc != 0)
+                break;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        for (; done < n; done++) {
+            rc = call(&ms[done], start_handle, handles[done]);
+            if (rc != 0)
+                break;
+        }
+    }
+    PyMem_Free(handles);
+    if (rc != 0) {
+        PyMem_Free(ms);
+        PyErr_Format(error_cls, "cuEventElapsedTime failed with CUresult %d", rc);
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        PyMem_Free(ms);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyFloat_FromDouble((double)ms[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            PyMem_Free(ms);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    PyMem_Free(ms);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
+    {"elapsed_ms_many", elapsed_ms_many, METH_VARARGS,
+     "elapsed_ms_many(fn, start, events, release_gil, error_cls): cuEventElapsedTime per event"},
     {"set_null_scope", set_null_scope, METH_O, "the scope an untraced stage returns"},
     {"monotonic_ns", stagecore_monotonic_ns, METH_NOARGS, "the clock the stages stamp"},
     {NULL},

@@ -31,6 +31,10 @@ CUDA_ERROR_NOT_READY = 600
 
 # cuEventRecord's C signature: CUresult (CUevent, CUstream).
 _RECORD_FN_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+# cuEventElapsedTime's: CUresult (float *ms, CUevent start, CUevent end).
+_ELAPSED_FN_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p
+)
 
 
 class CudaDriverError(RuntimeError):
@@ -52,6 +56,10 @@ class CudaDriver:
         name: where the calls come from (``libcuda``, a stand-in).
         record_addr: the C address of ``record_fn`` (0: none), which the compiled stage core
             (``instrument/_stagecore.c``) calls directly, the GIL kept, as ``record`` does.
+        elapsed_addr: the C address of ``elapsed_fn`` (0: none): with :meth:`use_compiled`,
+            :meth:`elapsed_ms_many` makes a poll's conversions in one C loop.
+        reads_release_gil: that loop runs without the GIL (as ``elapsed_fn`` from ``CDLL``
+            does per call); False: it keeps it (``driver-held``).
     """
 
     def __init__(
@@ -62,9 +70,14 @@ class CudaDriver:
         torch_record: Callable[[Any, Any], None],
         name: str = "libcuda",
         record_addr: int = 0,
+        elapsed_addr: int = 0,
+        reads_release_gil: bool = True,
     ) -> None:
         self.name = name
         self.record_addr = record_addr
+        self.elapsed_addr = elapsed_addr
+        self.reads_release_gil = reads_release_gil
+        self._elapsed_many_c: Callable[..., list[float]] | None = None
         self._elapsed_fn = elapsed_fn
         self._ms = ctypes.c_float()
         self._ms_ref = ctypes.byref(self._ms)
@@ -98,8 +111,20 @@ class CudaDriver:
             raise CudaDriverError(f"cuEventElapsedTime failed with CUresult {code}")
         return self._ms.value
 
+    def use_compiled(self, module: Any) -> bool:
+        """Convert through the compiled stage core's ``elapsed_ms_many`` from now on (when
+        ``elapsed_addr`` is known): one C loop per poll, the GIL handed over once for all its
+        events instead of once per event. Returns whether it is used."""
+        if self.elapsed_addr:
+            self._elapsed_many_c = module.elapsed_ms_many
+        return self._elapsed_many_c is not None
+
     def elapsed_ms_many(self, start: Any, events: list[Any]) -> list[float]:
         """:meth:`elapsed_ms` from ``start`` to each of ``events``, in order (one pass)."""
+        if self._elapsed_many_c is not None:
+            return self._elapsed_many_c(
+                self.elapsed_addr, start, events, self.reads_release_gil, CudaDriverError
+            )
         fn, ms, ref, start_handle = self._elapsed_fn, self._ms, self._ms_ref, start.cuda_event
         out = []
         for event in events:
@@ -137,7 +162,11 @@ class CudaDriver:
 
         name = "libcuda, reads keep the GIL" if reads_keep_gil else "libcuda"
         address = ctypes.cast(record_fn, ctypes.c_void_p).value or 0
-        return cls(record_fn, query_fn, elapsed_fn, torch_record, name=name, record_addr=address)
+        elapsed_address = ctypes.cast(elapsed_fn, ctypes.c_void_p).value or 0
+        return cls(
+            record_fn, query_fn, elapsed_fn, torch_record, name=name, record_addr=address,
+            elapsed_addr=elapsed_address, reads_release_gil=not reads_keep_gil,
+        )  # fmt: skip
 
     def self_test(
         self,
@@ -195,12 +224,25 @@ class StandInDriver(CudaDriver):
             calls["query"] += 1
             return CUDA_SUCCESS if objects[handle]._done() else CUDA_ERROR_NOT_READY
 
-        def elapsed_fn(ms: Any, start: int, end: int) -> int:
+        def elapsed(start: int, end: int) -> float | None:
             calls["elapsed_time"] += 1
             a, b = objects[start], objects[end]
             if not (a._done() and b._done()):
+                return None
+            return (b.ns - a.ns) / 1e6
+
+        def elapsed_fn(ms: Any, start: int, end: int) -> int:
+            value = elapsed(start, end)
+            if value is None:
                 return CUDA_ERROR_NOT_READY
-            ms._obj.value = (b.ns - a.ns) / 1e6  # a float32, as cuEventElapsedTime writes
+            ms._obj.value = value  # a float32, as cuEventElapsedTime writes
+            return CUDA_SUCCESS
+
+        def elapsed_c(ms: Any, start: int | None, end: int | None) -> int:
+            value = elapsed(start or 0, end or 0)
+            if value is None:
+                return CUDA_ERROR_NOT_READY
+            ms[0] = value  # through the float pointer the compiled loop passes
             return CUDA_SUCCESS
 
         def torch_record(event: Any, stream: Any) -> None:
@@ -210,7 +252,9 @@ class StandInDriver(CudaDriver):
         # ``record_fn`` as a C function pointer too (a ctypes callback; handles arrive as ints,
         # 0 as None): the compiled stage core's direct call reaches the same stand-in.
         self._record_c = _RECORD_FN_TYPE(lambda handle, stream: record_fn(handle, stream or 0))
-        address = ctypes.cast(self._record_c, ctypes.c_void_p).value or 0
+        self._elapsed_c = _ELAPSED_FN_TYPE(elapsed_c)
         super().__init__(
-            record_fn, query_fn, elapsed_fn, torch_record, name="stand-in", record_addr=address
-        )
+            record_fn, query_fn, elapsed_fn, torch_record, name="stand-in",
+            record_addr=ctypes.cast(self._record_c, ctypes.c_void_p).value or 0,
+            elapsed_addr=ctypes.cast(self._elapsed_c, ctypes.c_void_p).value or 0,
+        )  # fmt: skip

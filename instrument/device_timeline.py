@@ -1153,3 +1153,7 @@ class _CompiledTimeline(DeviceTimeline):
             setattr(core, "slow_" + name, MethodType(getattr(DeviceTimeline, name), self))
             setattr(self, name, getattr(core, name))
         self.give_back = core.give_back  # type: ignore[method-assign]
+        # The polls' conversions in one C loop too, where the clock has the driver's calls.
+        driver = getattr(self.ops, "driver", None)
+        if driver is not None and hasattr(driver, "use_compiled"):
+            driver.use_compiled(self._stage_core)

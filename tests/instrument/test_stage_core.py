@@ -190,3 +190,33 @@ def test_the_compiled_span_end_writes_what_the_python_one_writes(tmp_path):
     with pytest.raises(TypeError, match="unexpected keyword"):
         tracer.span_end("x", 0, 1, bogus=2)
     tracer.close()
+
+
+def test_a_polls_conversions_run_in_one_compiled_loop(tmp_path):
+    """With the compiled core the clock's driver converts a poll's events in one C loop
+    (``elapsed_ms_many``, the GIL handed over once): the same float32 milliseconds as the
+    ctypes loop, and an incomplete event raises the driver's error with its CUresult."""
+    driver = StandInDriver()
+    tracer = Tracer(str(tmp_path / "conv.pftrace"))
+    python_driver_loop = StandInDriver()
+    DeviceTimeline(tracer, 0, StandInCudaEvent.clock(driver=python_driver_loop), core="python")
+    assert python_driver_loop._elapsed_many_c is None  # the Python core keeps the ctypes loop
+    DeviceTimeline(tracer, 0, StandInCudaEvent.clock(driver=driver), core="c")
+    assert driver._elapsed_many_c is not None
+    stream = StandInStream(auto=True)
+    events = []
+    for _ in range(20):
+        event = StandInCudaEvent()
+        event.record(stream)
+        events.append(event)
+    ctypes_loop = StandInDriver()
+    for release in (True, False):
+        driver.reads_release_gil = release
+        assert driver.elapsed_ms_many(events[0], events) == ctypes_loop.elapsed_ms_many(
+            events[0], events
+        )
+    pending = StandInCudaEvent()
+    pending.record(StandInStream())  # never advanced: not complete
+    with pytest.raises(CudaDriverError, match="CUresult 600"):
+        driver.elapsed_ms_many(events[0], [events[1], pending])
+    tracer.close()
