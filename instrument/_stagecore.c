@@ -633,6 +633,10 @@ site_stage(Site *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
         return NULL;
     }
     Core *core = self->core;
+    if (core->tracer == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the stage core has no tracer");
+        return NULL;
+    }
     PyObject *enabled_o = PyObject_GetAttr(core->tracer, str_enabled);
     if (enabled_o == NULL)
         return NULL;
@@ -843,7 +847,7 @@ core_event_after_stage(Core *self, PyObject *const *args, Py_ssize_t nargs, PyOb
         PyObject_TypeCheck(last_o, &ScopeType)) {
         Scope *last = (Scope *)last_o;
         if (last->site->stream == stream && !last->lent && last->end != NULL &&
-            (last->end_given == NULL || last->end_given == Py_None)) {
+            (last->end_given == NULL || last->end_given == Py_None) && self->tracer != NULL) {
             PyObject *enabled_o = PyObject_GetAttr(self->tracer, str_enabled);
             if (enabled_o == NULL)
                 return NULL;
