@@ -144,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where the device timeline's per-stage work runs: 'auto' (the compiled stage core "
         "when it is built: python -m instrument.native build, which scripts/setup.sh runs; "
-        "else the Python classes), 'c' (the compiled core, or an error saying why not), "
-        "'python' (default: the STEPSCOPE_STAGE_CORE environment variable, else auto; the "
-        "trace's metadata says stage_core)",
+        "else the Python classes), 'c' (the compiled core, or an error saying why not) or "
+        "'python'. Default: the STEPSCOPE_STAGE_CORE environment variable, else auto. The "
+        "trace's metadata says which ran (stage_core)",
     )
     p.add_argument(
         "--detect-syncs",

@@ -10,6 +10,10 @@ thread: a driver call of a microsecond or two is cheaper than handing the GIL ov
 to get it back); ``query`` and ``elapsed_ms`` release it (they run on the timeline's poller
 thread, and the engine thread may take the GIL meanwhile). docs/design.md §4.3.
 
+With the compiled stage core (``instrument/_stagecore.c``) the records go through
+``cuEventRecord``'s C address (``record_addr``) and a poll's conversions through one C loop
+(:meth:`CudaDriver.use_compiled`), which hands the GIL over once per poll.
+
 :meth:`CudaDriver.load` returns None where ``libcuda`` or a symbol is missing;
 ``instrument.device_events.CudaClock`` then checks it against torch's calls on the device once
 at start-up (:meth:`CudaDriver.self_test`) and falls back to torch's calls if anything differs.
