@@ -747,6 +747,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         event_api[m.name] = (
             f"{getattr(ops, 'api', type(ops).__name__)} {getattr(ops, 'api_reason', '')}; "
             f"stage core {tl.core} {tl.core_reason}"
+            + ("; polls build slices in C" if tl.compiled_emit else "")
         )
         print(f"{m.name}: device timeline event calls: {event_api[m.name]}")
     seeds = iter(range(1, 1 << 30))
@@ -929,7 +930,8 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         ops = timeline.ops
         print(f"{name}: device timeline event calls: {getattr(ops, 'api', type(ops).__name__)} "
               f"{getattr(ops, 'api_reason', '')}; stage core {timeline.core} "
-              f"{timeline.core_reason}")  # fmt: skip
+              f"{timeline.core_reason}"
+              + ("; polls build slices in C" if timeline.compiled_emit else ""))  # fmt: skip
         mode.llm.run_workload(workload(args, next(seeds)))  # warm-up
         reads = _time_driver_reads(timeline) if args.time_driver_reads else None
         inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)

@@ -28,7 +28,7 @@ typedef int (*record_fn_t)(void *event, void *stream);
 typedef int (*elapsed_fn_t)(float *ms, void *start, void *end);
 
 static PyObject *str_enabled, *str_known, *str_cuda_event, *str_cuda_stream;
-static PyObject *str_after, *str_contiguous, *str_args, *str_end, *str_key;
+static PyObject *str_after, *str_contiguous, *str_args, *str_end, *str_key, *str_end_ns;
 
 static inline long long
 monotonic_ns(void)
@@ -1181,7 +1181,272 @@ elapsed_ms_many(PyObject *module, PyObject *args)
     return out;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* A poll's slices (DeviceTimeline._emit's build loop, compiled).                              */
+
+/* dict.pop(id(obj)) into *out: 1 found, 0 not, -1 error. */
+static int
+pop_id(PyObject *dict, PyObject *obj, long long *out)
+{
+    PyObject *key = PyLong_FromVoidPtr(obj);
+    if (key == NULL)
+        return -1;
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    if (v == NULL) {
+        Py_DECREF(key);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    long long value = PyLong_AsLongLong(v);
+    if (value == -1 && PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    int rc = PyDict_DelItem(dict, key);
+    Py_DECREF(key);
+    if (rc < 0)
+        return -1;
+    *out = value;
+    return 1;
+}
+
+static int
+set_id(PyObject *dict, PyObject *obj, long long value)
+{
+    PyObject *key = PyLong_FromVoidPtr(obj);
+    PyObject *v = PyLong_FromLongLong(value);
+    int rc = (key == NULL || v == NULL) ? -1 : PyDict_SetItem(dict, key, v);
+    Py_XDECREF(key);
+    Py_XDECREF(v);
+    return rc;
+}
+
+static int
+as_ll(PyObject *obj, long long *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "a stage time is missing");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(obj);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* collect_events(stages): the distinct events a poll converts, in order (a contiguous begin is
+ * its predecessor's end: read once; a derived begin has none); None when a stage is not a
+ * compiled one (the caller's Python loop handles it). */
+static PyObject *
+collect_events(PyObject *module, PyObject *stages)
+{
+    if (!PyList_Check(stages)) {
+        PyErr_SetString(PyExc_TypeError, "collect_events() takes a list of stages");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stages);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!PyObject_TypeCheck(PyList_GET_ITEM(stages, k), &ScopeType))
+            Py_RETURN_NONE;
+    }
+    PyObject *events = PyList_New(0);
+    if (events == NULL)
+        return NULL;
+    PyObject *prev_end = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Scope *st = (Scope *)PyList_GET_ITEM(stages, k);
+        PyObject *begin = st->begin, *end = st->end ? st->end : Py_None;
+        if (begin != NULL && begin != Py_None && begin != prev_end &&
+            PyList_Append(events, begin) < 0)
+            goto fail;
+        if (PyList_Append(events, end) < 0)
+            goto fail;
+        prev_end = end;
+    }
+    return events;
+fail:
+    Py_DECREF(events);
+    return NULL;
+}
+
+/* emit_stages(stages, times, free, last, shared_ns, derive, ev_stage, stamp_type, track_of,
+ * pending_end_ns) -> (slices, held): DeviceTimeline._emit's loop for compiled stages with
+ * recorded or derived begins (not both), the same slices and the same bookkeeping (events back
+ * to the pool, shared ends, derived begins); ``held`` is the newest stage when its end waits
+ * for the next stage, else None. None (nothing changed) when a stage is not a compiled one. */
+static PyObject *
+emit_stages(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "emit_stages() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *stages = args[0], *times = args[1], *free = args[2], *last = args[3];
+    PyObject *shared = args[4], *ev_stage = args[6], *stamp_type = args[7];
+    PyObject *track_of = args[8], *pending_end_ns = args[9];
+    int derive = PyObject_IsTrue(args[5]);
+    if (derive < 0)
+        return NULL;
+    if (!PyList_Check(stages) || !PyList_Check(times) || !PyList_Check(free) ||
+        !PyDict_Check(shared)) {
+        PyErr_SetString(PyExc_TypeError, "emit_stages(): stages, times and free are lists, "
+                                         "shared_ns a dict");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stages), ntimes = PyList_GET_SIZE(times);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!PyObject_TypeCheck(PyList_GET_ITEM(stages, k), &ScopeType))
+            Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    PyObject *held = Py_None;
+    PyObject *prev_end = NULL;
+    long long end_ns = 0;
+    Py_ssize_t i = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Scope *st = (Scope *)PyList_GET_ITEM(stages, k);
+        PyObject *begin = st->begin ? st->begin : Py_None, *end = st->end ? st->end : Py_None;
+        long long start_ns, t;
+        if (begin == Py_None) {
+            start_ns = -1; /* derived below, once its end is known */
+        }
+        else if (begin == prev_end) {
+            start_ns = end_ns;
+            if (pop_id(shared, begin, &t) < 0) /* stored just now, with its predecessor */
+                goto fail;
+        }
+        else {
+            if (i >= ntimes || as_ll(PyList_GET_ITEM(times, i), &start_ns) < 0)
+                goto short_times;
+            i++;
+            if (PyDict_GET_SIZE(shared) > 0) { /* begins at an end an earlier poll emitted */
+                int found = pop_id(shared, begin, &t);
+                if (found < 0)
+                    goto fail;
+                if (found)
+                    start_ns = t;
+            }
+        }
+        if (i >= ntimes || as_ll(PyList_GET_ITEM(times, i), &end_ns) < 0)
+            goto short_times;
+        if (end_ns < start_ns)
+            end_ns = start_ns;
+        i++;
+        prev_end = end;
+        /* Read: free to record again; a shared end goes with the stage that shares it, a lent
+         * one stays with the caller, and the newest stage's end waits for the next stage. */
+        if (begin != Py_None && (PyObject *)Py_TYPE(begin) != stamp_type &&
+            PyList_Append(free, begin) < 0)
+            goto fail;
+        if (st->end_shared) {
+            if (set_id(shared, end, end_ns) < 0)
+                goto fail;
+        }
+        else if ((PyObject *)st == last) {
+            if (set_id(shared, end, end_ns) < 0)
+                goto fail;
+            if (!st->lent)
+                held = (PyObject *)st;
+        }
+        else if (!st->lent && (PyObject *)Py_TYPE(end) != stamp_type) {
+            if (PyList_Append(free, end) < 0)
+                goto fail;
+        }
+        Site *site = st->site;
+        if (site->track == NULL || site->track == Py_None) { /* the site's first slice */
+            PyObject *callargs[2] = {site->lane, site->stream};
+            PyObject *track = PyObject_Vectorcall(track_of, callargs, 2, NULL);
+            if (track == NULL)
+                goto fail;
+            Py_XSETREF(site->track, track);
+        }
+        PyObject *end_obj = PyLong_FromLongLong(end_ns);
+        if (end_obj == NULL)
+            goto fail;
+        Py_XSETREF(st->end_ns, end_obj); /* a later stage that waited for it reads it here */
+        if (derive) {
+            PyObject *queue = site->queue;
+            if (Py_TYPE(st) == &DerivedScopeType) {
+                long long derived, q_end, dep_end;
+                if (as_ll(st->host_begin_ns, &derived) < 0)
+                    goto fail;
+                PyObject *q = PyObject_GetAttr(queue, str_end_ns);
+                if (q == NULL)
+                    goto fail;
+                int bad = as_ll(q, &q_end);
+                Py_DECREF(q);
+                if (bad < 0)
+                    goto fail;
+                if (q_end > derived)
+                    derived = q_end;
+                PyObject *dep = st->after;
+                if (dep != NULL && dep != Py_None) {
+                    st->after = NULL; /* resolved: keep no earlier stage (reads None) */
+                    PyObject *dep_end_obj;
+                    if (PyObject_TypeCheck(dep, &ScopeType) && ((Scope *)dep)->end_ns != NULL) {
+                        dep_end_obj = ((Scope *)dep)->end_ns;
+                        Py_INCREF(dep_end_obj);
+                    }
+                    else { /* not emitted yet: read from its own end event */
+                        dep_end_obj = PyObject_CallOneArg(pending_end_ns, dep);
+                    }
+                    Py_DECREF(dep); /* the reference st->after held */
+                    if (dep_end_obj == NULL)
+                        goto fail;
+                    bad = as_ll(dep_end_obj, &dep_end);
+                    Py_DECREF(dep_end_obj);
+                    if (bad < 0)
+                        goto fail;
+                    if (dep_end > derived)
+                        derived = dep_end;
+                }
+                if (derived > end_ns)
+                    derived = end_ns;
+                start_ns = derived;
+            }
+            PyObject *e = PyLong_FromLongLong(end_ns);
+            if (e == NULL)
+                goto fail;
+            int rc = PyObject_SetAttr(queue, str_end_ns, e);
+            Py_DECREF(e);
+            if (rc < 0)
+                goto fail;
+        }
+        PyObject *start_obj = PyLong_FromLongLong(start_ns);
+        if (start_obj == NULL)
+            goto fail;
+        PyObject *event = PyTuple_New(9);
+        if (event == NULL) {
+            Py_DECREF(start_obj);
+            goto fail;
+        }
+        PyObject *items[9] = {ev_stage, site->track, site->name, NULL, st->end_ns, site->args,
+                              st->args ? st->args : Py_None, st->step ? st->step : Py_None,
+                              st->host_end_ns ? st->host_end_ns : Py_None};
+        for (int j = 0; j < 9; j++) {
+            if (j == 3) {
+                PyTuple_SET_ITEM(event, 3, start_obj); /* steals it */
+                continue;
+            }
+            Py_INCREF(items[j]);
+            PyTuple_SET_ITEM(event, j, items[j]);
+        }
+        PyList_SET_ITEM(out, k, event);
+    }
+    return Py_BuildValue("(NO)", out, held);
+short_times:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "emit_stages(): fewer times than events");
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
+    {"collect_events", collect_events, METH_O,
+     "collect_events(stages): the distinct events a poll converts (None: not all compiled)"},
+    {"emit_stages", (PyCFunction)(void (*)(void))emit_stages, METH_FASTCALL,
+     "emit_stages(stages, times, free, last, shared_ns, derive, ev_stage, stamp_type, "
+     "track_of, pending_end_ns) -> (slices, held), or None"},
     {"elapsed_ms_many", elapsed_ms_many, METH_VARARGS,
      "elapsed_ms_many(fn, start, events, release_gil, error_cls): cuEventElapsedTime per event"},
     {"set_null_scope", set_null_scope, METH_O, "the scope an untraced stage returns"},
@@ -1211,6 +1476,7 @@ PyInit__stagecore(void)
     INTERN(str_args, "args");
     INTERN(str_end, "end");
     INTERN(str_key, "key");
+    INTERN(str_end_ns, "end_ns");
 #undef INTERN
     Py_INCREF(Py_None);
     null_scope = Py_None;

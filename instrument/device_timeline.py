@@ -41,6 +41,7 @@ Events are made, recorded, queried and read through an :class:`~instrument.devic
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -106,6 +107,10 @@ WAIT_CHUNK = 32
 # stages, events and end-event queries those covered.
 POLL_SECTIONS = ("query", "convert", "build", "hand", "stages", "events", "queries")
 _QUERY, _CONVERT, _BUILD, _HAND, _STAGES, _EVENTS, _QUERIES = range(len(POLL_SECTIONS))
+# With the compiled core: a poll builds its slices in C too (``_stagecore.emit_stages``, the
+# same loop as ``DeviceTimeline._build_slices``). An A/B lever, off by default until measured on
+# the H200: STEPSCOPE_COMPILED_EMIT=1 (or ``timeline.compiled_emit = True``) turns it on.
+COMPILED_EMIT = os.environ.get("STEPSCOPE_COMPILED_EMIT", "") == "1"
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 # How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event
@@ -402,6 +407,7 @@ class DeviceTimeline:
         elif module is None:  # an instance __new__ made compiled, re-initialised with python
             raise ValueError("a compiled timeline cannot be re-initialised with the Python core")
         self._stage_core = module
+        self.compiled_emit = COMPILED_EMIT and module is not None  # polls build slices in C
         self.core = "c" if module is not None else "python"
         self.core_reason = reason  # why not the compiled core ("" when it is used)
         if module is not None:
@@ -954,14 +960,17 @@ class DeviceTimeline:
     def _emit(self, stages: list[Any]) -> None:
         """Completed stages (each stream's in stream order) as slices: their distinct events
         converted in one pass, the slices handed to the tracer in one call."""
-        events: list[Any] = []
-        prev_end: Any = _NO_EVENT
-        for stage in stages:
-            begin = stage.begin
-            if begin is not prev_end and begin is not None:  # a contiguous begin is read once
-                events.append(begin)  # (None: a derived begin, no event)
-            events.append(stage.end)
-            prev_end = stage.end
+        emit_c = self._stage_core if self.compiled_emit else None
+        events: list[Any] | None = None if emit_c is None else emit_c.collect_events(stages)
+        if events is None:
+            events = []
+            prev_end: Any = _NO_EVENT
+            for stage in stages:
+                begin = stage.begin
+                if begin is not prev_end and begin is not None:  # a contiguous begin: read once
+                    events.append(begin)  # (None: a derived begin, no event)
+                events.append(stage.end)
+                prev_end = stage.end
         sections = self.poll_sections_ns
         if sections is not None:
             sections[_CONVERT] -= time.thread_time_ns()
@@ -976,6 +985,41 @@ class DeviceTimeline:
         derive = self._derive
         both = derive and self._record_begins
         shared_ns = self._end_ns
+        built = None
+        if emit_c is not None and not both:  # the same loop, compiled (an A/B lever)
+            built = emit_c.emit_stages(stages, times, free, last, shared_ns, derive, EV_STAGE,
+                                       StampEvent, self._track_of, self._pending_end_ns)  # fmt: skip
+        if built is not None:
+            out, held = built
+            if held is not None:
+                self._held = held
+        else:
+            out = self._build_slices(stages, times, free, last, shared_ns, derive, both)
+        if observer is not None:
+            for stage, event in zip(stages, out, strict=True):
+                observer(stage.lane, event[2], stage.step, event[3], event[4])
+        self.num_emitted += len(stages)
+        self._drop_above += len(stages)
+        if sections is None:
+            self.tracer.append_slices(out)
+            return
+        now = time.thread_time_ns()
+        sections[_BUILD] += now
+        self.tracer.append_slices(out)
+        sections[_HAND] += time.thread_time_ns() - now
+
+    def _build_slices(
+        self,
+        stages: list[Any],
+        times: list[int],
+        free: list[Any],
+        last: Any,
+        shared_ns: dict[int, int],
+        derive: bool,
+        both: bool,
+    ) -> list[RawEvent]:
+        """:meth:`_emit`'s slices of ``stages`` from their events' host ``times`` (in
+        :meth:`_emit`'s order), with the pool, shared-end and derived-begin bookkeeping."""
         out: list[RawEvent] = []
         emit = out.append
         i = 0
@@ -1056,18 +1100,7 @@ class DeviceTimeline:
                 if derived is not None:
                     event[5][_DERIVED_BEGIN_NS] = derived
             emit(event)
-        if observer is not None:
-            for stage, event in zip(stages, out, strict=True):
-                observer(stage.lane, event[2], stage.step, event[3], event[4])
-        self.num_emitted += len(stages)
-        self._drop_above += len(stages)
-        if sections is None:
-            self.tracer.append_slices(out)
-            return
-        now = time.thread_time_ns()
-        sections[_BUILD] += now
-        self.tracer.append_slices(out)
-        sections[_HAND] += time.thread_time_ns() - now
+        return out
 
     def _track_of(self, lane: str, stream: Any) -> Any:
         """The track of a (lane, stream), made on first use (a stage queued through :meth:`add`

@@ -220,3 +220,52 @@ def test_a_polls_conversions_run_in_one_compiled_loop(tmp_path):
     with pytest.raises(CudaDriverError, match="CUresult 600"):
         driver.elapsed_ms_many(events[0], [events[1], pending])
     tracer.close()
+
+
+@pytest.mark.parametrize("begins", ["recorded", "derived"])
+def test_compiled_emit_builds_every_slice_in_c(tmp_path, monkeypatch, begins):
+    """``compiled_emit``: a poll's slices come from ``emit_stages`` (the Python loop is never
+    used), and they are the slices the stages stand for: one per stage, in stream order, each
+    non-empty, a stream's slices never overlapping, every pooled event back once. The timeline
+    tests run with it too (the ``c-emit`` core of the ``stage_core`` fixture)."""
+    monkeypatch.setattr(device_timeline, "COMPILED_EMIT", True)
+    monkeypatch.setattr(
+        DeviceTimeline, "_build_slices", lambda *a: pytest.fail("the Python build ran")
+    )
+    path = str(tmp_path / f"emit-{begins}.pftrace")
+    tracer = Tracer(path)
+    timeline = DeviceTimeline(
+        tracer, 0, StandInCudaEvent.clock(driver=StandInDriver()), begins=begins, core="c"
+    )
+    assert timeline.compiled_emit
+    streams = {name: StandInStream(auto=True) for name in ("h2d", "compute", "d2h")}
+    h2d = timeline.site("h2d_inputs", lane="copy", stream=streams["h2d"])
+    prep = timeline.site("input_prep", stream=streams["compute"])
+    forward = timeline.site("forward", stream=streams["compute"])
+    d2h = timeline.site("d2h_output", lane="copy", stream=streams["d2h"])
+    num_steps = 300
+    for step in range(num_steps):
+        with h2d.stage(step) as copied:
+            pass
+        with prep.stage(step, after=copied):
+            pass
+        with forward.stage(step, contiguous=True) as fwd:
+            pass
+        timeline.event_after_stage(streams["compute"], StandInCudaEvent, wait_only=True)
+        with d2h.stage(step, after=fwd):
+            pass
+        if step % 10 == 9:
+            timeline.poll()
+    timeline.drain()
+    tracer.close()
+    assert timeline.num_emitted == 4 * num_steps and timeline.num_dropped == 0
+    slices = [s for s in read_trace(path).slices() if s[0].startswith("gpu:")]
+    assert len(slices) == 4 * num_steps
+    by_track: dict[str, list[tuple[int, int]]] = {}
+    for track, _, start, end, _ in slices:
+        assert end >= start
+        by_track.setdefault(track, []).append((start, end))
+    for spans in by_track.values():
+        spans.sort()
+        # one stream: no overlap
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
