@@ -24,6 +24,10 @@
 #define STAGECORE_SOURCE_HASH "unknown"
 #endif
 
+/* One field of an X-macro list of a type's object fields (its traverse and clear). */
+#define VISIT_FIELD(f) Py_VISIT(self->f);
+#define CLEAR_FIELD(f) Py_CLEAR(self->f);
+
 typedef int (*record_fn_t)(void *event, void *stream);
 typedef int (*elapsed_fn_t)(float *ms, void *start, void *end);
 
@@ -66,43 +70,34 @@ typedef struct {
     PyObject *slow_poll_if_due, *slow_poll_while_waiting, *slow_event_after_stage;
 } Core;
 
+/* The object fields of Core: traversed and cleared from this one list. */
+#define CORE_OBJECTS(X) \
+    X(tracer) \
+    X(last) \
+    X(free) \
+    X(new_event) \
+    X(record) \
+    X(bounded) \
+    X(drop_oldest) \
+    X(error_cls) \
+    X(lent) \
+    X(returned_append) \
+    X(spare_append) \
+    X(slow_poll_if_due) \
+    X(slow_poll_while_waiting) \
+    X(slow_event_after_stage)
+
 static int
 core_traverse(Core *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->tracer);
-    Py_VISIT(self->last);
-    Py_VISIT(self->free);
-    Py_VISIT(self->new_event);
-    Py_VISIT(self->record);
-    Py_VISIT(self->bounded);
-    Py_VISIT(self->drop_oldest);
-    Py_VISIT(self->error_cls);
-    Py_VISIT(self->lent);
-    Py_VISIT(self->returned_append);
-    Py_VISIT(self->spare_append);
-    Py_VISIT(self->slow_poll_if_due);
-    Py_VISIT(self->slow_poll_while_waiting);
-    Py_VISIT(self->slow_event_after_stage);
+    CORE_OBJECTS(VISIT_FIELD)
     return 0;
 }
 
 static int
 core_clear(Core *self)
 {
-    Py_CLEAR(self->tracer);
-    Py_CLEAR(self->last);
-    Py_CLEAR(self->free);
-    Py_CLEAR(self->new_event);
-    Py_CLEAR(self->record);
-    Py_CLEAR(self->bounded);
-    Py_CLEAR(self->drop_oldest);
-    Py_CLEAR(self->error_cls);
-    Py_CLEAR(self->lent);
-    Py_CLEAR(self->returned_append);
-    Py_CLEAR(self->spare_append);
-    Py_CLEAR(self->slow_poll_if_due);
-    Py_CLEAR(self->slow_poll_while_waiting);
-    Py_CLEAR(self->slow_event_after_stage);
+    CORE_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 
@@ -230,35 +225,30 @@ static PyTypeObject SiteType;
 static PyTypeObject ScopeType;
 static PyTypeObject DerivedScopeType;
 
+/* The object fields of Site: traversed and cleared from this one list. */
+#define SITE_OBJECTS(X) \
+    X(core) \
+    X(timeline) \
+    X(name) \
+    X(lane) \
+    X(stream) \
+    X(args) \
+    X(queue) \
+    X(stages) \
+    X(append) \
+    X(track)
+
 static int
 site_traverse(Site *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->core);
-    Py_VISIT(self->timeline);
-    Py_VISIT(self->name);
-    Py_VISIT(self->lane);
-    Py_VISIT(self->stream);
-    Py_VISIT(self->args);
-    Py_VISIT(self->queue);
-    Py_VISIT(self->stages);
-    Py_VISIT(self->append);
-    Py_VISIT(self->track);
+    SITE_OBJECTS(VISIT_FIELD)
     return 0;
 }
 
 static int
 site_clear(Site *self)
 {
-    Py_CLEAR(self->core);
-    Py_CLEAR(self->timeline);
-    Py_CLEAR(self->name);
-    Py_CLEAR(self->lane);
-    Py_CLEAR(self->stream);
-    Py_CLEAR(self->args);
-    Py_CLEAR(self->queue);
-    Py_CLEAR(self->stages);
-    Py_CLEAR(self->append);
-    Py_CLEAR(self->track);
+    SITE_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 
@@ -369,35 +359,30 @@ typedef struct {
     PyObject *weakreflist;
 } Scope;
 
+/* The object fields of Scope: traversed and cleared from this one list. */
+#define SCOPE_OBJECTS(X) \
+    X(site) \
+    X(step) \
+    X(args) \
+    X(begin) \
+    X(end) \
+    X(host_end_ns) \
+    X(end_ns) \
+    X(end_given) \
+    X(host_begin_ns) \
+    X(after)
+
 static int
 scope_traverse(Scope *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->site);
-    Py_VISIT(self->step);
-    Py_VISIT(self->args);
-    Py_VISIT(self->begin);
-    Py_VISIT(self->end);
-    Py_VISIT(self->host_end_ns);
-    Py_VISIT(self->end_ns);
-    Py_VISIT(self->end_given);
-    Py_VISIT(self->host_begin_ns);
-    Py_VISIT(self->after);
+    SCOPE_OBJECTS(VISIT_FIELD)
     return 0;
 }
 
 static int
 scope_clear(Scope *self)
 {
-    Py_CLEAR(self->site);
-    Py_CLEAR(self->step);
-    Py_CLEAR(self->args);
-    Py_CLEAR(self->begin);
-    Py_CLEAR(self->end);
-    Py_CLEAR(self->host_end_ns);
-    Py_CLEAR(self->end_ns);
-    Py_CLEAR(self->end_given);
-    Py_CLEAR(self->host_begin_ns);
-    Py_CLEAR(self->after);
+    SCOPE_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 
@@ -920,25 +905,25 @@ typedef struct {
     PyObject *ev_span;         /* instrument.events.EV_SPAN */
 } SpanEnd;
 
+/* The object fields of SpanEnd: traversed and cleared from this one list. */
+#define SPAN_END_OBJECTS(X) \
+    X(tracer) \
+    X(extend) \
+    X(tls) \
+    X(register_thread) \
+    X(ev_span)
+
 static int
 span_end_traverse(SpanEnd *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->tracer);
-    Py_VISIT(self->extend);
-    Py_VISIT(self->tls);
-    Py_VISIT(self->register_thread);
-    Py_VISIT(self->ev_span);
+    SPAN_END_OBJECTS(VISIT_FIELD)
     return 0;
 }
 
 static int
 span_end_clear(SpanEnd *self)
 {
-    Py_CLEAR(self->tracer);
-    Py_CLEAR(self->extend);
-    Py_CLEAR(self->tls);
-    Py_CLEAR(self->register_thread);
-    Py_CLEAR(self->ev_span);
+    SPAN_END_OBJECTS(CLEAR_FIELD)
     return 0;
 }
 
