@@ -866,7 +866,7 @@ def _time_driver_reads(timeline: Any) -> dict[str, int]:
     driver._elapsed_fn, timeline._query = timed_elapsed, timed_query
     # One call at a time through the wrapper: the compiled core's loop (one C call per poll)
     # would go around it.
-    driver._elapsed_many_c = None
+    driver.use_compiled(None)
     return totals
 
 

@@ -118,9 +118,11 @@ class CudaDriver:
     def use_compiled(self, module: Any) -> bool:
         """Convert through the compiled stage core's ``elapsed_ms_many`` from now on (when
         ``elapsed_addr`` is known): one C loop per poll, the GIL handed over once for all its
-        events instead of once per event. Returns whether it is used."""
-        if self.elapsed_addr:
-            self._elapsed_many_c = module.elapsed_ms_many
+        events instead of once per event; None: through ``elapsed_fn`` again, one call at a
+        time. Returns whether the C loop is used."""
+        self._elapsed_many_c = (
+            module.elapsed_ms_many if module is not None and self.elapsed_addr else None
+        )
         return self._elapsed_many_c is not None
 
     def elapsed_ms_many(self, start: Any, events: list[Any]) -> list[float]:
