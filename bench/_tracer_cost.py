@@ -7,7 +7,10 @@ counters, slices, request tracks; the device timeline's stages, polls and drain;
 counter sampling, which reads scheduler stats only when tracing) is wrapped with a wall clock
 (``perf_counter_ns``: GIL waits inside a call count), the outermost call only (calls nested in
 another wrapped call are not counted twice). The wrapper's own cost inside the timed region is
-calibrated on an empty function and subtracted. The device timeline's poll just before the
+calibrated on an empty function and subtracted. With the compiled stage core the runner's stage
+sites and their scopes are C objects, whose methods cannot be patched: the runner's sites are
+swapped for proxies that time the same calls (``_MeteredSite``), so both cores are measured
+alike. The device timeline's poll just before the
 engine blocks on a step's output is reported apart (``in_wait``): while the device is still busy
 with that step the host would have waited anyway.
 
@@ -131,8 +134,9 @@ class CostMeter:
 
 @contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    had = name in vars(obj)
-    old = vars(obj).get(name)
+    # A property (the compiled timeline's ``_record``) is set back to what it read.
+    had = name in vars(obj) or isinstance(getattr(type(obj), name, None), property)
+    old = vars(obj)[name] if name in vars(obj) else getattr(obj, name, None)
     setattr(obj, name, value)
     try:
         yield
@@ -166,6 +170,10 @@ def metered(engine: Any, meter: CostMeter) -> Iterator[None]:
         # The runner opens its stages through stage sites (the same work as timeline.stage).
         fn = vars(_dt.StageSite)["stage"]
         stack.enter_context(_patched(_dt.StageSite, "stage", meter.wrap("timeline.stage", fn)))
+        if timeline.core != "python":
+            # The compiled core's sites and scopes are C types, whose methods cannot be
+            # patched: the runner's sites are swapped for timing proxies instead.
+            stack.enter_context(_metered_sites(engine.runner._sites, meter))
         fn = timeline.poll_while_waiting
         stack.enter_context(_patched(timeline, "poll_while_waiting", meter.wrap(_IN_WAIT, fn)))
         for scope in (_dt._StageScope, _dt._NullScope):
@@ -182,6 +190,56 @@ def metered(engine: Any, meter: CostMeter) -> Iterator[None]:
             yield
         finally:
             gc.callbacks.remove(meter.on_gc)
+
+
+class _MeteredScope:
+    """A compiled stage scope whose ``__enter__`` and ``__exit__`` are timed (by the meter's
+    wrappers ``enter`` and ``exit_``); what ``with ... as s`` binds is the scope's own."""
+
+    __slots__ = ("_enter", "_exit", "_scope")
+
+    def __init__(self, scope: Any, enter: Callable[..., Any], exit_: Callable[..., Any]) -> None:
+        self._scope, self._enter, self._exit = scope, enter, exit_
+
+    def __enter__(self) -> Any:
+        return self._enter(self._scope)
+
+    def __exit__(self, *exc: object) -> Any:
+        return self._exit(self._scope, *exc)
+
+
+class _MeteredSite:
+    """A stand-in for one of the runner's compiled stage sites: ``stage`` is the site's, timed,
+    and returns its scope inside a :class:`_MeteredScope`. The proxies' own work (an object per
+    stage) is outside the timed regions; each timed region holds one lambda frame around the C
+    call, as the calibration's empty function does."""
+
+    def __init__(self, site: Any, meter: CostMeter, wrapped: dict[str, Callable[..., Any]]) -> None:
+        stage, enter, exit_ = wrapped["stage"], wrapped["enter"], wrapped["exit"]
+
+        def opened(*args: Any, **kwargs: Any) -> _MeteredScope:
+            return _MeteredScope(stage(site, *args, **kwargs), enter, exit_)
+
+        self.site = site
+        self.stage = opened
+
+
+@contextmanager
+def _metered_sites(sites: Any, meter: CostMeter) -> Iterator[None]:
+    """Every stage site of the runner's ``_StageSites`` timed through a :class:`_MeteredSite`
+    (the compiled core; its calls count as ``timeline.stage`` and ``stage.__enter__`` /
+    ``stage.__exit__``, as the Python core's patched methods do)."""
+    from contextlib import ExitStack
+
+    wrapped = {
+        "stage": meter.wrap("timeline.stage", lambda site, *a, **k: site.stage(*a, **k)),
+        "enter": meter.wrap("stage.__enter__", lambda scope: scope.__enter__()),
+        "exit": meter.wrap("stage.__exit__", lambda scope, *exc: scope.__exit__(*exc)),
+    }
+    with ExitStack() as stack:
+        for name, site in list(vars(sites).items()):
+            stack.enter_context(_patched(sites, name, _MeteredSite(site, meter, wrapped)))
+        yield
 
 
 @contextmanager

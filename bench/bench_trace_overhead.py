@@ -306,15 +306,6 @@ def direct(modes: list[Mode], work: list[Any], rounds: int = 1) -> dict[str, Any
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _tracer_cost import CostMeter, counted_event_calls, metered
 
-    compiled = [m.name for m in modes if m.llm.engine.runner.timeline.core != "python"]
-    if compiled:
-        # Its wrappers patch the Python stage classes: the compiled core's stages would go
-        # unmeasured (--interleaved measures them, as the whole step's added time).
-        reason = (f"modes {', '.join(compiled)} run the compiled stage core; the direct "
-                  "measurement times the Python one (STEPSCOPE_STAGE_CORE=python)")  # fmt: skip
-        print(f"not measured directly: {reason}")
-        return {"skipped": reason}
-
     def settle(m: Mode) -> None:
         m.llm.engine.device.synchronize()
         m.llm.engine.runner.timeline.poll()

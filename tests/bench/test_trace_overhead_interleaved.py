@@ -263,3 +263,31 @@ def test_summarize_sees_a_cost_paid_in_one_step_of_many_in_the_mean_only() -> No
     lo, hi = result["host_us"]["mean_diff_ci95"]
     assert lo <= result["host_us"]["mean_diff_median"] <= hi
     assert "crit_us" not in result  # not measured in these samples
+
+
+def test_the_direct_measure_times_the_compiled_cores_stages_as_the_pythons(tmp_path) -> None:
+    """The direct measure (``bench/_tracer_cost.py``) with each stage core: the compiled core's
+    sites are C objects (timed through proxies), and it counts the same stage calls a step as
+    the Python core's patched classes, every opened stage exited; the traced mode's added time
+    is a number either way (the run's own tokens unchanged)."""
+    import math
+
+    from bench.bench_trace_overhead import main as overhead_main
+
+    calls = {}
+    for core in ("python", "c"):
+        result = overhead_main(
+            ["--num-requests", "4", "--max-num-seqs", "4", "--in-len", "8", "--out-len", "24",
+             "--rounds", "1", "--min-run-s", "0", "--micro-steps", "20", "--modes", "off,trace",
+             "--out", str(tmp_path / f"{core}.json"), "--", "--trace-core", core]
+        )  # fmt: skip
+        assert f"stage core {core}" in result["event_api"]["trace"], result["event_api"]
+        assert result["token_mismatches"] == []
+        traced = result["direct"]["trace"]
+        per_step = traced["calls_per_step"]
+        assert per_step["timeline.stage"] >= 4  # the runner's stages of a decode step, at least
+        assert per_step["stage.__exit__"] == per_step["timeline.stage"]
+        assert math.isfinite(traced["added_tracer_us_per_step"])
+        assert traced["by_call_us_per_step"]["stage.__exit__"] > 0
+        calls[core] = {k: v for k, v in per_step.items() if k.startswith(("timeline.", "stage."))}
+    assert calls["c"] == calls["python"]
