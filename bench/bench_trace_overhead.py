@@ -608,7 +608,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--num-kv-blocks", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=3, help="timed runs per mode (alternated)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timed runs per mode (alternated); 0: none, only the direct measurement "
+                   "(and the micro bench)")  # fmt: skip
     p.add_argument("--min-run-s", type=float, default=2.0, help="each timed run lasts this long")
     p.add_argument("--modes", default=DEFAULT_MODES, help="comma list of " + ",".join(MODES))
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -780,7 +782,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.out:  # the raw runs first: a failing report loses nothing
         with open(args.out, "w") as f:
             json.dump({m.name: m.runs for m in modes}, f, indent=2)
-    result = report(modes)
+    # --rounds 0: the direct measurement (and the micro bench) alone, no end-to-end runs.
+    result = report(modes) if args.rounds else {"modes": {}}
     result["token_mismatches"] = mismatches
     result["direct"] = direct_result
     result["micro"] = micro_result
