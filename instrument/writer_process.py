@@ -29,6 +29,8 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from itertools import islice
 from typing import IO, Any
 
 from instrument.capture import CaptureConfig
@@ -104,15 +106,23 @@ class ProcessWriter:
     def write_flat(self, events: list[Any], thread_names: dict[int, tuple[str, int]]) -> None:
         """Hand one flat batch to the child, pickled in parts of at most :data:`PICKLE_CHUNK`
         items (each part's pipe write releases the GIL); the child writes it as one batch."""
+        self.write_taken(iter(events), len(events), thread_names)
+
+    def write_taken(
+        self, items: Iterator[Any], n: int, thread_names: dict[int, tuple[str, int]]
+    ) -> None:
+        """:meth:`write_flat` of the next ``n`` items of ``items``, taken a part at a time: the
+        tracer's flush thread passes its buffer's ``popleft`` iterator, so it holds the GIL for
+        one part's pop and pickle at most, never for the whole batch's pop (a 0.5 s batch at
+        batch 256, ~41,000 items, is ~0.7 ms of popping in one C call on the dev CPU)."""
         with self._lock:
             if self._closed:
                 return
-            start, stop = 0, len(events)
-            while stop - start > PICKLE_CHUNK:
-                self._send(("part", events[start : start + PICKLE_CHUNK]))
+            while n > PICKLE_CHUNK:
+                self._send(("part", list(islice(items, PICKLE_CHUNK))))
                 self._stdin.flush()
-                start += PICKLE_CHUNK
-            self._send(("write", events[start:] if start else events, thread_names))
+                n -= PICKLE_CHUNK
+            self._send(("write", list(islice(items, n)), thread_names))
             self._stdin.flush()
 
     def sync(self) -> None:

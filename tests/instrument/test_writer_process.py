@@ -172,6 +172,42 @@ def test_a_large_batch_is_pickled_in_parts_and_written_as_one(tmp_path: Path, mo
     assert len(want.slices()) == len(events) and got.slices() == want.slices()
 
 
+def test_the_flush_pops_the_buffer_a_part_at_a_time(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The tracer's flush with the process writer takes its buffer a part at a time: when each
+    part is pickled, the rest of the batch is still in the buffer (no single C call pops the
+    whole batch while holding the GIL), and the file is the in-process writer's."""
+    num = (3 * PICKLE_CHUNK + 7 * 6) // 6
+    left: list[tuple[str, int]] = []
+    send = ProcessWriter._send
+    traces = {}
+    for writer in ("process", "thread"):
+        path = str(tmp_path / f"{writer}.pftrace")
+        tracer = Tracer(path, writer=writer, flush_interval_s=3600)
+
+        def spy(self, message, tracer=tracer):  # noqa: ANN001, ANN202
+            if message[0] in ("part", "write"):
+                left.append((message[0], len(tracer._buffer)))
+            return send(self, message)
+
+        monkeypatch.setattr(ProcessWriter, "_send", spy)
+        threading.current_thread().name = "engine-core"
+        for i in range(num):
+            tracer.thread_slice("forward", 1_000 + 10 * i, 1_005 + 10 * i, step=i)
+        queued = len(tracer._buffer)
+        assert queued >= 3 * PICKLE_CHUNK + 42
+        tracer.flush()
+        assert len(tracer._buffer) == 0
+        tracer.close()
+        traces[writer] = read_trace(path)
+        if writer == "process":
+            parts = -(-queued // PICKLE_CHUNK) - 1
+            assert left == [("part", queued - (k + 1) * PICKLE_CHUNK) for k in range(parts)] + [
+                ("write", 0)
+            ]
+    got, want = traces["process"], traces["thread"]
+    assert len(want.slices()) >= num and got.slices() == want.slices()
+
+
 def test_parts_received_before_the_parent_died_are_kept(tmp_path: Path) -> None:
     """The child, its stdin closed after three flat parts and no ``write``: the whole events of
     the parts are in the file, the one cut short by the parent's death is left out."""
