@@ -108,9 +108,10 @@ WAIT_CHUNK = 32
 POLL_SECTIONS = ("query", "convert", "build", "hand", "stages", "events", "queries")
 _QUERY, _CONVERT, _BUILD, _HAND, _STAGES, _EVENTS, _QUERIES = range(len(POLL_SECTIONS))
 # With the compiled core: a poll builds its slices in C too (``_stagecore.emit_stages``, the
-# same loop as ``DeviceTimeline._build_slices``). An A/B lever, off by default until measured on
-# the H200: STEPSCOPE_COMPILED_EMIT=1 (or ``timeline.compiled_emit = True``) turns it on.
-COMPILED_EMIT = os.environ.get("STEPSCOPE_COMPILED_EMIT", "") == "1"
+# same loop as ``DeviceTimeline._build_slices``). On by default since session 20's H200 A/B (the
+# poller's build 1.5-1.9 -> 0.6-0.8 us a stage, docs/design.md §4.3); STEPSCOPE_COMPILED_EMIT=0
+# (or ``timeline.compiled_emit = False``) keeps the Python loop.
+COMPILED_EMIT = os.environ.get("STEPSCOPE_COMPILED_EMIT", "1") != "0"
 ANCHOR_EVERY_S = 0.2  # an idle poller lets the clock refresh its reference this often
 POLL_YIELD_S = 50e-6  # the poller's sleep between chunks: hands the GIL to a waiting engine thread
 # How a stage that is not contiguous gets its begin (docs/design.md §4.3): its own begin event
