@@ -27,6 +27,26 @@
 /* One field of an X-macro list of a type's object fields (its traverse and clear). */
 #define VISIT_FIELD(f) Py_VISIT(self->f);
 #define CLEAR_FIELD(f) Py_CLEAR(self->f);
+/* A type's tp_traverse and tp_clear, from its list of object fields. */
+#define GC_FUNCTIONS(prefix, Type, FIELDS) \
+    static int prefix##_traverse(Type *self, visitproc visit, void *arg) \
+    { \
+        FIELDS(VISIT_FIELD) \
+        return 0; \
+    } \
+    static int prefix##_clear(Type *self) \
+    { \
+        FIELDS(CLEAR_FIELD) \
+        return 0; \
+    }
+/* ... and its tp_dealloc, for a type without weak references. */
+#define PLAIN_DEALLOC(prefix, Type) \
+    static void prefix##_dealloc(Type *self) \
+    { \
+        PyObject_GC_UnTrack(self); \
+        prefix##_clear(self); \
+        Py_TYPE(self)->tp_free((PyObject *)self); \
+    }
 
 typedef int (*record_fn_t)(void *event, void *stream);
 typedef int (*elapsed_fn_t)(float *ms, void *start, void *end);
@@ -87,27 +107,8 @@ typedef struct {
     X(slow_poll_while_waiting) \
     X(slow_event_after_stage)
 
-static int
-core_traverse(Core *self, visitproc visit, void *arg)
-{
-    CORE_OBJECTS(VISIT_FIELD)
-    return 0;
-}
-
-static int
-core_clear(Core *self)
-{
-    CORE_OBJECTS(CLEAR_FIELD)
-    return 0;
-}
-
-static void
-core_dealloc(Core *self)
-{
-    PyObject_GC_UnTrack(self);
-    core_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(core, Core, CORE_OBJECTS)
+PLAIN_DEALLOC(core, Core)
 
 static PyObject *
 core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -238,27 +239,8 @@ static PyTypeObject DerivedScopeType;
     X(append) \
     X(track)
 
-static int
-site_traverse(Site *self, visitproc visit, void *arg)
-{
-    SITE_OBJECTS(VISIT_FIELD)
-    return 0;
-}
-
-static int
-site_clear(Site *self)
-{
-    SITE_OBJECTS(CLEAR_FIELD)
-    return 0;
-}
-
-static void
-site_dealloc(Site *self)
-{
-    PyObject_GC_UnTrack(self);
-    site_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(site, Site, SITE_OBJECTS)
+PLAIN_DEALLOC(site, Site)
 
 static int
 site_init(Site *self, PyObject *args, PyObject *kwds)
@@ -372,19 +354,7 @@ typedef struct {
     X(host_begin_ns) \
     X(after)
 
-static int
-scope_traverse(Scope *self, visitproc visit, void *arg)
-{
-    SCOPE_OBJECTS(VISIT_FIELD)
-    return 0;
-}
-
-static int
-scope_clear(Scope *self)
-{
-    SCOPE_OBJECTS(CLEAR_FIELD)
-    return 0;
-}
+GC_FUNCTIONS(scope, Scope, SCOPE_OBJECTS)
 
 static void
 scope_dealloc(Scope *self)
@@ -913,27 +883,8 @@ typedef struct {
     X(register_thread) \
     X(ev_span)
 
-static int
-span_end_traverse(SpanEnd *self, visitproc visit, void *arg)
-{
-    SPAN_END_OBJECTS(VISIT_FIELD)
-    return 0;
-}
-
-static int
-span_end_clear(SpanEnd *self)
-{
-    SPAN_END_OBJECTS(CLEAR_FIELD)
-    return 0;
-}
-
-static void
-span_end_dealloc(SpanEnd *self)
-{
-    PyObject_GC_UnTrack(self);
-    span_end_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(span_end, SpanEnd, SPAN_END_OBJECTS)
+PLAIN_DEALLOC(span_end, SpanEnd)
 
 /* span_end(name, start_ns, step, args=None): a slice ``name`` on this thread's track from
  * ``start_ns`` to now, buffered flat as (EV_SPAN, key, name, start_ns, now, step, args);
