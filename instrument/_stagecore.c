@@ -51,7 +51,7 @@
 typedef int (*record_fn_t)(void *event, void *stream);
 typedef int (*elapsed_fn_t)(float *ms, void *start, void *end);
 
-static PyObject *str_enabled, *str_known, *str_cuda_event, *str_cuda_stream;
+static PyObject *str_enabled, *str_known, *str_cuda_event, *str_cuda_stream, *str_untraced_gap;
 static PyObject *str_after, *str_contiguous, *str_args, *str_end, *str_key, *str_end_ns;
 
 static inline long long
@@ -601,7 +601,15 @@ site_stage(Site *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
         return NULL;
     if (!enabled) {
         /* Untraced work is enqueued now: the next traced stage cannot begin at the last
-         * traced stage's end (tracing switched off and on again mid-run: Tracer.muted). */
+         * traced stage's end (tracing switched off and on again mid-run: Tracer.muted). The
+         * first such stage after traced ones makes the stages still pending due
+         * (DeviceTimeline._untraced_gap, Python: once per gap). */
+        if (core->last != Py_None) {
+            PyObject *r = PyObject_CallMethodNoArgs(self->timeline, str_untraced_gap);
+            if (r == NULL)
+                return NULL;
+            Py_DECREF(r);
+        }
         Py_INCREF(Py_None);
         Py_SETREF(core->last, Py_None);
         Py_INCREF(null_scope);
@@ -1404,6 +1412,7 @@ PyInit__stagecore(void)
 #define INTERN(var, text) \
     if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
     INTERN(str_enabled, "enabled");
+    INTERN(str_untraced_gap, "_untraced_gap");
     INTERN(str_known, "known");
     INTERN(str_cuda_event, "cuda_event");
     INTERN(str_cuda_stream, "cuda_stream");

@@ -210,6 +210,8 @@ class StageSite:
         if not timeline.tracer.enabled:
             # Untraced work is enqueued now: the next traced stage cannot begin at the last
             # traced stage's end (tracing switched off and on again mid-run: Tracer.muted).
+            if timeline._last is not None:  # the first untraced stage after traced ones
+                timeline._untraced_gap()
             timeline._last = None
             return _NULL_SCOPE
         last = timeline._last
@@ -430,6 +432,8 @@ class DeviceTimeline:
         self._max_pending = max_pending
         self.poll_batch = poll_batch
         self.max_deferred = max_deferred
+        # (poll_batch, max_deferred) while an untraced gap has lowered them (_untraced_gap)
+        self._thresholds: tuple[int, int] | None = None
         # Background: the engine thread polls inline only this far behind (the poller is stuck).
         self._inline_limit = max(max_deferred, max_pending // 2)
         self.inline_when_host_bound = inline_when_host_bound
@@ -466,6 +470,10 @@ class DeviceTimeline:
         # Set to a list of POLL_SECTIONS zeros (a bench, bench/bench_trace_overhead.py): every
         # poll adds its thread CPU ns per section to it (a few clock reads per poll, not per stage).
         self.poll_sections_ns: list[int] | None = None
+        # Set to a list (a bench, bench/_interleaved.py): the poller thread appends each wake-up's
+        # (start, end) ``perf_counter_ns``, the interval it worked in, for matching against the
+        # engine thread's steps.
+        self.busy_log: list[tuple[int, int]] | None = None
         self._poller: threading.Thread | None = None
         self._kick = threading.Lock()  # held while the poller is idle; released: poll once
         self._stopping = False
@@ -586,7 +594,9 @@ class DeviceTimeline:
         less work per call).
         """
         if not self.tracer.enabled:
-            self._last = None  # as StageSite.stage: untraced work is enqueued now
+            if self._last is not None:  # as StageSite.stage: untraced work is enqueued now
+                self._untraced_gap()
+            self._last = None
             return _NULL_SCOPE
         site = self.site(name, lane=lane, stream=stream)
         return site.stage(step, after, contiguous, args)
@@ -831,6 +841,7 @@ class DeviceTimeline:
                 return
             wall_ns = time.monotonic_ns()  # the wall interval encloses the CPU one
             cpu_ns = time.thread_time_ns()
+            busy_log, start_ns = self.busy_log, time.perf_counter_ns()
             try:
                 # Chunks, with a sleep between them: a query or an elapsed_time keeps the GIL
                 # (torch's C methods do not release it), so one long poll would stall an engine
@@ -843,6 +854,8 @@ class DeviceTimeline:
             finally:
                 self.poller_cpu_ns += time.thread_time_ns() - cpu_ns
                 self.poller_wall_ns += time.monotonic_ns() - wall_ns
+                if busy_log is not None:
+                    busy_log.append((start_ns, time.perf_counter_ns()))
 
     def _stop_poller(self) -> None:
         """Stop and join the poller thread (a poll it is running finishes first)."""
@@ -866,7 +879,32 @@ class DeviceTimeline:
         with self._lock:
             return self._poll_locked(limit)
 
+    def _untraced_gap(self) -> None:
+        """The first untraced stage after traced ones (tracing muted or paused, a sampled
+        trace's dropped steps, a step range that ended). The stages still pending would wait
+        for ``poll_batch`` of them, which untraced steps never add, and meanwhile the device
+        goes on: a graph stamp's ring row is written again ``RING`` replays later, traced or
+        not, and its stage could then never be read. So until a poll finds none pending, or
+        tracing back on, every wait and every step polls while any stage is pending (both
+        thresholds 1; :meth:`_poll_locked` puts them back). Once per gap: the engine thread
+        calls it only where the last stage was traced."""
+        with self._lock:  # not while a poll may put them back
+            if self._thresholds is None and self.num_recorded > self.num_emitted + self.num_dropped:
+                self._thresholds = (self.poll_batch, self.max_deferred)
+                self.poll_batch = self.max_deferred = 1
+
+    def _end_gap(self) -> None:
+        """The usual thresholds again once an untraced gap's stages are out, or tracing is back
+        on (under the lock, from a poll)."""
+        if self._thresholds is not None and (
+            self.tracer.enabled or self.num_recorded == self.num_emitted + self.num_dropped
+        ):
+            self.poll_batch, self.max_deferred = self._thresholds
+            self._thresholds = None
+
     def _poll_locked(self, limit: int | None = None) -> int:
+        if self._thresholds is not None:
+            self._end_gap()
         if self._returned:
             self._take_back()
         if self.num_recorded == self.num_emitted + self.num_dropped:
@@ -893,6 +931,8 @@ class DeviceTimeline:
             sections[_STAGES] += len(done)
         if done:
             self._emit(done)
+        if self._thresholds is not None:
+            self._end_gap()
         return len(done)
 
     def _completed(self, stages: deque[Any], limit: int) -> int:

@@ -18,6 +18,7 @@ from engine.sampling_params import SamplingParams
 from instrument.graph_stamps import RING, HostStamps, StampEvent
 from tests.engine.test_derived_begins_engine import _llm as traced_llm
 from tests.engine.test_spec_graphs import _force_spec_graphs
+from tests.instrument.conftest import stage_core  # noqa: F401 -- the fixture, each core
 
 PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -168,3 +169,42 @@ def test_stamps_that_cannot_be_captured_leave_the_graphs_without_them():
     assert stream.synced
     assert graphs.stamps is None
     assert graphs.stamps_failure is not None and graphs.stamps_failure.startswith("capture failed")
+
+
+def test_stages_left_pending_when_tracing_stops_are_read_before_their_stamps_wrap(
+    tmp_path, tiny_model_config, monkeypatch, stage_core
+):
+    """A traced run leaves fewer stages pending than a poll waits for; tracing then stops
+    (``Tracer.muted``) while the engine goes on replaying stamped graphs, more of them than the
+    ring holds. The first untraced stage makes those stages due (``_untraced_gap``): they are
+    emitted at the next waits, before their ring rows are written again, so the trace keeps
+    every traced step and closes cleanly; before, the close failed on an overwritten row. The
+    thresholds are back to the usual ones once nothing is pending."""
+    from instrument import graph_stamps
+
+    monkeypatch.setattr(graph_stamps, "RING", 32)  # the host ring: 32 rows (a GPU's: 4,096)
+    path = str(tmp_path / "gap.pftrace")
+    llm, tracer = _llm(path, tiny_model_config, True, trace_begins="derived")
+    timeline = llm.engine.runner.timeline
+    assert timeline.core == ("python" if stage_core == "python" else "c")
+    usual = (timeline.poll_batch, timeline.max_deferred)
+    try:
+        short = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        llm.generate(PROMPTS, short)
+        pending = timeline.num_recorded - timeline.num_emitted - timeline.num_dropped
+        assert 0 < pending < timeline.poll_batch  # left for a later poll
+        stamps = llm.engine.runner.fwd.graphs.stamps
+        replays = stamps.next_index
+        with tracer.muted():
+            llm.generate(PROMPTS, GREEDY)  # 40 tokens each: past the ring's 32 rows
+        assert stamps.next_index - replays > 32
+        assert timeline.num_recorded == timeline.num_emitted  # read in time, none dropped
+        assert (timeline.poll_batch, timeline.max_deferred) == usual
+    finally:
+        llm.close()
+        tracer.close()
+    frames = load_trace(path)
+    assert "dropped_device_slices" not in frames.metadata
+    forwards = frames.slices[frames.slices["name"] == "forward"]
+    steps = sorted(int(s) for s in forwards["step"])
+    assert len(steps) >= 5 and steps == list(range(steps[0], steps[0] + len(steps)))
