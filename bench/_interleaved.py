@@ -4,7 +4,9 @@ Two engines timed one after the other differ by the host's drift as much as by t
 H200 hosts' off runs alone spread 8–13 %). Here one engine runs one long workload and its tracer
 is switched on and off every ``block_steps`` engine iterations (``run_step`` calls): blocks come
 in pairs, traced first in even pairs and untraced first in odd ones (a linear drift cancels
-within a pair). Every iteration is timed on the engine thread:
+within a pair), or in an order drawn from ``order_seed``, or the other way round (``invert``).
+``control`` keeps the tracer off in every block (an A/A control: what the order and the workload
+read with no tracing at all). Every iteration is timed on the engine thread:
 
 * ``wall``: ``run_step``'s wall time (what output throughput follows);
 * ``host``: that minus the time blocked in ``AsyncOutput.wait`` (the engine thread's own work);
@@ -38,6 +40,15 @@ traced blocks' events whenever they run, in either kind of block, so a block muc
 the flush interval splits their cost between the two kinds and the difference under-counts it
 (by up to half); their whole-process cost is measured by the micro benchmark instead.
 
+**The mean of a run is not the tracer's cost on a workload that repeats.** With every request of
+one length (the H200's 1024 × (128→128)) the same expensive steps recur at the same iterations
+run after run, and under the fixed order they fall into the same kind of block every time: on
+the H200 the A/A control read +42 µs a step on average over six runs (session 21), more than the
+traced runs did. The host also drifts by ±10 % over seconds, so one run's interval on its mean
+is ±30–100 µs. ``bench/step_matched.py`` fits the cost over runs saved with their samples
+(``samples_table``), step by step. ``attribute`` splits the mean by what the tracer's helper
+threads did during each step, and by phase (schedule, launch, post-wait and its calls).
+
 Switching uses ``Tracer.enabled``, as ``Tracer.muted`` does: an untraced block pays exactly the
 disabled tracer's hooks, as a run without ``--trace`` does. The trace file of such a run has holes
 (requests finishing in an untraced block have no track): it is a by-product, not for analysis.
@@ -45,6 +56,7 @@ disabled tracer's hooks, as a run without ``--trace`` does. The trace file of su
 
 from __future__ import annotations
 
+import bisect
 import gc
 import random
 import statistics
@@ -57,9 +69,13 @@ from typing import Any
 
 from engine.runner.async_output import AsyncOutput
 
-__all__ = ["Interleaver", "StepSample", "summarize"]
+__all__ = ["Interleaver", "StepSample", "attribute", "print_attribution", "summarize"]
 
 QUANTITIES = ("host_us", "cpu_us", "wall_us", "proc_us", "crit_us")
+# Post-wait calls timed on the engine thread (thread CPU), by the name ``attribute`` reports:
+# reading the output (``AsyncOutput.get``, after its wait), the engine's update (``_update``:
+# the scheduler's update_from_output, the request books, the counters), and inside it those two.
+PHASES = ("read_output", "update", "update_from_output", "counters")
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,25 @@ class StepSample:
     # host_us less the engine thread's polls while its output was not ready, plus their overrun
     # bound (module docstring); None: not measured (then not summarized)
     crit_us: float | None = None
+    # The engine thread's CPU in ``schedule`` and after the call's last wait (reading the output,
+    # updating the requests); the rest of ``cpu_us`` is the launch side (inputs, enqueueing).
+    sched_cpu_us: float = 0.0
+    post_cpu_us: float = 0.0
+    # The call's host windows, ``perf_counter_ns``: the call's span less its waits (see
+    # ``attribute``); empty where not recorded.
+    windows: tuple[tuple[int, int], ...] = ()
+    # The engine thread's minor page faults and involuntary / voluntary context switches in the
+    # call (``getrusage(RUSAGE_THREAD)``, Linux; 0 elsewhere).
+    minflt: int = 0
+    nivcsw: int = 0
+    nvcsw: int = 0
+    # The engine thread's CPU µs in each of ``PHASES`` in the call (nested: ``update`` holds
+    # ``update_from_output`` and ``counters``); empty where not timed.
+    phases: tuple[float, ...] = ()
+    # What the call did, for covariates: the requests its scheduled step holds, the requests
+    # that finished in the step it retired (tracing changes neither).
+    num_reqs: int = 0
+    finished: int = 0
 
 
 @dataclass
@@ -106,6 +141,20 @@ class Interleaver:
     # kinds of block (traced: 8 records a step, untraced: 3), so it inflates the difference a
     # little; it says how much of the tracer's added host time is the event calls themselves.
     time_records: bool = False
+    # None: blocks alternate as ``traced_block`` says (traced first in even pairs). A seed:
+    # each pair's order is drawn at random from it instead. A workload whose expensive steps
+    # recur at fixed steps (requests of one length finish together) puts them into the same
+    # kind of block run after run under the fixed order, a bias no number of runs averages
+    # away; a per-run seed makes it a noise that does.
+    order_seed: int | None = None
+    # An A/A control: the tracer stays off in every block, the blocks still labelled traced or
+    # untraced by the order. Its "difference" is what the order and the workload alone produce.
+    control: bool = False
+    # Every pair's order the other way round (a crossover: two runs of one deterministic
+    # workload, one inverted, trace each step in exactly one of them).
+    invert: bool = False
+    _order: list[bool] = field(default_factory=list)
+    _num_reqs: int = 0
     _calls: int = 0
     _records: int = 0
     _record_ns: int = 0
@@ -114,6 +163,10 @@ class Interleaver:
     _gc_ns: int = 0
     _gc_runs: int = 0
     _gc_start: int = 0
+    _sched_cpu_ns: int = 0
+    _phase_ns: list[int] = field(default_factory=lambda: [0] * len(PHASES))
+    _last_wait_end: tuple[int, int] = (0, 0)  # (perf_counter_ns, thread CPU ns) at its end
+    _waits: list[tuple[int, int]] = field(default_factory=list)
     _scheduled_decode: bool = False  # the latest schedule() was decode-only
     _scheduled_skipped: bool = False  # the engine skipped the latest scheduled step (sampled)
 
@@ -122,8 +175,17 @@ class Interleaver:
             raise ValueError(f"block_steps {self.block_steps} too short for skip {self.skip_steps}")
 
     def traced_block(self, block: int) -> bool:
-        """Pair p = blocks 2p, 2p+1: traced first when p is even."""
-        return (block % 2 == 0) == ((block // 2) % 2 == 0)
+        """Pair p = blocks 2p, 2p+1: traced first when p is even (or, with ``order_seed``, when
+        the seeded draw for p says so)."""
+        pair = block // 2
+        if self.order_seed is None:
+            first = pair % 2 == 0
+        else:
+            if len(self._order) <= pair:
+                rng = random.Random(self.order_seed)
+                self._order = [rng.random() < 0.5 for _ in range(max(64, 2 * (pair + 1)))]
+            first = self._order[pair]
+        return ((block % 2 == 0) == first) != self.invert
 
     @contextmanager
     def install(self) -> Iterator[Interleaver]:
@@ -136,6 +198,7 @@ class Interleaver:
         )
         was_enabled = self.tracer.enabled
         engine_thread = threading.get_ident()
+        thread_usage = _thread_usage()
         # The device timeline's in-wait poll counters (``crit``); an engine without one: none.
         runner = getattr(engine, "runner", None)
         polls = getattr(runner, "timeline", None)
@@ -156,8 +219,13 @@ class Interleaver:
                 self._gc_start = 0
 
         def timed_schedule() -> Any:
-            so = schedule()
+            cpu0 = cpu_clock()
+            try:
+                so = schedule()
+            finally:
+                self._sched_cpu_ns += cpu_clock() - cpu0
             self._scheduled_decode = 0 < so.num_reqs == so.total_num_scheduled_tokens
+            self._num_reqs = so.num_reqs
             self._scheduled_skipped = self.tracer.paused  # paused for this step: dropped
             return so
 
@@ -166,38 +234,54 @@ class Interleaver:
             try:
                 wait(output)
             finally:
-                self._wait_cpu_ns += cpu_clock() - cpu0
-                self._wait_ns += clock() - start
+                end, cpu1 = clock(), cpu_clock()
+                self._wait_cpu_ns += cpu1 - cpu0
+                self._wait_ns += end - start
+                self._waits.append((start, end))
+                self._last_wait_end = (end, cpu1)
 
         def timed_step() -> Any:
             block, offset = divmod(self._calls, self.block_steps)
             traced = self.traced_block(block)
-            self.tracer.enabled = traced
+            self.tracer.enabled = traced and not self.control
             previous_decode = self._scheduled_decode
             previous_skipped = self._scheduled_skipped
             self._scheduled_decode = self._scheduled_skipped = False
             wait0, wait_cpu0 = self._wait_ns, self._wait_cpu_ns
             records0, record_ns0 = self._records, self._record_ns
             gc_ns0, gc_runs0 = self._gc_ns, self._gc_runs
+            sched_cpu0 = self._sched_cpu_ns
+            phase0 = list(phase_ns)
+            self._waits.clear()
             profiler = None
             if self.profilers and previous_decode and offset >= self.skip_steps:
                 profiler = self.profilers[traced]  # decode steps only: like for like
                 self.profiled_steps[traced] += 1
                 profiler.enable()
             in_wait0 = in_wait_ns()
+            usage0 = thread_usage()
             start, cpu0, proc0 = clock(), cpu_clock(), proc_clock()
+            self._last_wait_end = (start, cpu0)
+            outputs: Any = ()
+            self._num_reqs = 0
             try:
-                return run_step()
+                outputs = run_step()
+                return outputs
             finally:
-                wall = clock() - start
+                end = clock()
+                end_cpu = cpu_clock()
+                usage = thread_usage()
+                wall = end - start
                 in_wait = in_wait_ns() - in_wait0
                 proc = proc_clock() - proc0 - (self._wait_cpu_ns - wait_cpu0)
                 if profiler is not None:
                     profiler.disable()
-                cpu = cpu_clock() - cpu0 - (self._wait_cpu_ns - wait_cpu0)
+                cpu = end_cpu - cpu0 - (self._wait_cpu_ns - wait_cpu0)
                 steady = previous_decode and self._scheduled_decode and offset >= self.skip_steps
                 self._calls += 1
                 host = wall - (self._wait_ns - wait0)
+                edges = [start, *(t for w in self._waits for t in w), end]
+                windows = tuple(zip(edges[::2], edges[1::2], strict=True))
                 self.samples.append(
                     StepSample(
                         block, traced, steady, wall / 1e3, host / 1e3, cpu / 1e3,
@@ -205,6 +289,15 @@ class Interleaver:
                         previous_skipped + self._scheduled_skipped,
                         (self._gc_ns - gc_ns0) / 1e3, self._gc_runs - gc_runs0, proc / 1e3,
                         (host - in_wait) / 1e3,
+                        (self._sched_cpu_ns - sched_cpu0) / 1e3,
+                        (end_cpu - self._last_wait_end[1]) / 1e3 if self._waits else 0.0,
+                        windows,
+                        usage[0] - usage0[0],
+                        usage[1] - usage0[1],
+                        usage[2] - usage0[2],
+                        tuple((a - b) / 1e3 for a, b in zip(phase_ns, phase0, strict=True)),
+                        self._num_reqs,
+                        _finished(outputs),
                     )
                 )  # fmt: skip
 
@@ -219,6 +312,27 @@ class Interleaver:
                 self._record_ns += clock() - start
                 self._records += 1
 
+        phase_ns = self._phase_ns
+
+        def timed(index: int, fn: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                cpu0 = cpu_clock()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    phase_ns[index] += cpu_clock() - cpu0
+
+            return call
+
+        get = AsyncOutput.get
+        # (the index in PHASES, the object, the method); a stand-in engine may lack some
+        wrapped = [(i, obj, attr) for i, obj, attr in ((1, engine, "_update"),
+                   (2, scheduler, "update_from_output"), (3, engine, "_sample_counters"))
+                   if hasattr(obj, attr)]  # fmt: skip
+        originals = [getattr(obj, attr) for _, obj, attr in wrapped]
+        for i, obj, attr in wrapped:
+            setattr(obj, attr, timed(i, getattr(obj, attr)))
+        AsyncOutput.get = timed(0, get)  # type: ignore[method-assign]
         engine.run_step, scheduler.schedule = timed_step, timed_schedule
         AsyncOutput.wait = timed_wait  # type: ignore[method-assign]
         if timeline is not None:
@@ -229,10 +343,55 @@ class Interleaver:
         finally:
             gc.callbacks.remove(on_gc)
             engine.run_step, scheduler.schedule = run_step, schedule
+            AsyncOutput.get = get  # type: ignore[method-assign]
+            for (_, obj, attr), original in zip(wrapped, originals, strict=True):
+                if getattr(type(obj), attr, None) is getattr(original, "__func__", None):
+                    delattr(obj, attr)  # the bound method was the class's: drop the patch
+                else:
+                    setattr(obj, attr, original)
             AsyncOutput.wait = wait  # type: ignore[method-assign]
             if timeline is not None:
                 timeline._record = record
             self.tracer.enabled = was_enabled
+
+
+def _finished(outputs: Any) -> int:
+    """How many of a ``run_step``'s outputs finished (a ``StepOutputs``' columns never do)."""
+    explicit = getattr(outputs, "explicit", outputs)
+    return sum(1 for o in explicit if o.finished) if explicit else 0
+
+
+SAMPLE_FIELDS = ("block", "traced", "steady", "wall_us", "host_us", "cpu_us", "proc_us",
+                 "crit_us", "sched_cpu_us", "post_cpu_us", "minflt", "num_reqs", "finished")  # fmt: skip
+
+
+def samples_table(samples: list[StepSample]) -> dict[str, list[Any]]:
+    """Every call's sample as columns (``SAMPLE_FIELDS``, and each of ``PHASES``), rounded to
+    0.1 µs: what ``--save-samples`` writes, for estimators tried after the run."""
+    table: dict[str, list[Any]] = {}
+    for f in SAMPLE_FIELDS:
+        col = [getattr(s, f) for s in samples]
+        table[f] = [round(v, 1) if isinstance(v, float) else v for v in col]
+    for i, name in enumerate(PHASES):
+        table[name] = [round(s.phases[i], 1) if s.phases else None for s in samples]
+    return table
+
+
+def _thread_usage() -> Any:
+    """A function returning the calling thread's (minor faults, involuntary, voluntary context
+    switches) so far: ``getrusage(RUSAGE_THREAD)`` where there is one (Linux), else zeros."""
+    try:
+        import resource
+
+        who = resource.RUSAGE_THREAD
+    except (ImportError, AttributeError):
+        return lambda: (0, 0, 0)
+
+    def usage() -> tuple[int, int, int]:
+        r = resource.getrusage(who)
+        return r.ru_minflt, r.ru_nivcsw, r.ru_nvcsw
+
+    return usage
 
 
 def profile_diff(
@@ -341,6 +500,154 @@ def summarize(samples: list[StepSample], min_steps: int = 8) -> dict[str, Any]:
     if any(s.skipped_steps for s in steady):
         out["sampled"] = _sampled(steady, pairs, min_steps)
     return out
+
+
+def _merged(intervals: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """``intervals`` sorted and merged: their starts and ends, for bisection."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for s, e in sorted(intervals):
+        if ends and s <= ends[-1]:
+            ends[-1] = max(ends[-1], e)
+        else:
+            starts.append(s)
+            ends.append(e)
+    return starts, ends
+
+
+def _overlap_ns(windows: tuple[tuple[int, int], ...], merged: tuple[list[int], list[int]]) -> int:
+    """How long ``windows`` overlap the merged intervals."""
+    starts, ends = merged
+    total = 0
+    for s, e in windows:
+        i = bisect.bisect_right(ends, s)  # the first interval ending after s
+        while i < len(starts) and starts[i] < e:
+            total += min(e, ends[i]) - max(s, starts[i])
+            i += 1
+    return total
+
+
+ATTRIBUTED = ("host_us", "crit_us", "cpu_us", "sched_cpu_us", "post_cpu_us")
+COUNTED = ("minflt", "nivcsw", "nvcsw")
+
+
+def attribute(samples: list[StepSample], busy: dict[str, list[tuple[int, int]]]) -> dict[str, Any]:
+    """Where the traced steps' mean goes: the steady steps split by what the tracer's helper
+    threads did during their host windows (the call less its waits). ``busy`` maps a thread
+    (``poller``, ``flush``) to the intervals it worked in (``DeviceTimeline.busy_log``,
+    ``Tracer.flush_log``); a step is ``clear`` when none overlaps it, else named by those that
+    do (``poller+flush`` for both). Per kind of block and class: the steps, their share, the
+    mean of each of ``ATTRIBUTED`` (``launch_cpu_us``: ``cpu_us`` less schedule and post), and
+    the mean overlap. ``excess``: per traced class, share x (class mean − untraced mean), which
+    sum to the traced − untraced difference of the means: how much of it comes with which
+    threads' work. A correlation, not a cause: a step that overlaps a poll may differ in other
+    ways (a poll is woken at a wait after enough stages pended)."""
+    steady = [s for s in samples if s.steady and s.windows and s.crit_us is not None]
+    merged = {name: _merged(iv) for name, iv in busy.items()}
+    rows: dict[str, dict[str, list[tuple[StepSample, dict[str, int]]]]] = {}
+    for s in steady:
+        over = {name: _overlap_ns(s.windows, m) for name, m in merged.items()}
+        cls = "+".join(name for name, ns in over.items() if ns) or "clear"
+        kind = "traced" if s.traced else "untraced"
+        rows.setdefault(kind, {}).setdefault(cls, []).append((s, over))
+
+    def mean(mine: list[StepSample], q: str) -> float:
+        if q in PHASES:
+            return statistics.fmean(s.phases[PHASES.index(q)] if s.phases else 0.0 for s in mine)
+        if q == "launch_cpu_us":
+            return statistics.fmean(s.cpu_us - s.sched_cpu_us - s.post_cpu_us for s in mine)
+        return statistics.fmean(getattr(s, q) for s in mine)
+
+    def median(mine: list[StepSample], q: str) -> float:
+        if q in PHASES:
+            return statistics.median(s.phases[PHASES.index(q)] if s.phases else 0.0 for s in mine)
+        if q == "launch_cpu_us":
+            return statistics.median(s.cpu_us - s.sched_cpu_us - s.post_cpu_us for s in mine)
+        return statistics.median(getattr(s, q) for s in mine)
+
+    quantities = (*ATTRIBUTED, "launch_cpu_us", *COUNTED, *PHASES)
+    out: dict[str, Any] = {"threads": sorted(busy), "busy_intervals": {
+        name: len(iv) for name, iv in busy.items()}}  # fmt: skip
+    overall: dict[str, dict[str, float]] = {}
+    for kind, classes in rows.items():
+        n = sum(len(v) for v in classes.values())
+        everything = [s for v in classes.values() for s, _ in v]
+        overall[kind] = {q: mean(everything, q) for q in quantities}
+        out[kind] = {"steps": n, "mean": overall[kind],
+                     "median": {q: median(everything, q) for q in quantities}, "classes": {
+            cls: {"steps": len(v), "share": len(v) / n,
+                  "mean": {q: mean([s for s, _ in v], q) for q in quantities},
+                  "median": {q: median([s for s, _ in v], q) for q in quantities},
+                  "overlap_us": {name: statistics.fmean(o[name] for _, o in v) / 1e3
+                                 for name in busy}}
+            for cls, v in sorted(classes.items())}}  # fmt: skip
+    if "traced" in out and "untraced" in out:
+        base = overall["untraced"]
+        out["excess"] = {
+            cls: {q: c["share"] * (c["mean"][q] - base[q]) for q in quantities}
+            for cls, c in out["traced"]["classes"].items()
+        }
+        out["difference"] = {q: overall["traced"][q] - base[q] for q in quantities}
+    return out
+
+
+def _cell(q: str, value: float, sign: str = "") -> str:
+    """A table cell: µs to 0.1, counts (``COUNTED``) to 0.01."""
+    return f"{value:>{sign}10.{2 if q in COUNTED else 1}f}"
+
+
+def print_attribution(att: dict[str, Any]) -> None:
+    """``attribute``'s table."""
+    print("    where the traced steps' mean goes (steady steps, mean us; classes by the tracer "
+          "threads working during the step's host windows):")  # fmt: skip
+    head = ("host wall", "critical", "engine CPU", "schedule", "post-wait", "launch", "faults",
+            "preempt", "yield")  # fmt: skip
+    qs = (*ATTRIBUTED, "launch_cpu_us", *COUNTED)
+    print(
+        f"      {'kind / class':<24} {'steps':>6} {'share':>6} "
+        + " ".join(f"{h:>10}" for h in head)
+    )
+    for kind in ("untraced", "traced"):
+        if kind not in att:
+            continue
+        k = att[kind]
+        print(
+            f"      {kind + ' (all)':<24} {k['steps']:>6} {1:>6.2f} "
+            + " ".join(_cell(q, k["mean"][q]) for q in qs)
+        )
+        for cls, c in k["classes"].items():
+            print(
+                f"      {'  ' + cls:<24} {c['steps']:>6} {c['share']:>6.2f} "
+                + " ".join(_cell(q, c["mean"][q]) for q in qs)
+            )
+    if "traced" in att and "untraced" in att:
+        on, off = att["traced"]["median"], att["untraced"]["median"]
+        print(
+            f"      {'medians, traced - untraced':<38} "
+            + " ".join(_cell(q, on[q] - off[q], "+") for q in qs)
+        )
+    if "traced" in att and "untraced" in att and att["traced"]["mean"].get(PHASES[0]):
+        on, off = att["traced"], att["untraced"]
+        print(
+            "      post-wait calls, engine CPU us, traced / untraced, mean (median): "
+            + ", ".join(
+                f"{q} {on['mean'][q]:.1f} / {off['mean'][q]:.1f} "
+                f"({on['median'][q]:.1f} / {off['median'][q]:.1f})"
+                for q in PHASES
+            )
+        )
+    if "excess" in att:
+        print("      traced - untraced mean, split by class (share x class excess):")
+        for cls, ex in att["excess"].items():
+            print(
+                f"      {'  ' + cls:<24} {'':>6} {'':>6} "
+                + " ".join(_cell(q, ex[q], "+") for q in qs)
+            )
+        d = att["difference"]
+        print(
+            f"      {'  = difference':<24} {'':>6} {'':>6} "
+            + " ".join(_cell(q, d[q], "+") for q in qs)
+        )
 
 
 def _records(mine: list[StepSample]) -> dict[str, float]:

@@ -665,6 +665,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "thread (the earlier policy); inline = always the engine thread; wait = the "
                    "engine thread at its wait, in chunks, only while the output is not ready "
                    "(DeviceTimeline.in_wait)")  # fmt: skip
+    p.add_argument("--flush-interval", type=float, default=None, metavar="S",
+                   help="--interleaved: the tracer's flush thread wakes every S seconds from the "
+                   "timed run on (default: the tracer's 0.5); a long one keeps the flush thread "
+                   "quiet through the run (its events are buffered and written at close)")  # fmt: skip
+    p.add_argument("--order-seed", type=int, default=None, metavar="N",
+                   help="--interleaved: draw each block pair's order (traced or untraced first) "
+                   "at random from seed N instead of alternating; vary N between runs so that "
+                   "a workload's recurring expensive steps do not land in the same kind of block "
+                   "every run")  # fmt: skip
+    p.add_argument("--order-invert", action="store_true",
+                   help="--interleaved: every block pair's order the other way round (a "
+                   "crossover: with a deterministic workload, two runs, one inverted, trace each "
+                   "step in exactly one of them)")  # fmt: skip
+    p.add_argument("--save-samples", action="store_true",
+                   help="--interleaved: write every call's sample (times, phases, faults, "
+                   "requests, finished) to the JSON as columns, for estimators tried later")  # fmt: skip
+    p.add_argument("--control", action="store_true",
+                   help="--interleaved: an A/A control, the tracer off in every block (blocks "
+                   "still labelled by the order): the difference the order and the workload "
+                   "make without any tracing")  # fmt: skip
     p.add_argument(
         "--interleaved",
         action="store_true",
@@ -885,7 +905,15 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
     tracing switched every ``--block-steps`` steps (``bench/_interleaved.py``); one table per
     mode, and the JSON (every step's sample left out; per-pair differences kept) to ``--out``."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _interleaved import Interleaver, print_summary, profile_diff, summarize
+    from _interleaved import (
+        Interleaver,
+        attribute,
+        print_attribution,
+        print_summary,
+        profile_diff,
+        samples_table,
+        summarize,
+    )
 
     from instrument import device_timeline
 
@@ -930,6 +958,18 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
         reads = _time_driver_reads(timeline) if args.time_driver_reads else None
         inter = Interleaver(mode.llm.engine, mode.tracer, args.block_steps, args.skip_steps)
         inter.time_records = args.time_records
+        inter.order_seed, inter.control = args.order_seed, args.control
+        inter.invert = args.order_invert
+        if args.control:
+            print(f"{name}: A/A control: the tracer stays off in every block")
+        # The helper threads' working intervals, for ``attribute`` (a clock read and an append
+        # per poller wake-up and per flush).
+        timeline.busy_log, mode.tracer.flush_log = [], []
+        if args.flush_interval is not None:
+            if args.flush_interval <= 0:
+                raise SystemExit("--flush-interval must be > 0")
+            # read by the flush thread at each of its waits: in effect after the current one
+            mode.tracer._flush_interval_s = args.flush_interval
         start = time.perf_counter()
         with inter.install():
             while True:  # at least one workload
@@ -961,6 +1001,12 @@ def interleaved(args: argparse.Namespace, names: list[str], trace_dir: str) -> d
             result["driver_reads"] = _print_driver_reads(reads)
         result["elapsed_s"] = time.perf_counter() - start
         print_summary(name, result, args.block_steps, args.skip_steps)
+        busy = {"poller": timeline.busy_log, "flush": mode.tracer.flush_log}
+        timeline.busy_log = mode.tracer.flush_log = None
+        result["attribution"] = attribute(inter.samples, busy)
+        print_attribution(result["attribution"])
+        if args.save_samples:
+            result["samples"] = samples_table(inter.samples)
         if args.profile:
             result["profile"] = _interleaved_profile(mode, args, seeds, profile_diff)
         mode.llm.close()

@@ -72,7 +72,7 @@ def _runs_of(source: str, data: dict[str, Any]) -> list[dict[str, Any]]:
         if not all(q in result for q in QUANTITIES):
             raise ValueError(f"{source}: mode {mode} has no paired differences (too few pairs?)")
         out.append({"source": source, "variant": variant, "round": rnd, "mode": mode,
-                    "result": result})  # fmt: skip
+                    "result": result, "config": data.get("config", {})})  # fmt: skip
     return out
 
 

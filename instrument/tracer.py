@@ -218,6 +218,9 @@ class Tracer:
         self._flush_interval_s = flush_interval_s
         self.dropped: dict[str, int] = {}
         self.flush_cpu_ns = 0  # the flush thread's CPU time in its flushes (thread_time_ns)
+        # Set to a list (a bench, bench/_interleaved.py): each flush's (start, end)
+        # ``perf_counter_ns``, for matching against the engine thread's steps.
+        self.flush_log: list[tuple[int, int]] | None = None
         # Rules 1-3 of the capture config on the engine thread (``trace_step``); None: they keep
         # every step. ``paused``: recording is off only for a step they drop (``pause``).
         self.step_rule: StepRule | None = None
@@ -490,8 +493,11 @@ class Tracer:
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval_s):
             cpu_ns = time.thread_time_ns()
+            busy_log, start_ns = self.flush_log, time.perf_counter_ns()
             self._flush_once()
             self.flush_cpu_ns += time.thread_time_ns() - cpu_ns
+            if busy_log is not None:
+                busy_log.append((start_ns, time.perf_counter_ns()))
 
     @contextmanager
     def muted(self) -> Iterator[None]:
