@@ -10,7 +10,7 @@ them. On a workload whose steps recur identically (every request of one length: 
   in every block) then reads a "difference" of its own: +42 µs a step on average over six H200
   runs (session 21), more than the A/B runs read.
 * **the host drifts**: a step's host time wanders by ±10 % over seconds (after the step effects
-  are removed, the SD of 256-step means is still ~200 µs on the H200), so one run's interval on
+  are removed, the SD of 256-step means is still ~220 µs on the H200), so one run's interval on
   its mean is ±30–100 µs.
 
 Runs saved with ``--save-samples`` hold every step; when they come from one deterministic workload
