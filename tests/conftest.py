@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 import os
 
+import pytest
+
 
 def _cuda_available() -> bool:
     try:
@@ -65,3 +67,20 @@ def pytest_collection_finish(session: object) -> None:
     """On a CUDA machine no test module may leave the interpreter switched on for the GPU tests."""
     if _cuda_available():
         os.environ.pop("TRITON_INTERPRET", None)
+
+
+@pytest.fixture(params=["python", "c", "c-emit"])
+def stage_core(request, monkeypatch):
+    """Run a test with each core of the device timeline's stages (``instrument/native.py``):
+    the Python classes, the compiled core, and the compiled core building a poll's slices in C
+    too (``COMPILED_EMIT``), which must all behave the same. The compiled one must be built and
+    current (``scripts/setup.sh`` builds it: ``python -m instrument.native build``)."""
+    from instrument import device_timeline, native
+
+    core = "c" if request.param == "c-emit" else request.param
+    if core == "c":
+        module, reason = native.load()
+        assert module is not None, f"the compiled stage core is {reason}"
+    monkeypatch.setattr(native, "DEFAULT_CORE", core)
+    monkeypatch.setattr(device_timeline, "COMPILED_EMIT", request.param == "c-emit")
+    return request.param

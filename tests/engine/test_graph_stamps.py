@@ -18,7 +18,6 @@ from engine.sampling_params import SamplingParams
 from instrument.graph_stamps import RING, HostStamps, StampEvent
 from tests.engine.test_derived_begins_engine import _llm as traced_llm
 from tests.engine.test_spec_graphs import _force_spec_graphs
-from tests.instrument.conftest import stage_core  # noqa: F401 -- the fixture, each core
 
 PROMPTS = [[(5 * i + j) % 120 + 2 for j in range(8)] for i in range(4)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

@@ -86,20 +86,3 @@ def read_trace(path: str) -> ReadTrace:
 @pytest.fixture
 def reader():
     return read_trace
-
-
-@pytest.fixture(params=["python", "c", "c-emit"])
-def stage_core(request, monkeypatch):
-    """Run a test with each core of the device timeline's stages (``instrument/native.py``):
-    the Python classes, the compiled core, and the compiled core building a poll's slices in C
-    too (``COMPILED_EMIT``), which must all behave the same. The compiled one must be built and
-    current (``scripts/setup.sh`` builds it: ``python -m instrument.native build``)."""
-    from instrument import device_timeline, native
-
-    core = "c" if request.param == "c-emit" else request.param
-    if core == "c":
-        module, reason = native.load()
-        assert module is not None, f"the compiled stage core is {reason}"
-    monkeypatch.setattr(native, "DEFAULT_CORE", core)
-    monkeypatch.setattr(device_timeline, "COMPILED_EMIT", request.param == "c-emit")
-    return request.param
