@@ -133,7 +133,10 @@ def test_divergences_are_explained_by_the_top2_gap_of_the_run_without_speculatio
         (row,) = bs.explain_divergences(args, none, base, diffs)["eagle k=3"]
         assert row["request"] == w.id and row["position"] == pos
         assert row["top2"] == [first, second]
-        assert row["top2_gap"] == pytest.approx(top[0][1] - top[1][1], abs=1e-6)
+        # The rerun holds the one diverging prompt, the reference run two: another batch, so
+        # another fp32 reduction order. On this repository's dev CPU the gaps differ by 1.9e-6
+        # (0.2018070 / 0.2018089); 1e-5 stays ten times under the near-tie threshold (1e-4).
+        assert row["top2_gap"] == pytest.approx(top[0][1] - top[1][1], abs=1e-5)
         assert row["near_tie"] == (row["top2_gap"] <= 1e-4)
         monkeypatch.setitem(bs.NEAR_TIE_GAP, "float32", row["top2_gap"] + 1.0)
         (row,) = bs.explain_divergences(args, none, base, diffs)["eagle k=3"]
