@@ -69,7 +69,14 @@ from typing import Any
 
 from engine.runner.async_output import AsyncOutput
 
-__all__ = ["Interleaver", "StepSample", "attribute", "print_attribution", "summarize"]
+__all__ = [
+    "Interleaver",
+    "StepSample",
+    "attribute",
+    "print_attribution",
+    "samples_table",
+    "summarize",
+]
 
 QUANTITIES = ("host_us", "cpu_us", "wall_us", "proc_us", "crit_us")
 # Post-wait calls timed on the engine thread (thread CPU), by the name ``attribute`` reports:
