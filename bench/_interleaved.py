@@ -560,19 +560,18 @@ def attribute(samples: list[StepSample], busy: dict[str, list[tuple[int, int]]])
         kind = "traced" if s.traced else "untraced"
         rows.setdefault(kind, {}).setdefault(cls, []).append((s, over))
 
-    def mean(mine: list[StepSample], q: str) -> float:
+    def values(mine: list[StepSample], q: str) -> list[float]:
         if q in PHASES:
-            return statistics.fmean(s.phases[PHASES.index(q)] if s.phases else 0.0 for s in mine)
+            return [s.phases[PHASES.index(q)] if s.phases else 0.0 for s in mine]
         if q == "launch_cpu_us":
-            return statistics.fmean(s.cpu_us - s.sched_cpu_us - s.post_cpu_us for s in mine)
-        return statistics.fmean(getattr(s, q) for s in mine)
+            return [s.cpu_us - s.sched_cpu_us - s.post_cpu_us for s in mine]
+        return [getattr(s, q) for s in mine]
+
+    def mean(mine: list[StepSample], q: str) -> float:
+        return statistics.fmean(values(mine, q))
 
     def median(mine: list[StepSample], q: str) -> float:
-        if q in PHASES:
-            return statistics.median(s.phases[PHASES.index(q)] if s.phases else 0.0 for s in mine)
-        if q == "launch_cpu_us":
-            return statistics.median(s.cpu_us - s.sched_cpu_us - s.post_cpu_us for s in mine)
-        return statistics.median(getattr(s, q) for s in mine)
+        return statistics.median(values(mine, q))
 
     quantities = (*ATTRIBUTED, "launch_cpu_us", *COUNTED, *PHASES)
     out: dict[str, Any] = {"threads": sorted(busy), "busy_intervals": {
